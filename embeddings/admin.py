@@ -1,0 +1,128 @@
+"""Django admin: jobs with progress and failures, images with status, reason and thumbnail, and an
+action that retries failed images."""
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.http import HttpResponse, Http404
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from embeddings import runtime
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
+from embeddings.services import jobs as job_services
+from embeddings.services.images import images_retry
+
+
+class ImageInline(admin.TabularInline):
+    model = Image
+    fields = ("original_name", "status", "reason", "reason_detail")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = "failed images"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).filter(status=ImageStatus.FAILED)
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ("__str__", "owner", "status", "priority", "progress", "total", "created_at", "finished_at")
+    list_filter = ("status", "priority")
+    readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings")
+    inlines = (ImageInline,)
+    actions = ("pause", "resume", "cancel")
+
+    @admin.display(description="progress")
+    def progress(self, job: Job) -> str:
+        p = job_services.job_counts(job)
+        return (f"{p['embedded']} embedded, {p['skipped']} skipped, {p['failed']} failed, "
+                f"{p['queued']} queued of {job.total}")
+
+    @admin.display(description="stage timings (ms per batch)")
+    def timings(self, job: Job) -> str:
+        rows = job_services.stage_summary(BatchStat.objects.filter(job=job))
+        return format_html(
+            "<table><tr><th>stage</th><th>min</th><th>avg</th><th>max</th><th>p95</th></tr>{}</table>",
+            format_html("".join(
+                f"<tr><td>{s}</td><td>{v['min']}</td><td>{v['avg']}</td><td>{v['max']}</td><td>{v['p95']}</td></tr>"
+                for s, v in rows.items()
+            )),
+        )
+
+    def _transition(self, request, queryset, to):
+        for job in queryset:
+            try:
+                job_services.job_transition(job=job, to=to)
+            except Exception as e:  # ApplicationError: show, continue with the others
+                self.message_user(request, f"{job}: {e}", messages.WARNING)
+
+    @admin.action(description="Pause selected jobs")
+    def pause(self, request, queryset):
+        self._transition(request, queryset, JobStatus.PAUSED)
+
+    @admin.action(description="Resume selected jobs")
+    def resume(self, request, queryset):
+        self._transition(request, queryset, JobStatus.QUEUED)
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel(self, request, queryset):
+        self._transition(request, queryset, JobStatus.CANCELLED)
+
+
+@admin.register(Image)
+class ImageAdmin(admin.ModelAdmin):
+    list_display = ("thumbnail", "original_name", "owner", "status", "reason", "lane", "width", "height", "created_at")
+    list_filter = ("status", "reason", "lane")
+    search_fields = ("original_name", "sha256", "id")
+    readonly_fields = [f.name for f in Image._meta.fields] + ["thumbnail"]
+    actions = ("retry_failed",)
+
+    def get_urls(self):
+        return [path("<uuid:image_id>/thumbnail/", self.admin_site.admin_view(self.thumbnail_view),
+                     name="embeddings_image_thumbnail")] + super().get_urls()
+
+    @admin.display(description="thumbnail")
+    def thumbnail(self, im: Image) -> str:
+        if im.status == ImageStatus.FAILED:
+            return "—"
+        url = reverse("admin:embeddings_image_thumbnail", args=[im.id])
+        return format_html('<img src="{}" style="max-height:64px;max-width:96px" loading="lazy">', url)
+
+    def thumbnail_view(self, request, image_id):
+        """A 128-px JPEG of the image, decoded with the pipeline's own (bounded) decoder."""
+        import cv2
+
+        from workers.decode import decode_image
+        from workers.errors import ImageRejected
+
+        im = Image.objects.filter(id=image_id).first()
+        if im is None:
+            raise Http404
+        try:
+            rgb = decode_image(runtime.blob_store().read(im.storage_key, im.sha256), min_side=128).rgb
+        except ImageRejected as e:
+            raise Http404(str(e)) from e
+        scale = 128 / max(rgb.shape[:2])
+        small = cv2.resize(rgb, None, fx=min(1, scale), fy=min(1, scale), interpolation=cv2.INTER_AREA)
+        ok, jpeg = cv2.imencode(".jpg", small[:, :, ::-1])
+        return HttpResponse(jpeg.tobytes(), content_type="image/jpeg")
+
+    @admin.action(description="Retry selected failed images")
+    def retry_failed(self, request, queryset):
+        n = images_retry(images=queryset.filter(status=ImageStatus.FAILED))
+        self.message_user(request, f"{n} image(s) queued again")
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(BatchStat)
+class BatchStatAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "lane", "job", "images", "failed", "decode_ms", "preprocess_ms", "embed_ms",
+                    "upsert_ms", "total_ms")
+    list_filter = ("lane",)

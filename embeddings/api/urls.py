@@ -1,0 +1,14 @@
+from django.urls import path
+from rest_framework.authtoken.views import obtain_auth_token
+
+from embeddings.api import views
+
+urlpatterns = [
+    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("images/", views.ImageUploadView.as_view(), name="images"),
+    path("images/<uuid:image_id>/", views.ImageDetailView.as_view(), name="image-detail"),
+    path("jobs/", views.JobListView.as_view(), name="jobs"),
+    path("jobs/<uuid:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
+    path("search/", views.SearchView.as_view(), name="search"),
+]

@@ -1,0 +1,171 @@
+"""REST endpoints. Each view validates, calls one service, and serialises."""
+from __future__ import annotations
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from embeddings.api.errors import as_application_error
+from embeddings.api.serializers import (
+    ImageSerializer,
+    JobCreateSerializer,
+    JobSerializer,
+    SearchSerializer,
+    UploadQuerySerializer,
+)
+from embeddings.selectors import images_visible_to, jobs_visible_to
+from embeddings.services import jobs as job_services
+from embeddings.services import requests as request_services
+from embeddings.services.errors import ApplicationError
+from embeddings.services.images import image_delete
+from embeddings.services.sources import from_folder, from_uploads, from_zip
+
+
+def _parsed(request):
+    """``(data, files)`` of the request; Django's upload limits become a 4xx naming the limit."""
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > settings.UPLOAD_MAX_REQUEST_BYTES:
+        raise ApplicationError(
+            f"the request is {length} bytes; UPLOAD_MAX_REQUEST_BYTES is {settings.UPLOAD_MAX_REQUEST_BYTES}",
+            code="request_too_large", status=413,
+            extra={"limit": "UPLOAD_MAX_REQUEST_BYTES", "value": settings.UPLOAD_MAX_REQUEST_BYTES},
+        )
+    try:
+        return request.data, request.FILES
+    except Exception as e:
+        err = as_application_error(e) or as_application_error(getattr(e, "__cause__", None) or e)
+        if err is not None:
+            raise err from e
+        raise
+
+
+def _files(files, *names: str) -> list:
+    out = []
+    for name in names:
+        out.extend(files.getlist(name))
+    return out
+
+
+class ImageUploadView(APIView):
+    """``POST /api/images/``: 1..N images on the interactive lane; ``GET``: the caller's images."""
+
+    parser_classes = (MultiPartParser, FormParser)
+
+    @extend_schema(request=None, responses=None)
+    def post(self, request):
+        data, files = _parsed(request)
+        uploads = _files(files, "files", "file", "image")
+        if not uploads:
+            raise ApplicationError("send one or more image files in the 'files' field", code="no_files")
+        if len(uploads) > settings.INTERACTIVE_MAX_FILES:
+            raise ApplicationError(
+                f"{len(uploads)} files; an interactive request takes at most INTERACTIVE_MAX_FILES "
+                f"({settings.INTERACTIVE_MAX_FILES}); use POST /api/jobs/ for more",
+                code="too_many_files", extra={"limit": "INTERACTIVE_MAX_FILES", "value": settings.INTERACTIVE_MAX_FILES},
+            )
+        q = UploadQuerySerializer(data=data)
+        q.is_valid(raise_exception=True)
+        deadline_s = request_services.deadline_for(q.validated_data.get("deadline"))
+        outcome = request_services.images_upload(
+            owner=request.user, sources=from_uploads(uploads), deadline_s=deadline_s, k=q.validated_data["k"]
+        )
+        return Response({"images": outcome.images, "deadline_s": deadline_s}, status=outcome.status)
+
+    def get(self, request):
+        qs = images_visible_to(request.user).order_by("-created_at")[:500]
+        return Response({"images": ImageSerializer(qs, many=True).data})
+
+
+class ImageDetailView(APIView):
+    """``GET`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
+
+    def get(self, request, image_id):
+        im = get_object_or_404(images_visible_to(request.user), id=image_id)
+        return Response(ImageSerializer(im).data)
+
+    def delete(self, request, image_id):
+        im = get_object_or_404(images_visible_to(request.user), id=image_id)
+        image_delete(image=im)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class JobListView(APIView):
+    """``POST /api/jobs/``: a bulk job from files, a zip, or (staff) a server folder; ``GET``: jobs."""
+
+    parser_classes = (MultiPartParser, FormParser, JSONParser)
+
+    @extend_schema(request=None, responses=None)
+    def post(self, request):
+        data, files = _parsed(request)
+        s = JobCreateSerializer(data=data)
+        s.is_valid(raise_exception=True)
+        v = s.validated_data
+        sources = from_uploads(_files(files, "files", "file"))
+        for archive in _files(files, "zip"):
+            sources += from_zip(archive, max_entries=settings.ZIP_MAX_ENTRIES,
+                                max_uncompressed=settings.ZIP_MAX_UNCOMPRESSED_BYTES)
+        if v.get("folder"):
+            if not request.user.is_staff:
+                raise ApplicationError("server-side folders are for staff only", code="forbidden", status=403)
+            sources += from_folder(v["folder"], roots=settings.INGEST_ROOTS)
+        if not sources:
+            raise ApplicationError("send files, a zip, or (staff) a folder", code="no_files")
+        job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
+                                      deadline=v["deadline"])
+        return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/"},
+                        status=status.HTTP_202_ACCEPTED)
+
+    def get(self, request):
+        qs = jobs_visible_to(request.user)[:200]
+        return Response({"jobs": JobSerializer(qs, many=True).data})
+
+
+class JobDetailView(APIView):
+    """``GET /api/jobs/{id}/``: status, counts, throughput, ETA, failures, stage timings."""
+
+    def get(self, request, job_id):
+        job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
+        return Response({**JobSerializer(job).data, **job_services.job_progress(job)})
+
+
+class JobActionView(APIView):
+    """``POST /api/jobs/{id}/{pause|resume|cancel}/``."""
+
+    targets = {"pause": "paused", "resume": "queued", "cancel": "cancelled"}
+
+    def post(self, request, job_id, action):
+        job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
+        if action not in self.targets:
+            raise ApplicationError(f"unknown action {action!r}", code="not_found", status=404)
+        job = job_services.job_transition(job=job, to=self.targets[action])
+        return Response(JobSerializer(job).data)
+
+
+class SearchView(APIView):
+    """``POST /api/search/``: by text, by an uploaded image, or by a stored image's id."""
+
+    parser_classes = (MultiPartParser, FormParser, JSONParser)
+
+    @extend_schema(request=SearchSerializer, responses=None)
+    def post(self, request):
+        data, _ = _parsed(request)
+        s = SearchSerializer(data=data)
+        s.is_valid(raise_exception=True)
+        v = s.validated_data
+        image = from_uploads([v["image"]])[0] if v.get("image") else None
+        results = request_services.search(
+            user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
+            text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
+        )
+        return Response({"results": results, "k": v["k"]})
+
+
+def healthz(request):
+    """Liveness of the web process (no authentication, no dependencies)."""
+    from django.http import JsonResponse
+
+    return JsonResponse({"ok": True})

@@ -1,0 +1,79 @@
+"""Per-process singletons of a worker: built lazily on first use, never at import.
+
+The web process only ever calls :func:`blob_store`; the embedding workers also build the model
+holder, the batch runner and the dynamic batcher; only the ``vectors`` worker opens the vector
+store (embedded Qdrant allows one process). Each is cached for the life of the process, which is
+what "load once per worker process, after fork" means for Celery's solo and threads pools.
+"""
+from __future__ import annotations
+
+import functools
+
+from django.conf import settings
+
+from embeddings.storage import BlobStore
+
+
+@functools.cache
+def blob_store() -> BlobStore:
+    """The content-addressed blob store under ``settings.BLOB_ROOT``."""
+    return BlobStore(settings.BLOB_ROOT)
+
+
+@functools.cache
+def encoder_holder():
+    """The process's lazily-loaded open_clip model (``workers.model.EncoderHolder``)."""
+    from workers.model import EncoderHolder
+
+    return EncoderHolder(settings.PIPELINE)
+
+
+@functools.cache
+def batch_runner():
+    """The process's ``workers.runner.BatchRunner`` (decode thread pool + model)."""
+    from workers.runner import BatchRunner
+
+    return BatchRunner(settings.PIPELINE, encoder_holder())
+
+
+@functools.cache
+def dynamic_batcher():
+    """The interactive lane's ``workers.batcher.DynamicBatcher`` over the process's model."""
+    from workers.batcher import DynamicBatcher
+    from workers.preprocess import normalize
+
+    holder = encoder_holder()
+
+    def run_batch(pixels):
+        encoder = holder.get()
+        return encoder.encode_images(normalize(pixels, encoder.preprocess_config))
+
+    cfg = settings.PIPELINE
+    return DynamicBatcher(
+        run_batch,
+        max_batch_size=cfg.interactive_max_batch_size,
+        max_queue_delay_ms=cfg.interactive_max_queue_delay_ms,
+    )
+
+
+@functools.cache
+def vector_store():
+    """The collection of this embedding space; created or checked on first use.
+
+    Raises:
+        workers.vector_store.CollectionMismatch: the existing collection has another size/distance.
+    """
+    from workers.model_config import embed_dim
+    from workers.vector_store import VectorStore, open_client
+
+    cfg = settings.PIPELINE
+    client = open_client(url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH)
+    store = VectorStore(client, cfg.collection_name, embed_dim(cfg.model_name))
+    store.ensure_collection()
+    return store
+
+
+@functools.cache
+def model_id() -> str:
+    """``settings.PIPELINE.model_id`` (hashes a checkpoint file once per process)."""
+    return settings.PIPELINE.model_id

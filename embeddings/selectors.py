@@ -1,0 +1,44 @@
+"""Selectors read (HackSoftware Django-Styleguide): queries shared by views, tasks and admin."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from django.db.models import QuerySet
+
+from embeddings.models import Image, ImageStatus, Job
+
+
+def images_visible_to(user) -> QuerySet[Image]:
+    """Images ``user`` may see: their own, or all for staff."""
+    qs = Image.objects.all()
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def jobs_visible_to(user) -> QuerySet[Job]:
+    """Jobs ``user`` may see: their own, or all for staff."""
+    qs = Job.objects.all()
+    return qs if user.is_staff else qs.filter(owner=user)
+
+
+def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> list[dict]:
+    """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id"}]``, best first.
+
+    A hit maps to the embedded image row with its sha256 that the owner may see (any owner when
+    ``owner_id`` is None). A point whose rows were all deleted meanwhile is left out.
+    """
+    shas = [h.payload.get("sha256") for h in hits]
+    rows = Image.objects.filter(model_id=model_id, sha256__in=shas, status=ImageStatus.EMBEDDED)
+    if owner_id is not None:
+        rows = rows.filter(owner_id=owner_id)
+    by_sha: dict[str, Image] = {}
+    for im in rows.order_by("created_at"):
+        by_sha.setdefault(im.sha256, im)
+    out = []
+    for h in hits:
+        im = by_sha.get(h.payload.get("sha256"))
+        if im is not None:
+            out.append({
+                "image_id": str(im.id), "score": round(h.score, 6), "sha256": im.sha256,
+                "original_name": im.original_name, "job_id": str(im.job_id) if im.job_id else None,
+            })
+    return out

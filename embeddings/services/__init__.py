@@ -1,0 +1,1 @@
+"""Services write, selectors read (HackSoftware Django-Styleguide). Views and tasks call these."""

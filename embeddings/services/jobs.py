@@ -1,0 +1,178 @@
+"""Bulk job services: create and split into chunks, progress, state transitions.
+
+A job's counts are never stored: they are derived from its images' statuses, so they cannot drift
+from the truth when a chunk is redelivered or a worker dies.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from typing import Iterable
+
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from embeddings import runtime
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
+from embeddings.services.errors import ApplicationError
+from embeddings.services.images import images_create
+from embeddings.services.sources import SourceFile
+from workers.timing import STAGES
+
+#: Allowed transitions of the job state machine (HackSoftware style: a service guards them).
+_TRANSITIONS = {
+    JobStatus.QUEUED: {JobStatus.RUNNING, JobStatus.PAUSED, JobStatus.CANCELLED, JobStatus.DONE},
+    JobStatus.RUNNING: {JobStatus.PAUSED, JobStatus.CANCELLED, JobStatus.DONE},
+    JobStatus.PAUSED: {JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.CANCELLED},
+    JobStatus.CANCELLED: set(),
+    JobStatus.DONE: set(),
+}
+
+
+def job_create(
+    *,
+    owner,
+    sources: Iterable[SourceFile],
+    name: str = "",
+    priority: str = JobPriority.BACKGROUND,
+    deadline: dt.datetime | None = None,
+) -> Job:
+    """Store every source, create the job and its images, and queue its chunks after commit.
+
+    Returns:
+        The job (``total`` = number of sources, duplicates and refusals included).
+    """
+    from django.conf import settings
+
+    job = Job.objects.create(
+        owner=owner, name=name[:200], priority=priority, deadline=deadline, model_id=runtime.model_id(),
+        chunk_size=settings.PIPELINE.batch_size,
+    )
+    images = images_create(owner=owner, sources=list(sources), lane=Lane.BULK, job=job)
+    Job.objects.filter(id=job.id).update(total=len(images))
+    job.total = len(images)
+    queued = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
+    transaction.on_commit(lambda: job_dispatch(job=job, image_ids=queued))
+    if not queued:
+        job_refresh(job_id=job.id)
+    return job
+
+
+def job_dispatch(*, job: Job, image_ids: list[str]) -> int:
+    """Send ``image_ids`` to the bulk queue in chunks of ``job.chunk_size``. Returns the chunk count."""
+    from embeddings import tasks
+
+    size = job.chunk_size
+    chunks = [image_ids[i : i + size] for i in range(0, len(image_ids), size)]
+    for chunk in chunks:
+        tasks.embed_chunk.apply_async(args=(str(job.id), chunk), **tasks.bulk_options(job.priority))
+    return len(chunks)
+
+
+def job_counts(job: Job) -> dict[str, int]:
+    """``{status: count}`` over the job's images, every status present (0 when none)."""
+    counts = {s.value: 0 for s in ImageStatus}
+    for row in Image.objects.filter(job=job).values("status").annotate(n=Count("id")):
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def job_refresh(*, job_id) -> Job:
+    """Move the job to ``running`` on its first result and to ``done`` when no image is queued."""
+    job = Job.objects.get(id=job_id)
+    if job.status in (JobStatus.DONE, JobStatus.CANCELLED):
+        return job
+    counts = job_counts(job)
+    now = timezone.now()
+    if counts[ImageStatus.QUEUED] == 0:
+        Job.objects.filter(id=job.id).exclude(status__in=(JobStatus.DONE, JobStatus.CANCELLED)).update(
+            status=JobStatus.DONE, finished_at=now, started_at=job.started_at or now
+        )
+    elif job.status == JobStatus.QUEUED:
+        Job.objects.filter(id=job.id, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING, started_at=now)
+    job.refresh_from_db()
+    return job
+
+
+def job_mark_started(*, job_id) -> None:
+    """Record the start of the first chunk (idempotent)."""
+    Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING, started_at=timezone.now())
+
+
+def job_transition(*, job: Job, to: str) -> Job:
+    """Pause, resume (→ queued) or cancel a job.
+
+    Cancel marks every queued image ``cancelled`` (its chunks then do nothing when they run).
+
+    Raises:
+        ApplicationError: ``invalid_transition`` (409).
+    """
+    to = JobStatus(to)
+    if to not in _TRANSITIONS[JobStatus(job.status)]:
+        raise ApplicationError(
+            f"a {job.status} job cannot become {to}", code="invalid_transition", status=409,
+            extra={"from": job.status, "to": to.value},
+        )
+    with transaction.atomic():
+        Job.objects.filter(id=job.id).update(status=to, finished_at=timezone.now() if to == JobStatus.CANCELLED else None)
+        if to == JobStatus.CANCELLED:
+            Image.objects.filter(job=job, status=ImageStatus.QUEUED).update(
+                status=ImageStatus.CANCELLED, reason="cancelled", reason_detail="the job was cancelled"
+            )
+    job.refresh_from_db()
+    return job
+
+
+def stage_summary(batches) -> dict[str, dict[str, float]]:
+    """min / avg / max / p95 (ms) per stage over ``BatchStat`` rows, plus per-image averages."""
+    rows = list(batches.values(*(f"{s}_ms" for s in STAGES), "images"))
+    out: dict[str, dict[str, float]] = {}
+    for stage in STAGES:
+        vals = sorted(r[f"{stage}_ms"] for r in rows if r[f"{stage}_ms"] is not None)
+        if not vals:
+            continue
+        images = sum(r["images"] for r in rows if r[f"{stage}_ms"] is not None) or 1
+        out[stage] = {
+            "min": round(vals[0], 2),
+            "avg": round(statistics.fmean(vals), 2),
+            "max": round(vals[-1], 2),
+            "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 2),
+            "per_image_avg": round(sum(vals) / images, 3),
+        }
+    return out
+
+
+def job_progress(job: Job) -> dict:
+    """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (images/s), ETA, timings."""
+    counts = job_counts(job)
+    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
+    finished = sum(counts[s] for s in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED, ImageStatus.FAILED,
+                                       ImageStatus.EXPIRED, ImageStatus.CANCELLED))
+    end = job.finished_at or timezone.now()
+    elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
+    throughput = done / elapsed if elapsed > 0 else None
+    remaining = counts[ImageStatus.QUEUED]
+    eta = None
+    if remaining and throughput:
+        eta = timezone.now() + dt.timedelta(seconds=remaining / throughput)
+    at_risk = bool(job.deadline and remaining and (eta is None or eta > job.deadline))
+    batches = BatchStat.objects.filter(job=job)
+    failures = list(
+        Image.objects.filter(job=job, status=ImageStatus.FAILED).values("id", "original_name", "reason", "reason_detail")[:1000]
+    )
+    return {
+        "counts": counts,
+        "total": job.total,
+        "embedded": counts[ImageStatus.EMBEDDED],
+        "skipped": counts[ImageStatus.SKIPPED],
+        "failed": counts[ImageStatus.FAILED],
+        "finished": finished,
+        "elapsed_s": round(elapsed, 3),
+        "throughput_images_per_s": round(throughput, 3) if throughput else None,
+        "eta": eta,
+        "at_risk": at_risk,
+        "failures": failures,
+        "timings_ms": stage_summary(batches),
+        "batches": batches.count(),
+    }

@@ -1,0 +1,253 @@
+"""Worker-side services: what the Celery tasks call. Embedding workers run ``*_embed`` and
+``query_embed``/``text_embed``; the vectors worker (sole owner of the vector store) runs ``*_index``,
+searches and deletions. Each returns JSON primitives, ready to be a task result.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from embeddings import runtime
+from embeddings.messages import decode_vector, encode_vector
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.selectors import hits_to_results
+from embeddings.services import images as image_services
+from embeddings.services import jobs as job_services
+from workers.errors import Reason
+from workers.timing import StageTimings
+from workers.vector_store import Point
+
+log = logging.getLogger(__name__)
+
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _loader(rows: dict[str, tuple[str, str]]):
+    store = runtime.blob_store()
+    return lambda image_id: store.read(*rows[image_id])
+
+
+def _item(meta, vector, point_id: str, sha256: str) -> dict:
+    return {"id": meta.key, "point_id": point_id, "sha256": sha256, "width": meta.width, "height": meta.height,
+            "format": meta.format, "vector": encode_vector(vector)}
+
+
+def _stat(*, job_id, lane: str, images: int, failed: int, timings: StageTimings) -> BatchStat:
+    t = timings
+    return BatchStat.objects.create(
+        job_id=job_id, lane=lane, images=images, failed=failed, load_ms=t.load, decode_ms=t.decode,
+        decode_wait_ms=t.decode_wait, preprocess_ms=t.preprocess, embed_ms=t.embed, total_ms=t.total, worker=_WORKER,
+    )
+
+
+# --- bulk lane -----------------------------------------------------------------------------------
+
+def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
+    """Embed one chunk of a bulk job and hand its vectors to the vectors worker.
+
+    Images no longer queued (already embedded by an earlier delivery, cancelled) are left alone, so a
+    redelivered chunk redoes only what is missing. Bad images fail alone with their reason.
+
+    Returns:
+        ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
+        vectors handed over; they are marked embedded once written).
+    """
+    from embeddings import tasks
+
+    job = Job.objects.filter(id=job_id).first()
+    if job is None:
+        return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
+    if job.status == JobStatus.CANCELLED:
+        image_services.images_mark_failed([(i, Reason.CANCELLED.value, "the job was cancelled") for i in image_ids])
+        return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
+    rows = {
+        str(i): (key, sha, str(pid))
+        for i, key, sha, pid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
+            "id", "storage_key", "sha256", "point_id"
+        )
+    }
+    if not rows:
+        job_services.job_refresh(job_id=job_id)
+        return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
+    job_services.job_mark_started(job_id=job_id)
+    Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
+    ordered = [i for i in image_ids if i in rows]
+    result = runtime.batch_runner().run(ordered, _loader({k: v[:2] for k, v in rows.items()}))
+    image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
+    stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
+    items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(result.metas, result.vectors)]
+    if items:
+        tasks.index_chunk.apply_async(
+            args=(job_id, stat.id, items), **tasks.vectors_options(interactive=False, priority=job.priority)
+        )
+    else:
+        BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
+        job_services.job_refresh(job_id=job_id)
+    return {"embedded": len(items), "failed": len(result.failed), "skipped": len(image_ids) - len(ordered),
+            "stat_id": stat.id}
+
+
+def _write_points(items: list[dict]) -> float:
+    """Upsert ``items`` with payloads recomputed from the database; returns the upsert wall time (ms)."""
+    model_id = runtime.model_id()
+    payloads = image_services.point_payloads(
+        model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items]
+    )
+    points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
+              for it in items]
+    t0 = time.perf_counter()
+    runtime.vector_store().upsert(points)
+    return (time.perf_counter() - t0) * 1000
+
+
+def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict]) -> dict:
+    """Write a chunk's points, then (and only then) mark its images embedded; refresh the job."""
+    upsert_ms = _write_points(items)
+    image_services.images_mark_embedded(items)
+    if stat_id is not None:
+        stat = BatchStat.objects.filter(id=stat_id).first()
+        if stat is not None:
+            now = timezone.now()
+            BatchStat.objects.filter(id=stat_id).update(
+                upsert_ms=upsert_ms, finished_at=now,
+                # end to end: chunk start → embed end (total so far) → handed over → points written
+                total_ms=stat.total_ms + max(upsert_ms, (now - stat.created_at).total_seconds() * 1000),
+            )
+    job_services.job_refresh(job_id=job_id)
+    return {"written": len(items), "upsert_ms": round(upsert_ms, 2)}
+
+
+# --- interactive lane ----------------------------------------------------------------------------
+
+def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
+    """Embed an interactive request's images through the process's dynamic batcher.
+
+    A request whose deadline has passed before it reaches the model is not computed: its images
+    come back as ``expired``.
+
+    Returns:
+        ``{"items": [...], "failed": [[id, reason, detail], ...], "timings": {stage: ms}}``.
+    """
+    from workers.batcher import Expired
+
+    rows = {
+        str(i): (key, sha, str(pid))
+        for i, key, sha, pid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
+            "id", "storage_key", "sha256", "point_id"
+        )
+    }
+    ordered = [i for i in image_ids if i in rows]
+    expired = lambda ids: [[i, Reason.EXPIRED.value, "deadline passed before the model ran"] for i in ids]  # noqa: E731
+    if time.time() > deadline_ts:
+        return {"items": [], "failed": expired(ordered), "timings": {}}
+    runner = runtime.batch_runner()
+    prepared = runner.prepare(ordered, _loader({k: v[:2] for k, v in rows.items()}))
+    failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
+    timings = prepared.timings
+    items = []
+    if prepared.metas:
+        try:
+            with timings.measure("embed"):
+                vectors = runtime.dynamic_batcher().embed(prepared.pixels, deadline=deadline_ts)
+        except Expired:
+            return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
+        items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(prepared.metas, vectors)]
+    timings.total = (time.perf_counter() - prepared.started) * 1000
+    return {"items": items, "failed": failed, "timings": timings.as_dict()}
+
+
+def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str]) -> dict:
+    """Write an interactive request's points, record outcomes, and find each image's neighbours.
+
+    Returns:
+        ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
+    """
+    items, failed = embedded.get("items", []), embedded.get("failed", [])
+    upsert_ms = _write_points(items) if items else 0.0
+    image_services.images_mark_embedded(items)
+    image_services.images_mark_failed([tuple(f) for f in failed])
+    if embedded.get("timings"):
+        t = StageTimings(**{k2: v for k2, v in embedded["timings"].items() if k2 != "upsert"})
+        t.upsert = upsert_ms
+        stat = _stat(job_id=None, lane=Lane.INTERACTIVE, images=len(items) + len(failed), failed=len(failed), timings=t)
+        BatchStat.objects.filter(id=stat.id).update(upsert_ms=upsert_ms, total_ms=t.total + upsert_ms,
+                                                    finished_at=timezone.now())
+    store, model_id = runtime.vector_store(), runtime.model_id()
+    out: dict[str, dict] = {}
+    queries = {it["id"]: (uuid.UUID(it["point_id"]), decode_vector(it["vector"])) for it in items}
+    skipped = Image.objects.filter(id__in=skipped_ids).values_list("id", "point_id")
+    stored = store.vectors([pid for _, pid in skipped])
+    for image_id, pid in skipped:
+        if pid in stored:
+            queries[str(image_id)] = (pid, stored[pid])
+    for image_id, (pid, vector) in queries.items():
+        hits = store.search(vector, k=k, owner_id=owner_id, exclude=[pid])
+        out[image_id] = {"neighbours": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
+    for image_id, reason, detail in failed:
+        out[image_id] = {"reason": reason, "detail": detail, "neighbours": []}
+    return out
+
+
+# --- queries -------------------------------------------------------------------------------------
+
+def query_embed(*, storage_key: str, sha256: str) -> dict:
+    """Embed a query image (not stored as an Image).
+
+    Returns:
+        ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded.
+    """
+    result = runtime.batch_runner().run([storage_key], lambda key: runtime.blob_store().read(key, sha256))
+    if result.failed:
+        return {"reason": result.failed[0].reason, "detail": result.failed[0].detail}
+    return {"vector": encode_vector(result.vectors[0])}
+
+
+def text_embed(*, text: str) -> dict:
+    """Embed a text query → ``{"vector": base64}``."""
+    return {"vector": encode_vector(runtime.encoder_holder().get().encode_texts([text])[0])}
+
+
+def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None) -> dict:
+    """Top-k images for a query ``{"vector": base64}``, restricted to ``owner_id`` (None: all) and a
+    job. A refused query image (``{"reason", "detail"}``) is passed through unchanged.
+
+    Returns:
+        ``{"results": [...]}`` or the refusal.
+    """
+    if "vector" not in query:
+        return query
+    hits = runtime.vector_store().search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id)
+    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=runtime.model_id())}
+
+
+def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None) -> list[dict] | None:
+    """Top-k images similar to a stored point (itself included); ``None`` if the point is missing."""
+    store = runtime.vector_store()
+    got = store.vectors([uuid.UUID(point_id)])
+    if not got:
+        return None
+    hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id)
+    return hits_to_results(hits, owner_id=owner_id, model_id=runtime.model_id())
+
+
+def point_forget(*, point_id: str, sha256: str) -> str:
+    """After an image row is deleted: delete its point, or rewrite its payload if other rows share it.
+
+    Returns ``"deleted"`` or ``"kept"``.
+    """
+    store, model_id = runtime.vector_store(), runtime.model_id()
+    payload = image_services.point_payloads(model_id=model_id, shas=[sha256])[sha256]
+    pid = uuid.UUID(point_id)
+    with transaction.atomic():
+        if payload["owner_ids"]:
+            store.set_payloads({pid: payload})
+            return "kept"
+        store.delete([pid])
+        return "deleted"

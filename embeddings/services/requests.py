@@ -1,0 +1,166 @@
+"""Web-side orchestration of work that someone waits for: interactive uploads and searches.
+
+The web process never loads the model or opens the vector store: it chains tasks (embed on the
+``interactive`` queue → index/search on the ``vectors`` queue) and waits for the last result until
+the request's deadline. What does not finish in time keeps running; the caller gets a status URL.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import time
+
+from celery import chain
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.conf import settings
+
+from embeddings import runtime, tasks
+from embeddings.models import Image, ImageStatus, Lane
+from embeddings.services.errors import ApplicationError
+from embeddings.services.images import images_create, quick_check
+from embeddings.services.sources import SourceFile, iter_blocks
+from workers.errors import Reason
+
+#: HTTP status for a single refused image, by reason code (issue: 400 / 413 / 415 per case).
+REASON_STATUS = {
+    Reason.EMPTY.value: 400,
+    Reason.TRUNCATED.value: 400,
+    Reason.CORRUPT.value: 400,
+    Reason.TOO_LARGE.value: 413,
+    Reason.TOO_MANY_PIXELS.value: 413,
+    Reason.NOT_AN_IMAGE.value: 415,
+    Reason.UNSUPPORTED_FORMAT.value: 415,
+    Reason.DECODE_TIMEOUT.value: 400,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class UploadOutcome:
+    """``status``: 200 (all answered), 202 (deadline passed, work continues) or a 4xx when every
+    image was refused; ``images``: one dict per uploaded file, in order."""
+
+    status: int
+    images: list[dict]
+
+
+def deadline_for(requested_s: float | None) -> float:
+    """Effective deadline (s): the default, or a shorter one the client asked for (never longer).
+
+    Raises:
+        ApplicationError: ``invalid_deadline`` when not positive.
+    """
+    default = settings.INTERACTIVE_DEADLINE_S
+    if requested_s is None:
+        return default
+    if requested_s <= 0:
+        raise ApplicationError("deadline must be a positive number of seconds", code="invalid_deadline")
+    return min(float(requested_s), default)
+
+
+def _wait(result, deadline_ts: float):
+    """The chain's result, or ``None`` when the deadline passes first.
+
+    Raises:
+        ApplicationError: ``worker_error`` (503) if a task failed.
+    """
+    try:
+        return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
+    except CeleryTimeout:
+        return None
+    except Exception as e:  # a task raised: systemic, not the caller's fault
+        raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
+                               status=503) from e
+
+
+def image_view(im: Image, neighbours: list | None = None) -> dict:
+    """The API's representation of one image."""
+    out = {
+        "id": str(im.id), "status": im.status, "reason": im.reason or None, "detail": im.reason_detail or None,
+        "sha256": im.sha256, "width": im.width, "height": im.height, "original_name": im.original_name,
+        "job_id": str(im.job_id) if im.job_id else None, "url": f"/api/images/{im.id}/",
+    }
+    if neighbours is not None:
+        out["neighbours"] = neighbours
+    return out
+
+
+def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int) -> UploadOutcome:
+    """Embed uploaded images on the interactive lane and return each one's top-``k`` neighbours.
+
+    Waits until ``deadline_s`` has passed at most; after that answers 202 and the work continues.
+    """
+    started = time.time()
+    deadline_ts = started + deadline_s
+    deadline = dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
+    images = images_create(owner=owner, sources=sources, lane=Lane.INTERACTIVE, deadline=deadline)
+    to_embed = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
+    skipped = [str(im.id) for im in images if im.status == ImageStatus.SKIPPED]
+    owner_filter = None if owner.is_staff else owner.id
+    index = tasks.index_interactive.s(owner_filter, k, skipped).set(**tasks.vectors_options(interactive=True))
+    answers: dict | None = {}
+    if to_embed or skipped:
+        if to_embed:
+            embed = tasks.embed_interactive.si(to_embed, deadline_ts).set(**tasks.interactive_options(deadline_ts))
+            result = chain(embed, index).apply_async()
+        else:
+            result = tasks.index_interactive.si({}, owner_filter, k, skipped).set(
+                **tasks.vectors_options(interactive=True)).apply_async()
+        answers = _wait(result, deadline_ts)
+    fresh = {str(im.id): im for im in Image.objects.filter(id__in=[im.id for im in images])}
+    views = [image_view(fresh[str(im.id)], (answers or {}).get(str(im.id), {}).get("neighbours")) for im in images]
+    if answers is None:
+        return UploadOutcome(status=202, images=views)
+    refused = [v for v in views if v["status"] in (ImageStatus.FAILED, ImageStatus.EXPIRED)]
+    if views and len(refused) == len(views) and len(views) == 1 and views[0]["reason"] in REASON_STATUS:
+        return UploadOutcome(status=REASON_STATUS[views[0]["reason"]], images=views)
+    return UploadOutcome(status=200, images=views)
+
+
+def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
+           image: SourceFile | None = None, image_id: str | None = None, deadline_s: float | None = None) -> list[dict]:
+    """Top-``k`` images similar to a text, an uploaded image, or a stored image (by id).
+
+    Only the caller's images are searched (all images for staff), enforced by a payload filter in
+    the vector store's query.
+
+    Raises:
+        ApplicationError: ``invalid_query`` (400), ``not_found`` (404), a refused query image
+            (400/413/415 with its reason code), ``deadline_exceeded`` (504), ``worker_error`` (503).
+    """
+    given = [x is not None for x in (text, image, image_id)]
+    if sum(given) != 1:
+        raise ApplicationError("give exactly one of text, image or image_id", code="invalid_query")
+    owner_filter = None if user.is_staff else user.id
+    deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
+    search_sig = tasks.search_vector.s(owner_filter, k, job_id).set(**tasks.vectors_options(interactive=True))
+    if text is not None:
+        if not text.strip():
+            raise ApplicationError("text must not be empty", code="invalid_query")
+        embed = tasks.encode_text.si(text[:2000]).set(**tasks.interactive_options(deadline_ts))
+        answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+    elif image is not None:
+        f = image.open()
+        head = f.read(64)
+        f.seek(0)
+        refused = quick_check(head, image.size)
+        if refused is not None:
+            raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
+        key, sha, _ = runtime.blob_store().put(iter_blocks(f))
+        embed = tasks.embed_query.si(key, sha).set(**tasks.interactive_options(deadline_ts))
+        answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+    else:
+        im = Image.objects.filter(id=image_id).first()
+        if im is None or (not user.is_staff and im.owner_id != user.id):
+            raise ApplicationError("no such image", code="not_found", status=404)
+        if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # a skipped duplicate shares the point
+            raise ApplicationError(f"image {image_id} is {im.status}, not embedded", code="not_embedded", status=409)
+        r = tasks.search_point.apply_async(args=(str(im.point_id), owner_filter, k, job_id),
+                                           **tasks.vectors_options(interactive=True))
+        results = _wait(r, deadline_ts)
+        answer = None if results is None else {"results": results or []}
+    if answer is None:
+        raise ApplicationError("the search did not finish in time", code="deadline_exceeded", status=504)
+    if "reason" in answer:
+        raise ApplicationError(f"{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
+                               status=REASON_STATUS.get(answer["reason"], 400))
+    return answer["results"]

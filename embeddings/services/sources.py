@@ -1,0 +1,131 @@
+"""Upload sources turned into one shape, :class:`SourceFile`: uploaded files, zip entries, folders.
+
+Zip archives are read entry by entry without extracting to disk by name; entries with absolute
+paths or ``..`` are refused (zip slip), and the entry count and total uncompressed size are bounded
+before anything is read (zip bombs). Folders are confined to ``settings.INGEST_ROOTS`` unless the
+caller is the server's own command line; symlinks that leave the folder are refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import zipfile
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Iterator
+
+from embeddings.services.errors import ApplicationError
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFile:
+    """One file to ingest: a display ``name``, its ``size`` in bytes, and how to ``open`` it.
+
+    ``in_place`` is set for server-side files that are embedded where they are (not copied).
+    """
+
+    name: str
+    size: int
+    open: Callable[[], BinaryIO]
+    in_place: Path | None = None
+
+
+def from_uploads(files) -> list[SourceFile]:
+    """Django ``UploadedFile`` objects → sources."""
+    out = []
+    for f in files:
+        def _open(f=f):
+            f.seek(0)
+            return f
+        out.append(SourceFile(name=os.path.basename(f.name or "upload"), size=f.size, open=_open))
+    return out
+
+
+def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceFile]:
+    """Entries of a zip archive (directories skipped) → sources.
+
+    Raises:
+        ApplicationError: ``zip_invalid`` (400), ``zip_unsafe_path`` (400), ``zip_too_many_entries``
+            (413) or ``zip_too_large`` (413).
+    """
+    try:
+        archive = zipfile.ZipFile(upload)
+        infos = [i for i in archive.infolist() if not i.is_dir()]
+    except (zipfile.BadZipFile, OSError) as e:
+        raise ApplicationError(f"not a readable zip archive: {e}", code="zip_invalid") from e
+    if len(infos) > max_entries:
+        raise ApplicationError(
+            f"zip has {len(infos)} entries; the limit is {max_entries}", code="zip_too_many_entries", status=413,
+            extra={"limit": max_entries, "entries": len(infos)},
+        )
+    total = sum(i.file_size for i in infos)
+    if total > max_uncompressed:
+        raise ApplicationError(
+            f"zip expands to {total} bytes; the limit is {max_uncompressed}", code="zip_too_large", status=413,
+            extra={"limit": max_uncompressed, "uncompressed_bytes": total},
+        )
+    out = []
+    for info in infos:
+        p = PurePosixPath(info.filename.replace("\\", "/"))
+        if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
+            raise ApplicationError(
+                f"zip entry {info.filename!r} has an absolute or parent path", code="zip_unsafe_path",
+                extra={"entry": info.filename},
+            )
+        out.append(SourceFile(name=str(p), size=info.file_size, open=lambda info=info: _BoundedEntry(archive, info)))
+    return out
+
+
+class _BoundedEntry:
+    """Reads a zip entry but never more than its declared size (a lying header cannot bomb us)."""
+
+    def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
+        self._f = archive.open(info)
+        self._left = info.file_size
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._f.read(n)
+        self._left -= len(data)
+        return data
+
+
+def from_folder(folder: str | os.PathLike, *, roots: list[Path] | None) -> list[SourceFile]:
+    """Regular files under ``folder`` (recursive, sorted) → in-place sources.
+
+    Args:
+        roots: allowed roots; ``None`` means any folder (the server's own command line).
+
+    Raises:
+        ApplicationError: ``folder_not_allowed`` (403) outside the roots, ``folder_missing`` (400).
+    """
+    base = Path(folder)
+    try:
+        resolved = base.resolve(strict=True)
+    except (FileNotFoundError, RuntimeError) as e:
+        raise ApplicationError(f"folder {str(folder)!r} does not exist", code="folder_missing") from e
+    if not resolved.is_dir():
+        raise ApplicationError(f"{str(folder)!r} is not a folder", code="folder_missing")
+    if roots is not None and not any(resolved == r or resolved.is_relative_to(r) for r in roots):
+        raise ApplicationError(
+            f"folder {str(folder)!r} is outside the configured ingest roots", code="folder_not_allowed", status=403
+        )
+    out = []
+    for dirpath, dirnames, filenames in os.walk(resolved):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            real = p.resolve()
+            if not (real == resolved or real.is_relative_to(resolved)) or not real.is_file():
+                continue  # a symlink out of the folder, or not a regular file
+            if name.startswith("."):
+                continue
+            out.append(SourceFile(name=str(p.relative_to(resolved)), size=real.stat().st_size,
+                                  open=lambda real=real: real.open("rb"), in_place=real))
+    return out
+
+
+def iter_blocks(f: BinaryIO, block: int = 1 << 20) -> Iterator[bytes]:
+    """Read ``f`` in blocks of ``block`` bytes."""
+    return iter(lambda: f.read(block), b"")

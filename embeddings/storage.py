@@ -1,0 +1,93 @@
+"""Where image bytes live: a content-addressed blob store, plus in-place files for folder ingestion.
+
+Keys are what messages and the database carry, never the bytes:
+- ``blob/<aa>/<bb>/<sha256>``: a file under ``BLOB_ROOT`` written once, atomically.
+- ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only).
+
+``read`` checks the sha256 again, so a file changed on disk after ingestion is refused
+(``source_changed``) rather than embedded under the wrong id.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+from workers.errors import ImageRejected, Reason
+
+_FILE_PREFIX = "file:"
+
+
+class BlobStore:
+    """Content-addressed storage under ``root`` (created on first write)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def put(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
+        """Write a stream of bytes once.
+
+        Returns:
+            ``(key, sha256 hex, size in bytes)``. Writing the same bytes twice stores them once.
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        h = hashlib.sha256()
+        size = 0
+        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for chunk in chunks:
+                    h.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+            sha = h.hexdigest()
+            key = f"blob/{sha[:2]}/{sha[2:4]}/{sha}"
+            dest = self.root / key.removeprefix("blob/")
+            if dest.exists():
+                os.unlink(tmp)
+            else:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmp, dest)  # atomic: readers never see a half-written blob
+            return key, sha, size
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+
+    def put_file(self, f: BinaryIO) -> tuple[str, str, int]:
+        """``put`` from an open binary file, read in 1 MiB blocks."""
+        return self.put(iter(lambda: f.read(1 << 20), b""))
+
+    def path(self, key: str) -> Path:
+        """Filesystem path of ``key``. Raises ``ValueError`` for a malformed key."""
+        if key.startswith(_FILE_PREFIX):
+            return Path(key[len(_FILE_PREFIX):])
+        if key.startswith("blob/") and ".." not in key:
+            return self.root / key.removeprefix("blob/")
+        raise ValueError(f"malformed storage key {key!r}")
+
+    def read(self, key: str, sha256: str) -> bytes:
+        """The bytes of ``key``, verified against ``sha256``.
+
+        Raises:
+            ImageRejected: ``source_missing`` (gone) or ``source_changed`` (different bytes).
+        """
+        try:
+            data = self.path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError) as e:
+            raise ImageRejected(Reason.SOURCE_MISSING, f"{key}: {e}") from e
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ImageRejected(Reason.SOURCE_CHANGED, f"{key} no longer has sha256 {sha256}")
+        return data
+
+    def delete(self, key: str) -> None:
+        """Remove a blob (in-place files are never deleted). Missing blobs are ignored."""
+        if key.startswith("blob/"):
+            self.path(key).unlink(missing_ok=True)
+
+
+def file_key(path: Path) -> str:
+    """The storage key of a file ingested in place."""
+    return _FILE_PREFIX + str(Path(path).resolve())

@@ -1,0 +1,60 @@
+"""The command line of every process of the service, built from ``project.lanes``.
+
+One source for ``scripts/stack.py`` (which starts them for ``make demo`` and the end-to-end tests),
+``Procfile`` (``honcho start``) and docker-compose.yml (``tests/test_processes.py`` checks both
+match). Import-light: no Django, Celery or torch.
+
+Why each worker is shaped as it is:
+- interactive: ``threads`` pool so one process holds one model and one dynamic batcher, task
+  threads hand it their images; concurrency = the largest interactive batch, prefetch 1, so no
+  more messages are reserved than one batch can take.
+- bulk: ``prefork`` with one child: the model loads in the child after fork (celery/celery#3402),
+  and a child killed mid-chunk is noticed by the parent, which rejects the message so it is
+  redelivered (``task_reject_on_worker_lost``).
+- vectors: ``solo``: exactly one process may own embedded Qdrant's folder.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from project import lanes
+
+
+def worker(queues: tuple[str, ...] | str, *, pool: str, concurrency: int, name: str) -> str:
+    """``celery worker`` command line for ``queues`` (listed first = taken first)."""
+    q = queues if isinstance(queues, str) else ",".join(queues)
+    return (f"celery -A project worker -Q {q} -P {pool} -c {concurrency} -n {name}@%h "
+            f"--prefetch-multiplier 1 --without-gossip --without-mingle -l INFO")
+
+
+def commands(env: dict | None = None) -> dict[str, str]:
+    """``{process name: command line}`` of the default deployment (one worker per queue)."""
+    env = os.environ if env is None else env
+    interactive_c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
+    web_port = env.get("WEB_PORT", "8000")
+    web_bind = env.get("WEB_BIND", "127.0.0.1")
+    return {
+        "web": (f"gunicorn project.wsgi -b {web_bind}:{web_port} -k gthread --workers 2 --threads 8 "
+                f"--timeout 120 --access-logfile -"),
+        "worker-interactive": worker(lanes.INTERACTIVE, pool="threads", concurrency=interactive_c, name="interactive"),
+        "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=1, name="bulk"),
+        "worker-vectors": worker(lanes.VECTORS, pool="solo", concurrency=1, name="vectors"),
+    }
+
+
+def shared_worker_command(env: dict | None = None) -> str:
+    """Deployment (b): one worker consuming both lanes, interactive listed (and so taken) first."""
+    env = os.environ if env is None else env
+    c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
+    return worker(lanes.EMBED_QUEUES, pool="threads", concurrency=c, name="shared")
+
+
+def main() -> None:
+    """``python -m project.processes``: print a Procfile."""
+    for name, cmd in commands().items():
+        sys.stdout.write(f"{name}: {cmd}\n")
+
+
+if __name__ == "__main__":
+    main()

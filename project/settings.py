@@ -1,0 +1,154 @@
+"""Django settings, read once from the environment (and an optional ``.env`` file).
+
+Every knob is an environment variable; the README's configuration table lists them. Production
+defaults: DEBUG off, the secret key required from the environment.
+"""
+from pathlib import Path
+
+import environ
+
+from project import lanes
+from workers.config import PipelineConfig
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+SECRET_KEY = env("DJANGO_SECRET_KEY")
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
+VAR_DIR = Path(env("VAR_DIR", default=str(BASE_DIR / "var")))
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "embeddings",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "project.urls"
+WSGI_APPLICATION = "project.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# SQLite by default; several processes write (web + three workers), so WAL mode, IMMEDIATE
+# transactions and a busy timeout keep "database is locked" away. DATABASE_URL selects PostgreSQL.
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 30,
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+# Uploads: limits that Django enforces itself; the API turns their errors into a 4xx naming them.
+DATA_UPLOAD_MAX_NUMBER_FILES = env.int("UPLOAD_MAX_FILES", default=1000)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("UPLOAD_MAX_FORM_BYTES", default=10 * 1024 * 1024)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
+#: Whole-request cap on uploaded bytes (checked from Content-Length before reading the body).
+UPLOAD_MAX_REQUEST_BYTES = env.int("UPLOAD_MAX_REQUEST_BYTES", default=2 * 1024 * 1024 * 1024)
+#: Files per interactive request (someone is waiting; bigger sets go to POST /api/jobs/).
+INTERACTIVE_MAX_FILES = env.int("INTERACTIVE_MAX_FILES", default=16)
+ZIP_MAX_ENTRIES = env.int("ZIP_MAX_ENTRIES", default=100_000)
+ZIP_MAX_UNCOMPRESSED_BYTES = env.int("ZIP_MAX_UNCOMPRESSED_BYTES", default=20 * 1024 * 1024 * 1024)
+#: Server-side folders staff may ingest from (path traversal and symlinks out are refused).
+INGEST_ROOTS = [Path(p).resolve() for p in env.list("INGEST_ROOTS", default=[])]
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "embeddings.api.errors.exception_handler",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "CLIP embeddings", "VERSION": "1.0.0"}
+
+# --- The pipeline -------------------------------------------------------------------------------
+PIPELINE = PipelineConfig.from_env()
+BLOB_ROOT = VAR_DIR / "blobs"
+QDRANT_URL = env("QDRANT_URL", default="")
+QDRANT_PATH = str(VAR_DIR / "qdrant")
+#: Interactive requests wait at most this long (s) before answering 202 with a status URL.
+INTERACTIVE_DEADLINE_S = env.float("INTERACTIVE_DEADLINE_S", default=2.0)
+#: Default number of neighbours (top-k) returned.
+SEARCH_DEFAULT_K = 10
+SEARCH_MAX_K = 100
+#: Timeout for web → vectors-worker round trips that are not interactive embeds (s).
+VECTORS_CALL_TIMEOUT_S = env.float("VECTORS_CALL_TIMEOUT_S", default=10.0)
+
+# --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
+REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+CELERY_RESULT_EXPIRES = 3600
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Prefetch 1: a worker reserves no more than it runs, so bulk chunks are never hoarded
+# (celery/celery#3434) and an interactive message is never stuck behind prefetched bulk work.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Late acks + reject on worker lost: a chunk killed mid-run is redelivered, not lost
+# (celery/celery#1628). Writes are idempotent (deterministic point ids), so redelivery is safe.
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+#: Redis redelivers an unacknowledged message after this (s), even if it is still running
+#: (celery/celery#5935): chunks must finish far inside it (checked at worker start-up).
+CELERY_VISIBILITY_TIMEOUT_S = env.int("CELERY_VISIBILITY_TIMEOUT_S", default=3600)
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S,
+    # Redis: 0 is the highest priority; steps bucket 0-9. Queues consumed by one worker are taken
+    # in the listed order (interactive first), not round-robin.
+    "priority_steps": [0, 3, 6, 9],
+    "queue_order_strategy": "priority",
+}
+CELERY_TASK_DEFAULT_QUEUE = lanes.BULK
+CELERY_TASK_DEFAULT_PRIORITY = lanes.PRIORITY_BULK_BACKGROUND
+CELERY_TASK_CREATE_MISSING_QUEUES = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+#: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
+CELERY_BULK_TIME_LIMIT_S = env.int("CELERY_BULK_TIME_LIMIT_S", default=CELERY_VISIBILITY_TIMEOUT_S // 3)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

@@ -1,0 +1,142 @@
+"""Encode stage: open_clip model loading and ``encode_images`` / ``encode_texts``.
+
+The model loads once per worker process, lazily, on first use (never at import, never in the web
+process or the Celery parent before it forks: celery/celery#3402). Weights come from an open_clip
+pretrained tag, a local checkpoint file, or, only when asked for explicitly with
+``pretrained="random"``, seeded random weights of the real architecture.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import torch
+
+from workers.config import RANDOM_WEIGHTS, PipelineConfig
+from workers.preprocess import PreprocessConfig
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class WeightsUnavailable(RuntimeError):
+    """The configured weights cannot be loaded (unknown tag, missing file, no network)."""
+
+
+class ClipEncoder:
+    """An open_clip model ready to embed images and texts.
+
+    Attributes:
+        config: the :class:`PipelineConfig` it was built from.
+        preprocess_config: the model's own preprocessing parameters.
+        embed_dim: embedding dimension D (512 for ViT-B-32).
+        load_ms: time spent building and loading the model (ms).
+    """
+
+    def __init__(self, config: PipelineConfig) -> None:
+        import open_clip  # heavy; only worker processes get here
+
+        if config.torch_threads:
+            torch.set_num_threads(config.torch_threads)
+        t0 = time.perf_counter()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = _DTYPES[config.precision]
+        model = _create_model(open_clip, config)
+        self.preprocess_config = PreprocessConfig.from_open_clip(open_clip.get_model_preprocess_cfg(model))
+        self.model = model.to(device=self.device, dtype=self.dtype).eval()
+        self.tokenizer = open_clip.get_tokenizer(config.model_name)
+        self.embed_dim = int(self.model.text_projection.shape[-1]) if hasattr(self.model, "text_projection") \
+            else int(self.model.visual.output_dim)
+        self.load_ms = (time.perf_counter() - t0) * 1000
+        log.info("loaded %s on %s in %.0f ms", config.model_id, config.device, self.load_ms)
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
+        """Embed a batch of preprocessed images.
+
+        Args:
+            pixels: ``(N, 3, S, S) float32`` on any device, normalised (see ``workers.preprocess``).
+
+        Returns:
+            ``(N, D) float32`` L2-normalised embeddings, on the CPU.
+        """
+        x = pixels.to(device=self.device, dtype=self.dtype, non_blocking=True)
+        out = self.model.encode_image(x)
+        return _normalise(out)
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: list[str]) -> np.ndarray:
+        """Embed texts (tokenised with the model's own tokenizer, truncated to its context length).
+
+        Returns:
+            ``(N, D) float32`` L2-normalised embeddings.
+
+        Raises:
+            ValueError: ``texts`` is empty.
+        """
+        if not texts:
+            raise ValueError("encode_texts needs at least one text")
+        tokens = self.tokenizer(texts).to(self.device)
+        return _normalise(self.model.encode_text(tokens))
+
+
+def _normalise(out: torch.Tensor) -> np.ndarray:
+    # Normalise in fp32: a bf16 norm loses ~3 significant digits.
+    out = out.float()
+    out = out / out.norm(dim=-1, keepdim=True).clamp_min(1e-12)
+    return out.cpu().numpy()
+
+
+def _create_model(open_clip, config: PipelineConfig):
+    name = config.model_name
+    if name not in open_clip.list_models():
+        raise WeightsUnavailable(f"unknown open_clip model {name!r}")
+    if config.pretrained == RANDOM_WEIGHTS:
+        # Explicitly requested: the real architecture with seeded random weights.
+        torch.manual_seed(config.seed)
+        return open_clip.create_model(name, pretrained=None)
+    if config.is_checkpoint_file:
+        config.weights_id  # raises FileNotFoundError with the options if the file is missing
+        try:
+            return open_clip.create_model(name, pretrained=config.pretrained)
+        except Exception as e:  # open_clip raises RuntimeError/KeyError on a bad state dict
+            raise WeightsUnavailable(f"checkpoint {config.pretrained!r} does not load into {name}: {e}") from e
+    tags = open_clip.list_pretrained_tags_by_model(name)
+    if config.pretrained not in tags:
+        raise WeightsUnavailable(
+            f"{config.pretrained!r} is not a pretrained tag of {name} (known: {', '.join(tags)}); "
+            f"CLIP_PRETRAINED also takes a checkpoint file path or 'random'"
+        )
+    try:
+        return open_clip.create_model(name, pretrained=config.pretrained)
+    except Exception as e:  # download failures surface as many exception types
+        raise WeightsUnavailable(
+            f"could not load weights {config.pretrained!r} for {name} ({e}); without network access "
+            f"set CLIP_PRETRAINED to a local checkpoint file, or to 'random' for seeded random weights"
+        ) from e
+
+
+class EncoderHolder:
+    """Loads a :class:`ClipEncoder` once, lazily, thread-safely (first caller pays ``load_ms``)."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._encoder: ClipEncoder | None = None
+
+    def get(self) -> ClipEncoder:
+        """The encoder, loading it on first call. Raises :class:`WeightsUnavailable`."""
+        if self._encoder is None:
+            with self._lock:
+                if self._encoder is None:
+                    self._encoder = ClipEncoder(self._config)
+        return self._encoder
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the model has been loaded in this process."""
+        return self._encoder is not None
