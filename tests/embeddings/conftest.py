@@ -1,0 +1,68 @@
+"""Fixtures for the Django app: isolated state folders, eager Celery, the session's model, API clients.
+
+Eager Celery runs every task in the test process, through the same chains and services the real
+workers run (the end-to-end tests in tests/e2e use real worker processes instead).
+"""
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from embeddings import runtime
+
+
+def _clear_runtime():
+    if runtime.vector_store.cache_info().currsize:
+        runtime.vector_store().client.close()
+    for f in (runtime.blob_store, runtime.encoder_holder, runtime.batch_runner, runtime.dynamic_batcher,
+              runtime.vector_store, runtime.model_id):
+        f.cache_clear()
+
+
+@pytest.fixture
+def service(settings, tmp_path, random_config, encoder):
+    """The app wired to temp folders, random weights, and eager Celery."""
+    from project.celery import app
+
+    settings.VAR_DIR = tmp_path
+    settings.BLOB_ROOT = tmp_path / "blobs"
+    settings.QDRANT_PATH = str(tmp_path / "qdrant")
+    settings.QDRANT_URL = ""
+    settings.PIPELINE = random_config.replace(interactive_max_queue_delay_ms=1.0)
+    _clear_runtime()
+    runtime.encoder_holder()._encoder = encoder
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+    yield settings
+    app.conf.task_always_eager = False
+    if runtime.dynamic_batcher.cache_info().currsize:
+        runtime.dynamic_batcher().close()
+    _clear_runtime()
+
+
+@pytest.fixture
+def user(django_user_model):
+    return django_user_model.objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def other_user(django_user_model):
+    return django_user_model.objects.create_user("bob", password="pw")
+
+
+@pytest.fixture
+def staff(django_user_model):
+    return django_user_model.objects.create_user("root", password="pw", is_staff=True, is_superuser=True)
+
+
+def client_for(u) -> APIClient:
+    from rest_framework.authtoken.models import Token
+
+    c = APIClient()
+    c.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=u)[0].key}")
+    return c
+
+
+@pytest.fixture
+def api(user):
+    return client_for(user)

@@ -1,0 +1,98 @@
+"""The dynamic batcher: concurrent requests share a pass, each caller gets its own rows, expired
+requests are never computed, a lone request waits no longer than the window."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from workers.batcher import DynamicBatcher, Expired
+
+
+class FakeModel:
+    """Stands in for the network only (the batcher's logic is what is under test): row i of the
+    output is the mean pixel of input i, so each caller can check it got its own rows."""
+
+    def __init__(self, delay=0.0):
+        self.calls: list[int] = []
+        self.delay = delay
+
+    def __call__(self, pixels: torch.Tensor) -> np.ndarray:
+        self.calls.append(len(pixels))
+        time.sleep(self.delay)
+        return pixels.float().mean(dim=(1, 2, 3)).numpy()[:, None]
+
+
+def px(value: int, n: int = 1) -> torch.Tensor:
+    return torch.full((n, 3, 4, 4), value, dtype=torch.uint8)
+
+
+def test_concurrent_requests_form_one_batch_and_each_gets_its_own_rows():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=8, max_queue_delay_ms=200)
+    out = {}
+    threads = [threading.Thread(target=lambda v=v: out.__setitem__(v, b.embed(px(v, 2)))) for v in (10, 20, 30)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    b.close()
+    assert model.calls == [6]
+    for v in (10, 20, 30):
+        np.testing.assert_array_equal(out[v][:, 0], [v, v])
+    rec = b.records[-1]
+    assert (rec.size, rec.requests, rec.expired) == (6, 3, 0)
+
+
+def test_batch_never_exceeds_max_size():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=4, max_queue_delay_ms=100)
+    futs = [b.submit(px(v, 3)) for v in range(5)]
+    results = [f.result(timeout=5) for f in futs]
+    b.close()
+    assert max(model.calls) <= 4 and sum(model.calls) == 15
+    assert [int(r[0, 0]) for r in results] == list(range(5))
+
+
+def test_lone_request_waits_at_most_the_window():
+    b = DynamicBatcher(FakeModel(), max_batch_size=8, max_queue_delay_ms=20)
+    t0 = time.perf_counter()
+    b.embed(px(1))
+    waited = (time.perf_counter() - t0) * 1000
+    b.close()
+    assert b.records[-1].queue_delay_ms <= 20 + 15  # window + scheduling slack
+    assert waited < 1000
+
+
+def test_expired_request_is_not_computed():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=8, max_queue_delay_ms=1)
+    with pytest.raises(Expired):
+        b.embed(px(5), deadline=time.time() - 0.01)
+    live = b.embed(px(7), deadline=time.time() + 10)
+    b.close()
+    assert model.calls == [1] and int(live[0, 0]) == 7
+    assert [r.expired for r in b.records] == [1, 0]
+
+
+def test_oversized_request_runs_alone_split_into_passes():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=4, max_queue_delay_ms=1)
+    out = b.embed(px(9, 10))
+    b.close()
+    assert out.shape == (10, 1) and model.calls == [4, 4, 2]
+
+
+def test_model_error_reaches_every_caller_of_the_batch():
+    def broken(pixels):
+        raise RuntimeError("CUDA out of memory")
+
+    b = DynamicBatcher(broken, max_batch_size=8, max_queue_delay_ms=50)
+    futs = [b.submit(px(1)), b.submit(px(2))]
+    for f in futs:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            f.result(timeout=5)
+    b.close()
