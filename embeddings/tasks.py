@@ -110,3 +110,9 @@ def warm_model(sender, **kwargs) -> None:
 
         runtime.dynamic_batcher()
         runtime.batch_runner().preprocess_config  # noqa: B018 - loads the model
+
+
+@shared_task
+def collection_stats() -> dict:
+    """The collection's name and exact point count."""
+    return pipeline.point_count()

@@ -61,7 +61,7 @@ TEMPLATES = [
 
 # SQLite by default; several processes write (web + three workers), so WAL mode, IMMEDIATE
 # transactions and a busy timeout keep "database is locked" away. DATABASE_URL selects PostgreSQL.
-DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+DATABASES = {"default": env.db_url_config(env("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",

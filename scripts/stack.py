@@ -73,7 +73,9 @@ class Stack:
     def manage(self, *args: str, capture: bool = True) -> str:
         """Run ``manage.py`` with the stack's environment; returns stdout. Raises on failure."""
         out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=self.env, cwd=ROOT,
-                             check=True, text=True, capture_output=capture)
+                             text=True, capture_output=capture)
+        if out.returncode:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed ({out.returncode}): {out.stderr or ''}")
         return out.stdout if capture else ""
 
     def _spawn(self, name: str, cmd: list[str] | str) -> subprocess.Popen:

@@ -11,4 +11,5 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
     path("search/", views.SearchView.as_view(), name="search"),
+    path("stats/", views.StatsView.as_view(), name="stats"),
 ]

@@ -164,6 +164,24 @@ class SearchView(APIView):
         return Response({"results": results, "k": v["k"]})
 
 
+class StatsView(APIView):
+    """``GET /api/stats/`` (staff): images per status in the database and points in the collection."""
+
+    def get(self, request):
+        from django.db.models import Count
+
+        from embeddings import tasks
+        from embeddings.models import Image
+
+        if not request.user.is_staff:
+            raise ApplicationError("staff only", code="forbidden", status=403)
+        counts = {r["status"]: r["n"] for r in Image.objects.values("status").annotate(n=Count("id"))}
+        distinct = Image.objects.filter(status="embedded").values("sha256", "model_id").distinct().count()
+        store = tasks.collection_stats.apply_async(**tasks.vectors_options(interactive=True)).get(
+            timeout=settings.VECTORS_CALL_TIMEOUT_S)
+        return Response({"images": counts, "distinct_embedded": distinct, **store})
+
+
 def healthz(request):
     """Liveness of the web process (no authentication, no dependencies)."""
     from django.http import JsonResponse

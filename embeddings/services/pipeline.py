@@ -251,3 +251,9 @@ def point_forget(*, point_id: str, sha256: str) -> str:
             return "kept"
         store.delete([pid])
         return "deleted"
+
+
+def point_count() -> dict:
+    """``{"collection": name, "points": exact count}`` of this embedding space."""
+    store = runtime.vector_store()
+    return {"collection": store.collection, "points": store.count()}
