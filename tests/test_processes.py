@@ -1,0 +1,38 @@
+"""The process command lines have one source (project/processes.py) that docker-compose.yml,
+the Procfile and scripts/stack.py all follow; queue names come from project/lanes.py."""
+from __future__ import annotations
+
+import yaml
+
+from project import lanes, processes
+from tests.conftest import ROOT
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+
+
+def test_compose_runs_the_same_commands():
+    want = processes.commands({"WEB_BIND": "0.0.0.0", "WEB_PORT": "8000"})
+    services = compose()
+    for name, cmd in want.items():
+        assert services[name]["command"] == cmd, name
+
+
+def test_every_queue_has_its_worker_and_names_come_from_lanes():
+    cmds = processes.commands({})
+    consumed = {c.split(" -Q ")[1].split()[0] for n, c in cmds.items() if n.startswith("worker-")}
+    assert consumed == set(lanes.ALL_QUEUES)
+
+
+def test_embedding_workers_ask_for_a_gpu_and_the_vector_owner_does_not():
+    s = compose()
+    for name in ("worker-interactive", "worker-bulk"):
+        assert s[name]["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    assert "deploy" not in s["worker-vectors"]
+    assert {"redis", "qdrant", "postgres", "web"} <= set(s)
+
+
+def test_shared_worker_lists_interactive_first():
+    cmd = processes.shared_worker_command({})
+    assert f"-Q {lanes.INTERACTIVE},{lanes.BULK} " in cmd
