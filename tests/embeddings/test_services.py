@@ -1,0 +1,83 @@
+"""Services: image creation (dedupe, refusals by content), payloads from the database, job state."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+from embeddings.messages import decode_vector, encode_vector
+from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.services import images as image_services
+from embeddings.services import jobs as job_services
+from embeddings.services.sources import SourceFile
+
+pytestmark = pytest.mark.django_db
+
+
+def src(name: str, data: bytes) -> SourceFile:
+    return SourceFile(name=name, size=len(data), open=lambda: io.BytesIO(data))
+
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40
+JPG = b"\xff\xd8\xff\xe0" + b"\x00" * 40
+
+
+def test_images_create_dedupes_per_owner_and_refuses_by_content(service, user, other_user):
+    rows = image_services.images_create(owner=user, lane=Lane.BULK, sources=[
+        src("a.png", PNG), src("again.png", PNG), src("empty.jpg", b""), src("doc.jpg", b"%PDF-1.7"), src("b.jpg", JPG)])
+    assert [r.status for r in rows] == ["queued", "skipped", "failed", "failed", "queued"]
+    assert [r.reason for r in rows] == ["", "", "empty", "not_an_image", ""]
+    assert rows[1].duplicate_of_id == rows[0].id and rows[1].point_id == rows[0].point_id
+    later = image_services.images_create(owner=user, lane=Lane.INTERACTIVE, sources=[src("c.png", PNG)])
+    assert later[0].status == "skipped" and later[0].duplicate_of_id == rows[0].id
+    theirs = image_services.images_create(owner=other_user, lane=Lane.INTERACTIVE, sources=[src("c.png", PNG)])
+    assert theirs[0].status == "queued" and theirs[0].point_id == rows[0].point_id  # same point, own row
+
+
+def test_too_large_is_refused_without_queuing(service, user):
+    service.PIPELINE = service.PIPELINE.replace(max_image_bytes=10)
+    rows = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("big.png", PNG)])
+    assert (rows[0].status, rows[0].reason) == ("failed", "too_large")
+
+
+def test_point_payloads_list_every_owner_and_job(service, user, other_user):
+    job = Job.objects.create(owner=user, model_id="m")
+    a = image_services.images_create(owner=user, lane=Lane.BULK, job=job, sources=[src("a.png", PNG)])[0]
+    b = image_services.images_create(owner=other_user, lane=Lane.INTERACTIVE, sources=[src("a.png", PNG)])[0]
+    Image.objects.filter(id=a.id).update(status=ImageStatus.EMBEDDED)
+    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256])[a.sha256]
+    assert p == {"sha256": a.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)]}
+    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
+    assert p["owner_ids"] == sorted([user.id, other_user.id])
+
+
+def test_mark_failed_never_undoes_an_embedded_image(service, user):
+    im = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
+    image_services.images_mark_embedded([{"id": str(im.id), "width": 4, "height": 3, "format": "png"}])
+    image_services.images_mark_failed([(str(im.id), "corrupt", "late duplicate delivery")])
+    im.refresh_from_db()
+    assert (im.status, im.width, im.height, im.reason) == ("embedded", 4, 3, "")
+
+
+def test_job_state_follows_its_images(service, user):
+    job = Job.objects.create(owner=user, model_id="m", total=2)
+    ims = image_services.images_create(owner=user, lane=Lane.BULK, job=job, sources=[src("a.png", PNG), src("b.jpg", JPG)])
+    job_services.job_mark_started(job_id=job.id)
+    assert job_services.job_refresh(job_id=job.id).status == JobStatus.RUNNING
+    image_services.images_mark_embedded([{"id": str(ims[0].id), "width": 1, "height": 1, "format": "png"}])
+    image_services.images_mark_failed([(str(ims[1].id), "corrupt", "bad")])
+    job = job_services.job_refresh(job_id=job.id)
+    assert job.status == JobStatus.DONE and job.finished_at is not None
+    p = job_services.job_progress(job)
+    assert (p["embedded"], p["failed"], p["finished"]) == (1, 1, 2)
+    assert p["failures"][0]["reason"] == "corrupt"
+
+
+def test_vector_messages_round_trip():
+    v = np.random.default_rng(0).normal(size=512).astype(np.float32)
+    s = encode_vector(v)
+    assert isinstance(s, str) and len(s) == 2732
+    np.testing.assert_array_equal(decode_vector(s), v)
+    with pytest.raises(ValueError):
+        decode_vector("abc")
