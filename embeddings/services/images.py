@@ -13,7 +13,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from embeddings import runtime
-from embeddings.models import Image, ImageStatus, Job, Lane
+from embeddings.models import Image, ImageStatus, Job
 from embeddings.services.sources import SourceFile, iter_blocks
 from embeddings.storage import file_key
 from workers.decode import sniff_format
