@@ -67,6 +67,12 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: ``{"interval_s": 1.0, "rows": [[unix_t, cpu_percent, gpu_percent|null, gpu_memory_mib|null], ...]}``:
+    #: one sample per second while the job's chunks ran (``workers.utilisation``).
+    utilisation = models.JSONField(default=dict, blank=True)
+    #: The settings the bulk workers ran the job with: precision, device, preprocess, batch size,
+    #: thread counts, processes (the collection name already carries the precision).
+    pipeline = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ("-created_at",)

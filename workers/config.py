@@ -15,6 +15,11 @@ from typing import Literal, Mapping
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Device = Literal["cpu", "cuda"]
+#: Where preprocessing runs: ``cpu`` (decode, resize and normalise on the CPU; float32 copied to the
+#: device), ``gpu`` (decode and resize on the CPU; uint8 copied, normalised on the device: the
+#: experiment's "preprocessing on the GPU"), ``gpu_decode`` (JPEGs decoded by nvJPEG through
+#: ``torchvision.io.decode_jpeg(device="cuda")`` and resized there too; other formats as ``gpu``).
+Preprocess = Literal["cpu", "gpu", "gpu_decode"]
 
 #: The explicit choice for "the real architecture with seeded random weights" (tests, CI, demos on
 #: machines that cannot download weights). Never chosen implicitly.
@@ -33,10 +38,20 @@ class PipelineConfig:
         device: ``"cpu"`` or ``"cuda"``.
         precision: weights and activations dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (CUDA only).
         batch_size: images per bulk chunk and per bulk forward pass.
+        preprocess: ``"cpu"``, ``"gpu"`` or ``"gpu_decode"`` (the last two need ``device="cuda"``);
+            see :data:`Preprocess`.
+        bulk_processes: prefork children of the bulk worker (``celery -c``). Two children overlap
+            one chunk's load/decode/preprocess with the other's forward pass; the automatic thread
+            counts divide the cores between them (see :meth:`threads`).
         interactive_max_batch_size: largest interactive forward pass (dynamic batcher).
         interactive_max_queue_delay_ms: longest a lone interactive request waits for company (ms).
-        decode_threads: threads that load and decode images in parallel (OpenCV releases the GIL).
-        torch_threads: torch intra-op threads; ``None`` leaves torch's default.
+        micro_batch: ``None``: a bulk chunk is one forward pass. ``n``: the chunk is run as
+            forward passes of ``n`` images, each next one loaded, decoded and preprocessed while
+            the model runs the current one (``BatchRunner.run_many`` inside the chunk); the
+            automatic thread counts then split each process's share between the two.
+        decode_threads: threads that load and decode images in parallel (OpenCV releases the GIL);
+            ``None``: automatic (see :meth:`threads`).
+        torch_threads: torch intra-op threads; ``None``: automatic (see :meth:`threads`).
         max_image_bytes: largest accepted encoded file (bytes).
         max_image_pixels: largest accepted header width × height (pixels); checked before decoding.
         decode_timeout_s: per-image decode time limit (s).
@@ -48,9 +63,12 @@ class PipelineConfig:
     device: Device = "cpu"
     precision: Precision = "fp32"
     batch_size: int = 64
+    preprocess: Preprocess = "cpu"
+    bulk_processes: int = 2
+    micro_batch: int | None = None
     interactive_max_batch_size: int = 8
     interactive_max_queue_delay_ms: float = 5.0
-    decode_threads: int = 2
+    decode_threads: int | None = None
     torch_threads: int | None = None
     max_image_bytes: int = 50 * 1024 * 1024
     max_image_pixels: int = 50_000_000
@@ -65,6 +83,18 @@ class PipelineConfig:
             raise ValueError("precision fp16 needs device cuda; use bf16 on the CPU")
         if self.batch_size < 1 or self.interactive_max_batch_size < 1:
             raise ValueError("batch sizes must be >= 1")
+        if self.preprocess not in ("cpu", "gpu", "gpu_decode"):
+            raise ValueError(f"preprocess must be cpu, gpu or gpu_decode, not {self.preprocess!r}")
+        if self.preprocess != "cpu" and self.device != "cuda":
+            raise ValueError(f"preprocess {self.preprocess} needs device cuda; use preprocess cpu on the CPU")
+        if self.bulk_processes < 1:
+            raise ValueError("bulk_processes must be >= 1")
+        if self.micro_batch is not None and self.micro_batch < 1:
+            raise ValueError("micro_batch must be >= 1 or None")
+        for name in ("decode_threads", "torch_threads"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None (automatic), not {value}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "PipelineConfig":
@@ -86,6 +116,7 @@ class PipelineConfig:
                 raise ValueError(f"{name}={raw!r}: {e}") from e
 
         threads = get("TORCH_THREADS", None, int)
+        decode_threads = get("DECODE_THREADS", None, int)
         return cls(
             model_name=get("CLIP_MODEL", d.model_name),
             pretrained=get("CLIP_PRETRAINED", d.pretrained),
@@ -93,16 +124,56 @@ class PipelineConfig:
             device=get("CLIP_DEVICE", d.device),
             precision=get("CLIP_PRECISION", d.precision),
             batch_size=get("BULK_BATCH_SIZE", d.batch_size, int),
+            preprocess=get("PREPROCESS", d.preprocess),
+            bulk_processes=get("BULK_PROCESSES", d.bulk_processes, int),
+            micro_batch=get("BULK_MICRO_BATCH", None, int),
             interactive_max_batch_size=get("INTERACTIVE_MAX_BATCH_SIZE", d.interactive_max_batch_size, int),
             interactive_max_queue_delay_ms=get(
                 "INTERACTIVE_MAX_QUEUE_DELAY_MS", d.interactive_max_queue_delay_ms, float
             ),
-            decode_threads=get("DECODE_THREADS", d.decode_threads, int),
+            decode_threads=decode_threads,
             torch_threads=threads,
             max_image_bytes=get("MAX_IMAGE_BYTES", d.max_image_bytes, int),
             max_image_pixels=get("MAX_IMAGE_PIXELS", d.max_image_pixels, int),
             decode_timeout_s=get("DECODE_TIMEOUT_S", d.decode_timeout_s, float),
         )
+
+    def threads(self, cpu_count: int | None = None) -> "ThreadPlan":
+        """The decode and torch thread counts one worker process uses.
+
+        Automatic values never oversubscribe the cores (pytorch/pytorch#37259: intra-op threads
+        that compete for cores with other busy threads stall at every barrier). The bulk worker runs
+        ``bulk_processes`` children side by side, so each gets ``budget = cores // bulk_processes``:
+
+        - on the CPU, ``decode_threads = torch_threads = budget``: a child decodes *or* runs the
+          model, never both at once, so ``bulk_processes × budget <= cores`` busy threads. The
+          interactive worker overlaps its decode threads with its model thread, and with the
+          default two children ``budget + budget <= cores`` holds for it too.
+        - on CUDA the model runs on the device: ``torch_threads = 1`` (normalisation and copies
+          only; it also keeps torch's resize in the decode threads single-threaded) and
+          ``decode_threads = budget``.
+        - with ``micro_batch`` on the CPU a process decodes *and* runs the model at once, so its
+          budget is split: ``decode = budget // 2``, ``torch = budget - decode`` (at least 1 each).
+
+        An explicit ``decode_threads`` / ``torch_threads`` wins (an operator's choice, benchmarks);
+        :attr:`ThreadPlan.oversubscribed` then says whether it exceeds the cores.
+
+        Args:
+            cpu_count: cores to plan for (default: the cores this process may run on).
+        """
+        cores = cpu_count or available_cores()
+        budget = max(1, cores // self.bulk_processes)
+        overlapped = self.micro_batch is not None and self.device == "cpu"
+        if overlapped:
+            auto_decode = max(1, budget // 2)
+            auto_torch = max(1, budget - auto_decode)
+        else:
+            auto_decode, auto_torch = budget, (budget if self.device == "cpu" else 1)
+        decode = self.decode_threads or auto_decode
+        torch_threads = self.torch_threads or auto_torch
+        per_process = decode + torch_threads if overlapped else max(decode, torch_threads)
+        busy = self.bulk_processes * per_process
+        return ThreadPlan(decode=decode, torch=torch_threads, cores=cores, oversubscribed=busy > cores)
 
     def replace(self, **changes) -> "PipelineConfig":
         """A copy with some fields changed (validated again)."""
@@ -141,6 +212,31 @@ class PipelineConfig:
     def collection_name(self) -> str:
         """Qdrant collection for this embedding space, e.g. ``clip_vit-b-32_laion2b_s34b_b79k_fp32``."""
         return "clip_" + re.sub(r"[^a-z0-9]+", "_", self.model_id.lower()).strip("_")
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadPlan:
+    """Threads of one worker process (see :meth:`PipelineConfig.threads`).
+
+    Attributes:
+        decode: decode/preprocess pool size.
+        torch: torch intra-op threads.
+        cores: the cores planned for.
+        oversubscribed: explicit settings ask for more busy threads than there are cores.
+    """
+
+    decode: int
+    torch: int
+    cores: int
+    oversubscribed: bool
+
+
+def available_cores() -> int:
+    """Cores this process may run on (the affinity mask, which containers narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 @functools.cache

@@ -39,14 +39,20 @@ class ClipEncoder:
     def __init__(self, config: PipelineConfig) -> None:
         import open_clip  # heavy; only worker processes get here
 
-        if config.torch_threads:
-            torch.set_num_threads(config.torch_threads)
+        #: torch intra-op threads of this encoder (``PipelineConfig.threads``: never more than
+        #: this process's share of the cores unless set explicitly).
+        self.torch_threads = config.threads().torch
+        torch.set_num_threads(self.torch_threads)
         t0 = time.perf_counter()
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.precision]
         model = _create_model(open_clip, config)
         self.preprocess_config = PreprocessConfig.from_open_clip(open_clip.get_model_preprocess_cfg(model))
+        # Reduced precision = the weights cast (and the input cast to match), not autocast: on this
+        # CPU autocast keeps fp32 master weights and re-casts per op, which measured slower than
+        # the cast model (../shared/NOTES.md); the cast model runs bf16 matmuls end to end. Outputs are
+        # normalised in fp32 (``_normalise``).
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.tokenizer = open_clip.get_tokenizer(config.model_name)
         self.embed_dim = int(self.model.text_projection.shape[-1]) if hasattr(self.model, "text_projection") \
@@ -64,6 +70,7 @@ class ClipEncoder:
         Returns:
             ``(N, D) float32`` L2-normalised embeddings, on the CPU.
         """
+        self._use_threads()
         x = pixels.to(device=self.device, dtype=self.dtype, non_blocking=True)
         out = self.model.encode_image(x)
         return _normalise(out)
@@ -80,8 +87,15 @@ class ClipEncoder:
         """
         if not texts:
             raise ValueError("encode_texts needs at least one text")
+        self._use_threads()
         tokens = self.tokenizer(texts).to(self.device)
         return _normalise(self.model.encode_text(tokens))
+
+    def _use_threads(self) -> None:
+        # torch's thread count is per process; a process holding encoders of two configurations
+        # (tests, benchmarks) gives each forward pass its own encoder's count.
+        if torch.get_num_threads() != self.torch_threads:
+            torch.set_num_threads(self.torch_threads)
 
 
 def _normalise(out: torch.Tensor) -> np.ndarray:

@@ -84,7 +84,46 @@ def resize_and_crop(rgb: np.ndarray, cfg: PreprocessConfig) -> torch.Tensor:
     """
     if not rgb.flags.writeable:  # torch.from_numpy needs a writable buffer (Pillow's are read-only)
         rgb = rgb.copy()
-    x = torch.from_numpy(rgb).permute(2, 0, 1)
+    return resize_and_crop_tensor(torch.from_numpy(rgb).permute(2, 0, 1), cfg)
+
+
+def resize_and_crop_tensor(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """:func:`resize_and_crop` for a ``(3, H, W) uint8`` tensor on any device (GPU JPEG decode).
+
+    Off the CPU the antialiased kernels take floating point only: the resize runs in float32 and
+    is rounded back to uint8, so both paths hand ``normalize`` the same kind of input.
+
+    Returns:
+        ``(3, S_h, S_w) uint8`` tensor on ``x.device``.
+    """
+    if x.device.type != "cpu":
+        out = _resize_and_crop(x.to(torch.float32), cfg)
+        return out.round_().clamp_(0, 255).to(torch.uint8)
+    return _resize_and_crop(x, cfg)
+
+
+def orient_tensor(x: torch.Tensor, orientation: int) -> torch.Tensor:
+    """Apply EXIF ``orientation`` (1-8) to a ``(C, H, W)`` tensor: the upright picture.
+
+    The same transforms as Pillow's ``ImageOps.exif_transpose``; 5-8 swap height and width.
+    """
+    if orientation in (2, 4):
+        return x.flip(-1 if orientation == 2 else -2)
+    if orientation == 3:
+        return x.flip(-1).flip(-2)
+    t = x.transpose(-1, -2)
+    if orientation == 5:
+        return t
+    if orientation == 6:  # rotate 90° clockwise
+        return t.flip(-1)
+    if orientation == 7:
+        return t.flip(-1).flip(-2)
+    if orientation == 8:  # rotate 90° anticlockwise
+        return t.flip(-2)
+    return x
+
+
+def _resize_and_crop(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
     interp = _INTERPOLATION[cfg.interpolation]
     h, w = cfg.size
     if cfg.resize_mode == "shortest":

@@ -2,8 +2,22 @@
 
 ``prepare`` does the CPU-side work for each image on a small thread pool (OpenCV and torch's
 resize release the GIL), ``embed`` runs one forward pass. They are separate so that a caller can
-overlap them (prepare batch k+1 while batch k is in the model) and so that the interactive
-dynamic batcher can merge several requests' prepared images into one forward pass.
+overlap them (``run_many`` prepares batch k+1 while batch k is in the model) and so that the
+interactive dynamic batcher can merge several requests' prepared images into one forward pass.
+
+Where preprocessing runs follows ``PipelineConfig.preprocess``:
+
+- ``cpu``: decode, resize and crop on the decode threads; normalise on the CPU in ``embed``; the
+  float32 batch is copied to the device.
+- ``gpu``: as ``cpu`` up to the crop; the uint8 batch is copied to the device (4× fewer bytes) and
+  normalised there.
+- ``gpu_decode``: JPEGs are read and header-checked on the decode threads, decoded in one batched
+  ``torchvision.io.decode_jpeg(device=...)`` call (nvJPEG on CUDA), turned upright, resized and
+  cropped on the device. Anything else, and any JPEG the header check or the device decoder does
+  not take, goes through the CPU path image by image, so refusals keep their reason codes.
+  Timings: ``decode`` adds the per-image header checks to the wall time of the batched device
+  decode; ``preprocess`` adds the wall time of the device resize (device work is waited for
+  before each clock read, so no stage's time leaks into the next).
 
 A bad image never fails its batch: it is returned in ``failed`` with its reason code.
 """
@@ -11,21 +25,28 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import io
+import logging
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
+import cv2
 import numpy as np
 import torch
 
 from workers.config import PipelineConfig
-from workers.decode import decode_image
+from workers.decode import decode_image, sniff_format
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
-from workers.preprocess import PreprocessConfig, normalize, resize_and_crop
+from workers.preprocess import PreprocessConfig, normalize, orient_tensor, resize_and_crop, resize_and_crop_tensor
 from workers.timing import StageTimings
+
+log = logging.getLogger(__name__)
 
 #: Reads the encoded bytes of one image given its key. Raises ImageRejected (source_missing, ...).
 Loader = Callable[[str], bytes]
+
+_EXIF_ORIENTATION = 0x0112
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +73,8 @@ class PreparedBatch:
     """Images ready for the model.
 
     Attributes:
-        pixels: ``(M, 3, S, S) uint8`` resized and cropped, not yet normalised (M may be 0).
+        pixels: ``(M, 3, S, S) uint8`` resized and cropped, not yet normalised (M may be 0); on the
+            CPU, or on the model's device after a device JPEG decode.
         metas: one :class:`ImageMeta` per row of ``pixels``, same order.
         failed: images refused while loading or decoding.
         timings: load / decode / decode_wait / preprocess so far.
@@ -83,20 +105,45 @@ class BatchResult:
     timings: StageTimings
 
 
+@dataclasses.dataclass(frozen=True)
+class _Jpeg:
+    """A JPEG that passed the header check and waits for the batched device decode."""
+
+    key: str
+    data: bytes
+    width: int  # stored (not upright) size from the header
+    height: int
+    orientation: int
+
+
 class BatchRunner:
     """Runs batches through the pipeline for one worker process.
 
     Args:
-        config: pipeline configuration (limits, thread counts, batch size).
+        config: pipeline configuration (limits, thread counts, batch size, where preprocessing runs).
         encoder: lazily-loaded model holder shared by the process.
+        jpeg_device: decode JPEGs with ``torchvision.io.decode_jpeg`` on this device. Default:
+            ``config.device`` when ``config.preprocess == "gpu_decode"``, else the CPU path only.
+            Tests and benchmarks pass ``"cpu"`` to exercise that path without a GPU.
     """
 
-    def __init__(self, config: PipelineConfig, encoder: EncoderHolder) -> None:
+    def __init__(self, config: PipelineConfig, encoder: EncoderHolder, *, jpeg_device: str | None = None) -> None:
         self.config = config
         self.encoder = encoder
+        self.threads = config.threads()
+        if self.threads.oversubscribed:
+            log.warning("DECODE_THREADS=%s / TORCH_THREADS=%s × %s bulk processes ask for more busy threads than "
+                        "the %s cores", self.threads.decode, self.threads.torch, config.bulk_processes,
+                        self.threads.cores)
+        # The decode pool is the parallelism; OpenCV's own pool on top of it would oversubscribe.
+        cv2.setNumThreads(1)
         self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(1, config.decode_threads), thread_name_prefix="decode"
+            max_workers=self.threads.decode, thread_name_prefix="decode"
         )
+        if jpeg_device is None and config.preprocess == "gpu_decode":
+            jpeg_device = config.device
+        self.jpeg_device = torch.device(jpeg_device) if jpeg_device else None
+        self._side_stream = None
 
     @property
     def preprocess_config(self) -> PreprocessConfig:
@@ -111,13 +158,18 @@ class BatchRunner:
         """
         cfg = self.preprocess_config  # loads the model on first use: not part of any stage's time
         started = submitted = time.perf_counter()
-        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted) for key in keys]
+        with_jpeg = self.jpeg_device is not None
+        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted, with_jpeg) for key in keys]
         timings = StageTimings()
-        tensors, metas, failed = [], [], []
-        for key, fut in zip(keys, futures):
+        outcomes = []
+        for fut in futures:
             outcome, stage_ms = fut.result()
-            for stage, ms in stage_ms.items():
-                setattr(timings, stage, getattr(timings, stage) + ms)
+            _add(timings, stage_ms)
+            outcomes.append(outcome)
+        if with_jpeg:
+            outcomes = self._decode_jpegs_on_device(outcomes, loader, cfg, timings)
+        tensors, metas, failed = [], [], []
+        for outcome in outcomes:
             if isinstance(outcome, Failed):
                 failed.append(outcome)
             else:
@@ -125,16 +177,38 @@ class BatchRunner:
                 tensors.append(tensor)
                 metas.append(meta)
         h, w = cfg.size
-        pixels = torch.stack(tensors) if tensors else torch.empty((0, 3, h, w), dtype=torch.uint8)
+        if tensors and with_jpeg:
+            with self._device_stream():  # beside a forward pass that may be running (run_many)
+                pixels = torch.stack([t.to(self.jpeg_device) for t in tensors])
+                self._sync(self.jpeg_device)
+        elif tensors:
+            pixels = torch.stack(tensors)
+        else:
+            pixels = torch.empty((0, 3, h, w), dtype=torch.uint8)
         return PreparedBatch(pixels=pixels, metas=metas, failed=failed, timings=timings, started=started)
 
-    def _prepare_one(self, key: str, loader: Loader, cfg: PreprocessConfig, submitted: float):
+    def _prepare_one(self, key: str, loader: Loader, cfg: PreprocessConfig, submitted: float, with_jpeg: bool):
         t0 = time.perf_counter()
         ms = {"decode_wait": (t0 - submitted) * 1000}
         try:
             data = loader(key)
+        except ImageRejected as e:
+            return Failed(key, e.reason.value, e.detail), ms
+        ms["load"] = (time.perf_counter() - t0) * 1000
+        if with_jpeg:
             t1 = time.perf_counter()
-            ms["load"] = (t1 - t0) * 1000
+            header = self._jpeg_header(key, data)
+            if header is not None:
+                ms["decode"] = (time.perf_counter() - t1) * 1000  # the header check; the decode is added later
+                return header, ms
+        outcome, more = self._decode_on_cpu(key, data, cfg)
+        _merge(ms, more)
+        return outcome, ms
+
+    def _decode_on_cpu(self, key: str, data: bytes, cfg: PreprocessConfig):
+        ms = {}
+        t1 = time.perf_counter()
+        try:
             decoded = decode_image(
                 data,
                 max_pixels=self.config.max_image_pixels,
@@ -146,17 +220,94 @@ class BatchRunner:
             tensor = resize_and_crop(decoded.rgb, cfg)
             ms["preprocess"] = (time.perf_counter() - t2) * 1000
         except ImageRejected as e:
+            ms.setdefault("decode", (time.perf_counter() - t1) * 1000)
             return Failed(key, e.reason.value, e.detail), ms
         meta = ImageMeta(key=key, width=decoded.width, height=decoded.height, format=decoded.format)
         return (tensor, meta), ms
 
+    def _jpeg_header(self, key: str, data: bytes) -> _Jpeg | None:
+        """A plain 8-bit RGB/greyscale JPEG within the limits, with its end marker: for the device
+        decoder. ``None`` sends the image through the CPU path (which also does every refusal)."""
+        if len(data) > self.config.max_image_bytes or sniff_format(data) != "jpeg":
+            return None
+        if not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
+            return None  # truncated or trailing data: decode.py decides
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
+                if im.mode not in ("RGB", "L") or getattr(im, "bits", 8) != 8:
+                    return None
+                width, height = im.size
+                orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1))
+        except Exception:  # noqa: BLE001 - anything odd: the CPU path refuses it with a reason
+            return None
+        if width * height > self.config.max_image_pixels or not 1 <= orientation <= 8:
+            return None
+        return _Jpeg(key, data, width, height, orientation)
+
+    def _decode_jpegs_on_device(self, outcomes: list, loader: Loader, cfg: PreprocessConfig,
+                                timings: StageTimings) -> list:
+        """Replace each :class:`_Jpeg` in ``outcomes`` by ``(uint8 tensor on the device, meta)``."""
+        from torchvision.io import ImageReadMode, decode_jpeg
+
+        jpegs = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, _Jpeg)]
+        if not jpegs:
+            return outcomes
+        device = self.jpeg_device
+        outcomes = list(outcomes)
+        with self._device_stream():
+            t0 = time.perf_counter()
+            raw = [torch.frombuffer(bytearray(o.data), dtype=torch.uint8) for _, o in jpegs]
+            try:
+                images = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
+            except RuntimeError:  # one bad file fails the whole call: retry one by one
+                images = []
+                for r in raw:
+                    try:
+                        images.append(decode_jpeg(r, mode=ImageReadMode.RGB, device=device))
+                    except RuntimeError:
+                        images.append(None)
+            self._sync(device)
+            t1 = time.perf_counter()
+            timings.decode += (t1 - t0) * 1000
+            for (i, jpeg), image in zip(jpegs, images):
+                if image is None or tuple(image.shape[-2:]) != (jpeg.height, jpeg.width):
+                    outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg)
+                    _add(timings, ms)
+                    outcomes[i] = outcome
+                    continue
+                upright = orient_tensor(image, jpeg.orientation)
+                width, height = (jpeg.height, jpeg.width) if jpeg.orientation >= 5 else (jpeg.width, jpeg.height)
+                outcomes[i] = (resize_and_crop_tensor(upright, cfg), ImageMeta(jpeg.key, width, height, "jpeg"))
+            self._sync(device)
+            timings.preprocess += (time.perf_counter() - t1) * 1000
+        return outcomes
+
+    def _device_stream(self):
+        """A side CUDA stream for device decoding, so it can overlap the forward pass of another
+        batch (``run_many``); a no-op context off CUDA."""
+        import contextlib
+
+        if self.jpeg_device is None or self.jpeg_device.type != "cuda":
+            return contextlib.nullcontext()
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(device=self.jpeg_device)
+        return torch.cuda.stream(self._side_stream)
+
+    @staticmethod
+    def _sync(device: torch.device) -> None:
+        # Stage times are wall times: wait for queued device work before reading the clock.
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+
     def embed(self, prepared: PreparedBatch) -> BatchResult:
-        """One forward pass over ``prepared.pixels`` (none if every image failed)."""
+        """Normalise and copy to the device (``preprocess``), then one forward pass (``embed``)."""
         encoder = self.encoder.get()
         timings = prepared.timings
         if len(prepared.metas):
             with timings.measure("preprocess"):
-                x = normalize(prepared.pixels, encoder.preprocess_config)
+                x = self.model_input(prepared.pixels)
             with timings.measure("embed"):
                 vectors = encoder.encode_images(x)
         else:
@@ -164,13 +315,74 @@ class BatchRunner:
         timings.total = (time.perf_counter() - prepared.started) * 1000
         return BatchResult(vectors=vectors, metas=prepared.metas, failed=prepared.failed, timings=timings)
 
+    def model_input(self, pixels: torch.Tensor) -> torch.Tensor:
+        """``(N, 3, S, S) uint8`` → normalised float32 on the model's device, where the config says.
+
+        ``cpu``: normalised on the CPU, float32 copied. ``gpu`` / ``gpu_decode``: uint8 copied (if
+        not already there), normalised on the device. Returns after the device has finished.
+        """
+        encoder = self.encoder.get()
+        device = encoder.device
+        if self.config.preprocess == "cpu":
+            x = normalize(pixels, encoder.preprocess_config).to(device, non_blocking=True)
+        else:
+            x = normalize(pixels.to(device, non_blocking=True), encoder.preprocess_config)
+        self._sync(device)
+        return x
+
     def run(self, keys: Sequence[str], loader: Loader) -> BatchResult:
-        """``embed(prepare(keys, loader))``."""
-        return self.embed(self.prepare(keys, loader))
+        """``embed(prepare(keys, loader))``; with ``config.micro_batch`` (and more keys than that),
+        forward passes of ``micro_batch`` images through :meth:`run_many`, merged into one result
+        in input order (stages summed over the passes, ``total`` the wall time of them all)."""
+        mb = self.config.micro_batch
+        if not mb or len(keys) <= mb:
+            return self.embed(self.prepare(keys, loader))
+        started = time.perf_counter()
+        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader))
+        timings = StageTimings()
+        for part in parts:
+            _add(timings, {s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
+        timings.total = (time.perf_counter() - started) * 1000
+        return BatchResult(
+            vectors=np.concatenate([p.vectors for p in parts]),
+            metas=[m for p in parts for m in p.metas],
+            failed=[f for p in parts for f in p.failed],
+            timings=timings,
+        )
+
+    def run_many(self, batches: Iterable[Sequence[str]], loader: Loader) -> Iterator[BatchResult]:
+        """Results of ``run`` for each batch, in order, with batch k+1 being loaded, decoded and
+        preprocessed (on a helper thread and the decode pool) while batch k is in the model.
+
+        Each result's ``total`` runs from the start of its own preparation to the end of its
+        forward pass, so it includes any wait for the model to finish the previous batch.
+        """
+        it = iter(batches)
+        ahead = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-ahead")
+        try:
+            first = next(it, None)
+            pending = None if first is None else ahead.submit(self.prepare, first, loader)
+            while pending is not None:
+                prepared = pending.result()
+                following = next(it, None)
+                pending = None if following is None else ahead.submit(self.prepare, following, loader)
+                yield self.embed(prepared)
+        finally:
+            ahead.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the decode threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _add(timings: StageTimings, stage_ms: dict[str, float]) -> None:
+    for stage, ms in stage_ms.items():
+        setattr(timings, stage, getattr(timings, stage) + ms)
+
+
+def _merge(into: dict[str, float], more: dict[str, float]) -> None:
+    for stage, ms in more.items():
+        into[stage] = into.get(stage, 0.0) + ms
 
 
 def expired(key: str) -> Failed:

@@ -1,0 +1,93 @@
+"""Prometheus metrics from workers and web, utilisation stored with jobs, per-lane summaries."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.embeddings.conftest import client_for
+from tests.embeddings.test_api import jpeg_bytes, upload
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sample(text: str, name: str, **labels) -> float:
+    """The value of one sample in a Prometheus text exposition (0 when absent)."""
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
+            return float(m.group(2))
+    return 0.0
+
+
+def test_metrics_endpoint_counts_a_bulk_job(service, api, client):
+    before = client.get("/metrics").content.decode()
+    r = api.post("/api/jobs/", {"files": [upload(f"{i}.jpg", jpeg_bytes(300 + i)) for i in range(3)]
+                                + [upload("cut.jpg", jpeg_bytes(399)[:-300])]}, format="multipart")
+    assert r.status_code == 202
+    resp = client.get("/metrics")  # unauthenticated, like most exporters
+    assert resp.status_code == 200 and resp["Content-Type"].startswith("text/plain")
+    after = resp.content.decode()
+
+    def delta(name, **labels):
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    for stage in ("load", "decode", "decode_wait", "preprocess", "embed", "upsert", "total"):
+        assert delta("clip_stage_seconds_count", lane="bulk", stage=stage) >= 1, stage
+    assert delta("clip_batch_images_count", lane="bulk") >= 1
+    assert delta("clip_images_processed_total", lane="bulk", status="embedded") >= 3
+    assert delta("clip_images_processed_total", lane="bulk", status="failed") >= 1
+    assert sample(after, "clip_images", status="embedded") == 3  # read from the database at scrape time
+
+
+def test_job_api_shows_utilisation_pipeline_and_p95(service, api, staff):
+    from embeddings.metrics import worker_sampler
+
+    worker_sampler().sample_now()  # a reading inside the chunk's window, whatever the 1 s timer does
+    r = api.post("/api/jobs/", {"files": [upload(f"{i}.jpg", jpeg_bytes(400 + i)) for i in range(2)]},
+                 format="multipart")
+    p = api.get(f"/api/jobs/{r.json()['id']}/").json()
+    assert p["status"] == "done"
+    u = p["utilisation"]
+    assert u["interval_s"] == 1.0 and u["summary"]["samples"] == len(u["rows"]) >= 1
+    assert 0 <= u["summary"]["cpu_percent"]["avg"] <= 100
+    for row in u["rows"]:
+        assert len(row) == 4 and 0 <= row[1] <= 100
+    assert p["pipeline"]["precision"] == "fp32" and p["pipeline"]["torch_threads"] >= 1
+    assert p["pipeline"]["model_id"].endswith("/fp32")
+    assert all("p95" in v for v in p["timings_ms"].values())
+
+    stats = client_for(staff).get("/api/stats/").json()
+    bulk = stats["lanes"]["bulk"]
+    assert bulk["batches"] >= 1 and bulk["timings_ms"]["embed"]["p95"] > 0
+
+
+def test_utilisation_rows_from_two_processes_keep_one_per_second(service, user):
+    from embeddings.metrics import job_record_utilisation
+    from embeddings.models import Job
+    from workers.utilisation import Sample
+
+    job = Job.objects.create(owner=user, model_id="m")
+
+    class FakeSampler:
+        interval_s = 1.0
+
+        def __init__(self, samples):
+            self.samples = samples
+
+        def take_new(self, key, since):
+            return [s for s in self.samples if s.t > since]
+
+    import embeddings.metrics as m
+
+    for samples in ([Sample(100.2, 10.0), Sample(101.2, 20.0)], [Sample(101.7, 99.0), Sample(102.1, 30.0)]):
+        m.worker_sampler.cache_clear()
+        original = m.worker_sampler
+        m.worker_sampler = lambda s=samples: FakeSampler(s)
+        try:
+            job_record_utilisation(job_id=job.id, since=0, config=service.PIPELINE)
+        finally:
+            m.worker_sampler = original
+    job.refresh_from_db()
+    assert [r[:2] for r in job.utilisation["rows"]] == [[100.2, 10.0], [101.2, 20.0], [102.1, 30.0]]
+    assert job.pipeline["precision"] == "fp32"
