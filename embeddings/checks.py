@@ -1,0 +1,72 @@
+"""Start-up checks: configuration that would break the "nothing lost, nothing duplicated" promise.
+
+Redis redelivers an unacknowledged message once ``visibility_timeout`` has passed, even while the
+first delivery is still running (celery/celery#5935). Writes are idempotent (deterministic point
+ids), so a redelivery never duplicates a point, but a chunk that routinely outlives the timeout
+would run twice, forever. So a bulk chunk's hard time limit must be shorter than the visibility
+timeout, and the broker must be told the same timeout the settings name.
+
+Two hooks run :func:`time_limit_errors`:
+- a Django system check (``manage.py check``, ``migrate``, ``runserver``) reports them as errors;
+- a Celery ``worker_init`` handler refuses to start a worker (exit status 78, EX_CONFIG), because
+  Celery runs Django's checks without acting on them.
+"""
+from __future__ import annotations
+
+import logging
+
+from celery.signals import worker_init
+from django.conf import settings
+from django.core import checks
+
+log = logging.getLogger(__name__)
+
+#: ``sysexits.h`` EX_CONFIG: a worker refuses to start on a configuration error.
+EX_CONFIG = 78
+
+
+def time_limit_errors() -> list[str]:
+    """Human sentences naming each broken invariant between chunk time limits and redelivery.
+
+    Returns:
+        ``[]`` when ``CELERY_BULK_TIME_LIMIT_S`` < ``CELERY_VISIBILITY_TIMEOUT_S`` and the broker's
+        transport options carry that same visibility timeout.
+    """
+    errors = []
+    limit = settings.CELERY_BULK_TIME_LIMIT_S
+    timeout = settings.CELERY_VISIBILITY_TIMEOUT_S
+    broker_timeout = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("visibility_timeout")
+    if limit <= 0:
+        errors.append(f"CELERY_BULK_TIME_LIMIT_S is {limit}; a bulk chunk needs a positive hard time limit")
+    if limit >= timeout:
+        errors.append(
+            f"CELERY_BULK_TIME_LIMIT_S ({limit} s) must be shorter than CELERY_VISIBILITY_TIMEOUT_S ({timeout} s): "
+            f"Redis would deliver a running chunk a second time (celery/celery#5935)"
+        )
+    if broker_timeout != timeout:
+        errors.append(
+            f"the broker's visibility_timeout ({broker_timeout}) differs from CELERY_VISIBILITY_TIMEOUT_S ({timeout})"
+        )
+    return errors
+
+
+@checks.register(checks.Tags.compatibility)
+def check_time_limits(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    """Django system check: each :func:`time_limit_errors` sentence as an error ``embeddings.E001``."""
+    return [checks.Error(e, id="embeddings.E001", hint="lower CELERY_BULK_TIME_LIMIT_S or raise "
+                         "CELERY_VISIBILITY_TIMEOUT_S (docs/operations.md)") for e in time_limit_errors()]
+
+
+@worker_init.connect(dispatch_uid="embeddings.checks.refuse_unsafe_worker")
+def refuse_unsafe_worker(sender=None, **kwargs) -> None:
+    """Refuse to start a Celery worker whose chunks could outlive the visibility timeout.
+
+    Raises:
+        SystemExit: status :data:`EX_CONFIG`, after logging each error (``SystemExit`` because
+            Celery logs and ignores ordinary exceptions raised by signal handlers).
+    """
+    errors = time_limit_errors()
+    if errors:
+        for e in errors:
+            log.critical("refusing to start: %s", e)
+        raise SystemExit(EX_CONFIG)

@@ -1,0 +1,326 @@
+"""Recovery in one process: the reconciler's decisions, the broker snapshot it reads (on a private
+redis-server with real Celery messages), the vector-write retry with backoff on a store that
+refuses connections, idempotent redelivery of a chunk, and the start-up check on time limits.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import io
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from embeddings import runtime, tasks
+from embeddings.checks import check_time_limits, time_limit_errors
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.services import jobs as job_services
+from embeddings.services import pipeline
+from embeddings.services.reconcile import (
+    ATTEMPTS_EXHAUSTED,
+    broker_snapshot,
+    queue_keys,
+    reconcile,
+)
+from embeddings.services.sources import SourceFile
+from project import lanes
+from tests.embeddings.test_api import jpeg_bytes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+GRACE = 30.0
+
+
+def sources(n: int, seed: int = 0) -> list[SourceFile]:
+    out = []
+    for i in range(n):
+        data = jpeg_bytes(seed + i, (64, 64))
+        out.append(SourceFile(name=f"{seed + i}.jpg", size=len(data), open=lambda d=data: io.BytesIO(d)))
+    return out
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """Messages the code under test sends, captured instead of run: ``{task name: [args, ...]}``."""
+    out: dict[str, list] = {}
+    for task in (tasks.embed_chunk, tasks.index_chunk, tasks.forget_point):
+        monkeypatch.setattr(task, "apply_async", lambda args=(), task=task, **kw: out.setdefault(task.name, []).append(args))
+    return out
+
+
+def make_job(user, n: int, *, age_s: float = 2 * GRACE, seed: int = 0, **fields) -> Job:
+    job = job_services.job_create(owner=user, sources=sources(n, seed))
+    Image.objects.filter(job=job).update(created_at=timezone.now() - dt.timedelta(seconds=age_s), **fields)
+    Job.objects.filter(id=job.id).update(created_at=timezone.now() - dt.timedelta(seconds=age_s))
+    return job
+
+
+def run(live=frozenset(), second=None, **kw):
+    calls = iter([set(live), set(live if second is None else second)])
+    return reconcile(live_ids=lambda: next(calls), grace_s=GRACE, max_attempts=kw.pop("max_attempts", 5), **kw)
+
+
+def ids_of(job) -> list[str]:
+    return [str(i) for i in Image.objects.filter(job=job).order_by("created_at").values_list("id", flat=True)]
+
+
+def test_lost_bulk_images_are_sent_again_in_chunks_of_the_job(service, user, sent):
+    job = make_job(user, 5)
+    Job.objects.filter(id=job.id).update(chunk_size=2)
+    sent.clear()
+    report = run()
+    assert (report.lost, report.redispatched, report.chunks) == (5, 5, 3)
+    chunks = sent["embeddings.tasks.embed_chunk"]
+    assert [len(ids) for _, ids in chunks] == [2, 2, 1]
+    assert sorted(i for _, ids in chunks for i in ids) == sorted(ids_of(job))
+    assert {j for j, _ in chunks} == {str(job.id)}
+    assert set(Image.objects.filter(job=job).values_list("attempts", flat=True)) == {1}  # counted
+
+
+def test_live_and_young_images_are_left_alone(service, user, sent):
+    old = make_job(user, 3, seed=10)
+    young = make_job(user, 2, seed=20, age_s=1)
+    sent.clear()
+    report = run(live=ids_of(old))
+    assert report.redispatched == 0 and "embeddings.tasks.embed_chunk" not in sent  # young: within the grace
+    assert Image.objects.filter(job__in=(old, young), status=ImageStatus.QUEUED).count() == 5
+
+
+def test_an_image_seen_in_the_second_snapshot_is_in_transit_not_lost(service, user, sent):
+    job = make_job(user, 2)
+    sent.clear()
+    report = run(live=(), second=ids_of(job))
+    assert report.redispatched == 0 and not sent
+
+
+def test_images_delivered_too_often_fail_with_a_reason_instead_of_looping(service, user, sent):
+    job = make_job(user, 3, attempts=5)
+    sent.clear()
+    report = run()
+    assert (report.exhausted, report.redispatched) == (3, 0)
+    assert set(Image.objects.filter(job=job).values_list("status", "reason")) == {("failed", ATTEMPTS_EXHAUSTED)}
+
+
+def test_paused_jobs_wait_and_cancelled_jobs_cancel(service, user, sent):
+    paused = make_job(user, 2, seed=10)
+    cancelled = make_job(user, 2, seed=20)
+    Job.objects.filter(id=paused.id).update(status=JobStatus.PAUSED)
+    Job.objects.filter(id=cancelled.id).update(status=JobStatus.CANCELLED)
+    sent.clear()
+    run()
+    assert not sent
+    assert set(Image.objects.filter(job=paused).values_list("status", flat=True)) == {"queued"}
+    assert set(Image.objects.filter(job=cancelled).values_list("status", "reason")) == {("cancelled", "cancelled")}
+
+
+def test_interactive_images_past_their_deadline_expire_and_their_points_are_forgotten(service, user, sent):
+    from embeddings.services.images import images_create
+
+    now = timezone.now()
+    late, on_time = images_create(owner=user, sources=sources(2, 50), lane=Lane.INTERACTIVE,
+                                  deadline=now - dt.timedelta(seconds=1))
+    Image.objects.filter(id=on_time.id).update(deadline=now + dt.timedelta(seconds=60))
+    report = run()
+    assert report.expired == 2 - 1
+    late.refresh_from_db()
+    on_time.refresh_from_db()
+    assert (late.status, late.reason) == ("expired", "expired") and "deadline passed" in late.reason_detail
+    assert on_time.status == "queued"
+    assert sent["embeddings.tasks.forget_point"] == [(str(late.point_id), late.sha256)]
+
+
+def test_a_running_job_with_nothing_left_queued_is_finished(service, user, sent):
+    job = make_job(user, 2)
+    Image.objects.filter(job=job).update(status=ImageStatus.EMBEDDED)
+    Job.objects.filter(id=job.id).update(status=JobStatus.RUNNING)
+    assert run().jobs_refreshed == 1
+    assert Job.objects.get(id=job.id).status == JobStatus.DONE
+
+
+# --- the broker snapshot, on a private redis-server ---------------------------------------------
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0", client
+    p.kill()
+    p.wait()
+
+
+def test_broker_snapshot_reads_queues_and_unacked_deliveries_and_spots_orphans(settings, private_redis):
+    from celery import Celery
+    from kombu import Connection
+
+    url, client = private_redis
+    app = Celery(broker=url, set_as_current=False)
+    app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
+    waiting = [str(uuid.uuid4()) for _ in range(3)]
+    held = [str(uuid.uuid4()) for _ in range(2)]
+    app.send_task("embeddings.tasks.embed_chunk", args=("job", waiting), queue=lanes.BULK, priority=9)
+    app.send_task("embeddings.tasks.embed_chunk", args=("job", held), queue=lanes.BULK, priority=9)
+    app.send_task("embeddings.tasks.embed_interactive", args=([str(uuid.uuid4())], 0), queue=lanes.INTERACTIVE)
+    app.close()
+    assert sum(client.llen(k) for k in queue_keys((lanes.BULK,))) == 2
+    # A worker takes the first bulk message and does not acknowledge it (it is running, or it died).
+    conn = Connection(url, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS)
+    try:
+        msg = conn.default_channel.basic_get(queue=lanes.BULK, no_ack=False)
+        taken = set(msg.payload[0][1])  # protocol 2 body: [args, kwargs, embed]; args = (job, ids)
+        rest = (set(waiting) | set(held)) - taken
+        task_id = msg.headers["id"]
+        young = broker_snapshot(client, grace_s=3600, holding=lambda ids: set())
+        assert (young.queued, young.unacked) == (1, 1)
+        assert taken | rest <= young.live_ids  # a young delivery is live whatever the workers say
+        alive = broker_snapshot(client, grace_s=-1, holding=lambda ids: set(ids))
+        assert taken <= alive.live_ids and not alive.orphans
+        dead = broker_snapshot(client, grace_s=-1, holding=lambda ids: set())
+        assert dead.orphans == {task_id}
+        assert taken.isdisjoint(dead.live_ids) and rest <= dead.live_ids
+        # A second snapshot reuses the orphans found by the first, without asking the workers again.
+        again = broker_snapshot(client, grace_s=-1, orphans=dead.orphans, holding=lambda ids: 1 / 0)
+        assert again.live_ids == dead.live_ids
+    finally:
+        conn.release()
+
+
+# --- vector writes: retry with backoff, nothing embedded before its point exists --------------------
+
+def embedded_chunk(user, sent, n=3):
+    """A job whose one chunk is embedded; its ``index_chunk`` message captured, not run."""
+    job = job_services.job_create(owner=user, sources=sources(n, 70))
+    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
+    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+    (args,) = sent["embeddings.tasks.index_chunk"]
+    return job, args
+
+
+def test_vector_writes_retry_with_backoff_and_images_wait_visibly(service, user, sent, monkeypatch):
+    import celery.app.autoretry as autoretry
+
+    job, args = embedded_chunk(user, sent)
+    store = runtime.vector_store()
+    real_upsert, calls, seen = store.upsert, [], []
+
+    def flaky_upsert(points):
+        calls.append(len(points))
+        seen.append(set(Image.objects.filter(job=job).values_list("status", "reason")))
+        if len(calls) <= 3:
+            raise ConnectionError("connection refused")
+        return real_upsert(points)
+
+    backoffs = []
+    real_backoff = autoretry.get_exponential_backoff_interval
+    monkeypatch.setattr(autoretry, "get_exponential_backoff_interval",
+                        lambda **kw: backoffs.append(kw) or real_backoff(**kw))
+    monkeypatch.setattr(store, "upsert", flaky_upsert)
+    from project.celery import app
+
+    app.conf.task_eager_propagates = False  # eager: each Retry is then re-applied at once
+    try:
+        result = tasks.index_chunk.apply(args=args)
+    finally:
+        app.conf.task_eager_propagates = True
+    assert result.successful(), result.traceback
+    assert len(calls) == 4 and store.count() == 3
+    assert [b["retries"] for b in backoffs] == [0, 1, 2]
+    assert {(b["factor"], b["maximum"]) for b in backoffs} == {(2, 60)}  # 2, 4, 8, ... s, at most a minute
+    assert seen[0] == {("queued", "waiting_for_store")}  # handed over: visible, not embedded
+    assert all(s == {("queued", "waiting_for_store")} for s in seen[1:])  # never embedded before its point
+    assert set(Image.objects.filter(job=job).values_list("status", "reason")) == {("embedded", "")}
+    detail = {im.reason_detail for im in Image.objects.filter(job=job)}
+    assert detail == {""}
+
+
+def test_a_store_that_keeps_failing_leaves_images_queued_with_the_error(service, user, sent, monkeypatch):
+    from qdrant_client.http.exceptions import (
+        ResponseHandlingException,
+        UnexpectedResponse,
+    )
+
+    job, args = embedded_chunk(user, sent)
+    store = runtime.vector_store()
+    for exc in (ResponseHandlingException(OSError("connect timeout")),
+                UnexpectedResponse(503, "Service Unavailable", b"", {})):
+        monkeypatch.setattr(store, "upsert", lambda points, exc=exc: (_ for _ in ()).throw(exc))
+        with pytest.raises(pipeline.STORE_ERRORS):
+            pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+        rows = set(Image.objects.filter(job=job).values_list("status", "reason"))
+        assert rows == {("queued", "waiting_for_store")}
+    assert "503" in Image.objects.filter(job=job).first().reason_detail
+    monkeypatch.setattr(store, "upsert", lambda points: (_ for _ in ()).throw(
+        UnexpectedResponse(400, "Bad Request", b"", {})))
+    with pytest.raises(UnexpectedResponse):  # a client error is a bug, not an outage: not retried
+        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert store.count() == 0
+
+
+# --- redelivery: idempotent -----------------------------------------------------------------------
+
+def test_a_chunk_delivered_twice_before_its_points_are_written_writes_each_point_once(service, user, sent):
+    """What Redis does when a chunk outlives the visibility timeout: a second delivery runs while the
+    first one's vectors still wait to be written. Both embed, both write; one point per image."""
+    job = job_services.job_create(owner=user, sources=sources(4, 90))
+    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
+    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)  # redelivered while the first is unwritten
+    writes = sent["embeddings.tasks.index_chunk"]
+    assert len(writes) == 2
+    for args in writes:
+        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert runtime.vector_store().count() == 4
+    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
+    assert BatchStat.objects.filter(job=job).count() == 2
+    assert Job.objects.get(id=job.id).status == JobStatus.DONE
+    # A third delivery after the writes finds nothing queued and does nothing.
+    assert pipeline.chunk_embed(job_id=job_id, image_ids=chunk)["skipped"] == 4
+    assert len(sent["embeddings.tasks.index_chunk"]) == 2
+
+
+def test_a_poison_chunk_stops_after_max_attempts(service, user, sent, settings):
+    job_services.job_create(owner=user, sources=sources(3, 110))
+    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
+    Image.objects.filter(id=chunk[0]).update(attempts=settings.BULK_MAX_ATTEMPTS)
+    out = pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+    assert out["embedded"] == 2
+    im = Image.objects.get(id=chunk[0])
+    assert (im.status, im.reason) == ("failed", ATTEMPTS_EXHAUSTED)
+    Image.objects.filter(id__in=chunk).update(status=ImageStatus.QUEUED, attempts=settings.BULK_MAX_ATTEMPTS)
+    assert pipeline.chunk_embed(job_id=job_id, image_ids=chunk)["failed"] == 3  # all exhausted: nothing to run
+    assert Image.objects.filter(id__in=chunk, reason=ATTEMPTS_EXHAUSTED).count() == 3
+
+
+# --- start-up check --------------------------------------------------------------------------------
+
+def test_time_limit_must_stay_inside_the_visibility_timeout(settings):
+    assert time_limit_errors() == [] and check_time_limits(None) == []
+    settings.CELERY_BULK_TIME_LIMIT_S = settings.CELERY_VISIBILITY_TIMEOUT_S
+    (err,) = check_time_limits(None)
+    assert err.id == "embeddings.E001" and "must be shorter than CELERY_VISIBILITY_TIMEOUT_S" in err.msg
+    settings.CELERY_BULK_TIME_LIMIT_S = 10
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {**settings.CELERY_BROKER_TRANSPORT_OPTIONS, "visibility_timeout": 5}
+    assert any("broker's visibility_timeout (5)" in e for e in time_limit_errors())
+
+
+def test_the_bulk_task_carries_the_configured_time_limit(settings):
+    assert tasks.embed_chunk.time_limit == settings.CELERY_BULK_TIME_LIMIT_S < settings.CELERY_VISIBILITY_TIMEOUT_S
+    assert tasks.embed_chunk.acks_late and tasks.embed_chunk.reject_on_worker_lost
