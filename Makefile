@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup demo test test-e2e run bench procfile clean
+.PHONY: setup demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,30 @@ test-e2e: setup
 
 run: setup
 	$(PY) -m scripts.stack
+
+# Interactive latency and bulk throughput, alone and together (docs/lanes.md); e.g.
+# make bench-lanes BENCH_ARGS="--bulk-images 128 --requests 20" for a quick check.
+bench-lanes: setup
+	$(PY) -m benchmarks.lanes $(BENCH_ARGS)
+
+# Issue 5 (docs/benchmarks-bulk.md): the experiment matrix, and bulk throughput against the bound,
+# the naive baseline and cost; BENCH_ARGS="--quick" for a short check, e.g.
+# make bench-bulk BENCH_ARGS="--price-per-hour 0.50 --cosine".
+bench-matrix: setup
+	$(PY) -m benchmarks.matrix $(BENCH_ARGS)
+
+bench-bulk: setup
+	$(PY) -m benchmarks.bulk $(BENCH_ARGS)
+
+# Issue 6 (docs/operations.md): 5,000 images through both lanes with faults injected at random
+# times, then DB counts = Qdrant points = distinct inputs; e.g. SOAK_ARGS="--images 1000 --faults 3".
+soak: setup
+	$(PY) -m scripts.soak $(SOAK_ARGS)
+
+# The interactive endpoint at a sustained rate for 60 s: no 5xx, only documented 429s, worker RSS
+# flat (docs/benchmarks-load.md); e.g. BENCH_ARGS="--rate 8 --duration 60".
+bench-load: setup
+	$(PY) -m benchmarks.load $(BENCH_ARGS)
 
 procfile:
 	$(PYTHON) -m project.processes > Procfile

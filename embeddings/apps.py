@@ -6,3 +6,7 @@ class EmbeddingsConfig(AppConfig):
 
     name = "embeddings"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Start-up checks: a Django system check and a Celery worker_init guard (embeddings/checks.py).
+        from embeddings import checks  # noqa: F401

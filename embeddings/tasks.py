@@ -9,16 +9,19 @@ helpers below, from ``project.lanes``.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import celeryd_init, worker_ready
 from django.conf import settings
 
-from embeddings.services import pipeline
+from embeddings.services import admission, pipeline
 from project import lanes
 
 #: Systemic failures talking to the vector store: retried with exponential backoff (never a bad
-#: image, which is recorded, not retried).
-_STORE_ERRORS = (ConnectionError, TimeoutError, OSError)
+#: image, which is recorded, not retried): connection errors, timeouts, Qdrant 5xx.
+_STORE_ERRORS = pipeline.STORE_ERRORS
 
 
 def bulk_options(priority: str) -> dict:
@@ -44,26 +47,46 @@ def vectors_options(*, interactive: bool, priority: str = "background") -> dict:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
 def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
-    """Embed one bulk chunk (≤ ``BULK_BATCH_SIZE`` image ids)."""
-    return pipeline.chunk_embed(job_id=job_id, image_ids=image_ids)
+    """Embed one bulk chunk (≤ ``BULK_BATCH_SIZE`` image ids), one chunk at a time per process (a
+    worker serving both lanes holds a second one on deck: ``admission.bulk_turn``). The result adds
+    ``started``/``ended`` (Unix s: its turn to compute) and ``waited_ms`` (on deck before it)."""
+    with admission.bulk_turn() as turn:
+        out = pipeline.chunk_embed(job_id=job_id, image_ids=image_ids)
+    return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
 
 
-@shared_task
-def embed_interactive(image_ids: list[str], deadline_ts: float) -> dict:
-    """Embed an interactive request's images (deadline as Unix time, s)."""
-    return pipeline.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
+def _in_flight(task, images: int):
+    """Count an interactive task's images as in flight for admission control (not when eager)."""
+    if task.request.is_eager:
+        return contextlib.nullcontext()
+    return admission.interactive_in_flight(task.request.id, images)
 
 
-@shared_task
-def embed_query(storage_key: str, sha256: str) -> dict:
+@shared_task(bind=True)
+def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
+    """Embed an interactive request's images (deadline as Unix time, s); then report the dynamic
+    batcher's batches (service time for admission control, batch sizes and queue delays)."""
+    with _in_flight(self, len(image_ids)):
+        out = pipeline.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
+    if not self.request.is_eager:
+        from embeddings import runtime
+
+        admission.interactive_report(runtime.dynamic_batcher().records)
+    return out
+
+
+@shared_task(bind=True)
+def embed_query(self, storage_key: str, sha256: str) -> dict:
     """Embed a query image → ``{"vector": base64}`` or ``{"reason", "detail"}``."""
-    return pipeline.query_embed(storage_key=storage_key, sha256=sha256)
+    with _in_flight(self, 1):
+        return pipeline.query_embed(storage_key=storage_key, sha256=sha256)
 
 
-@shared_task
-def encode_text(text: str) -> dict:
+@shared_task(bind=True)
+def encode_text(self, text: str) -> dict:
     """Embed a text query → ``{"vector": base64}``."""
-    return pipeline.text_embed(text=text)
+    with _in_flight(self, 1):
+        return pipeline.text_embed(text=text)
 
 
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None)
@@ -75,7 +98,15 @@ def index_chunk(job_id: str, stat_id: int | None, items: list[dict]) -> dict:
 @shared_task
 def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str]) -> dict:
     """Write an interactive request's points; return each image's neighbours."""
-    return pipeline.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids)
+    out = pipeline.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids)
+    from embeddings import metrics
+
+    metrics.count_images(lane=lanes.INTERACTIVE, status="embedded", n=len(embedded.get("items", [])))
+    failed = embedded.get("failed", [])
+    expired = sum(1 for f in failed if f[1] == "expired")
+    metrics.count_images(lane=lanes.INTERACTIVE, status="expired", n=expired)
+    metrics.count_images(lane=lanes.INTERACTIVE, status="failed", n=len(failed) - expired)
+    return out
 
 
 @shared_task
@@ -94,6 +125,15 @@ def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None
 def forget_point(point_id: str, sha256: str) -> str:
     """Delete a point (or its deleted row's share of it)."""
     return pipeline.point_forget(point_id=point_id, sha256=sha256)
+
+
+@celeryd_init.connect
+def lower_cpu_priority(**kwargs) -> None:
+    """Apply ``WORKER_NICE`` to this worker process before it starts its pool (docs/lanes.md)."""
+    import os
+
+    if settings.WORKER_NICE:
+        os.nice(settings.WORKER_NICE)
 
 
 @worker_ready.connect
@@ -116,3 +156,23 @@ def warm_model(sender, **kwargs) -> None:
 def collection_stats() -> dict:
     """The collection's name and exact point count."""
     return pipeline.point_count()
+
+
+@shared_task
+def reconcile() -> dict | None:
+    """One reconciler round (``embeddings/services/reconcile.py``); ``None`` if a round is running."""
+    from embeddings.services import reconcile as reconcile_services
+
+    report = reconcile_services.reconcile_once()
+    return None if report is None else dataclasses.asdict(report)
+
+
+@worker_ready.connect
+def start_reconciler(sender, **kwargs) -> None:
+    """Run the reconciler in the worker that owns the vector store (one per deployment), every
+    ``RECONCILE_INTERVAL_S``; a Redis lock keeps rounds from overlapping wherever else it runs."""
+    queues = {q.name for q in sender.task_consumer.queues} if getattr(sender, "task_consumer", None) else set()
+    if lanes.VECTORS in queues and settings.RECONCILE_INTERVAL_S > 0:
+        from embeddings.services.reconcile import reconciler_start
+
+        reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)

@@ -8,9 +8,12 @@ Why each worker is shaped as it is:
 - interactive: ``threads`` pool so one process holds one model and one dynamic batcher, task
   threads hand it their images; concurrency = the largest interactive batch, prefetch 1, so no
   more messages are reserved than one batch can take.
-- bulk: ``prefork`` with one child: the model loads in the child after fork (celery/celery#3402),
-  and a child killed mid-chunk is noticed by the parent, which rejects the message so it is
-  redelivered (``task_reject_on_worker_lost``).
+- bulk: ``prefork`` with ``BULK_PROCESSES`` children (default 2): the model loads in each child
+  after fork (celery/celery#3402), and a child killed mid-chunk is noticed by the parent, which
+  rejects the message so it is redelivered (``task_reject_on_worker_lost``). Two children overlap
+  the stages: while one runs its chunk's forward pass the other loads, decodes and preprocesses the
+  next chunk; each child gets half the cores (``PipelineConfig.threads``), so the two never
+  oversubscribe them (docs/benchmarks-bulk.md has the measurements).
 - vectors: ``solo``: exactly one process may own embedded Qdrant's folder.
 """
 from __future__ import annotations
@@ -32,22 +35,37 @@ def commands(env: dict | None = None) -> dict[str, str]:
     """``{process name: command line}`` of the default deployment (one worker per queue)."""
     env = os.environ if env is None else env
     interactive_c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
+    bulk_c = int(env.get("BULK_PROCESSES", "2"))  # the same variable sizes each child's threads
     web_port = env.get("WEB_PORT", "8000")
     web_bind = env.get("WEB_BIND", "127.0.0.1")
     return {
         "web": (f"gunicorn project.wsgi -b {web_bind}:{web_port} -k gthread --workers 2 --threads 8 "
                 f"--timeout 120 --access-logfile -"),
         "worker-interactive": worker(lanes.INTERACTIVE, pool="threads", concurrency=interactive_c, name="interactive"),
-        "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=1, name="bulk"),
+        "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=bulk_c, name="bulk"),
         "worker-vectors": worker(lanes.VECTORS, pool="solo", concurrency=1, name="vectors"),
     }
 
 
 def shared_worker_command(env: dict | None = None) -> str:
-    """Deployment (b): one worker consuming both lanes, interactive listed (and so taken) first."""
+    """Deployment (b): one worker consuming both lanes, interactive listed (and so taken) first.
+
+    ``threads`` pool with one thread per interactive batch slot plus two for bulk (one chunk
+    computing, one on deck): ``embeddings.services.admission.LaneGateCycle`` stops asking Redis for
+    bulk messages while two are held and ``admission.bulk_turn`` lets one compute at a time, so
+    interactive work always finds a free thread and never waits behind more than one bulk batch
+    (docs/lanes.md).
+    """
     env = os.environ if env is None else env
-    c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
+    c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8")) + 2
     return worker(lanes.EMBED_QUEUES, pool="threads", concurrency=c, name="shared")
+
+
+def shared_commands(env: dict | None = None) -> dict[str, str]:
+    """``{process name: command line}`` of deployment (b): web, one ``worker-shared`` for both
+    embedding lanes, and the vectors worker."""
+    cmds = commands(env)
+    return {"web": cmds["web"], "worker-shared": shared_worker_command(env), "worker-vectors": cmds["worker-vectors"]}
 
 
 def main() -> None:

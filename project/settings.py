@@ -3,6 +3,7 @@
 Every knob is an environment variable; the README's configuration table lists them. Production
 defaults: DEBUG off, the secret key required from the environment.
 """
+import os
 from pathlib import Path
 
 import environ
@@ -16,8 +17,20 @@ environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 SECRET_KEY = env("DJANGO_SECRET_KEY")
+if not SECRET_KEY.strip():  # Django itself only notices when something signs; refuse at start-up
+    raise environ.ImproperlyConfigured("DJANGO_SECRET_KEY is empty: set a long random secret in the environment")
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
 VAR_DIR = Path(env("VAR_DIR", default=str(BASE_DIR / "var")))
+# Prometheus multiprocess mode (embeddings/metrics.py): every process (gunicorn workers, Celery
+# pool children) writes its metrics to METRICS_DIR and the web's /metrics adds them up. Set here,
+# before prometheus_client is first imported, from this process's own VAR_DIR (an inherited
+# PROMETHEUS_MULTIPROC_DIR is replaced); METRICS_DIR="" serves each process's own metrics only.
+METRICS_DIR = env("METRICS_DIR", default=str(VAR_DIR / "prometheus"))
+if METRICS_DIR:
+    Path(METRICS_DIR).mkdir(parents=True, exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
+else:
+    os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -107,6 +120,9 @@ QDRANT_URL = env("QDRANT_URL", default="")
 QDRANT_PATH = str(VAR_DIR / "qdrant")
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = env.float("INTERACTIVE_DEADLINE_S", default=2.0)
+#: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline
+#: (embeddings/services/admission.py).
+ADMISSION_CONTROL = env.bool("ADMISSION_CONTROL", default=True)
 #: Default number of neighbours (top-k) returned.
 SEARCH_DEFAULT_K = 10
 SEARCH_MAX_K = 100
@@ -135,16 +151,52 @@ CELERY_VISIBILITY_TIMEOUT_S = env.int("CELERY_VISIBILITY_TIMEOUT_S", default=360
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S,
     # Redis: 0 is the highest priority; steps bucket 0-9. Queues consumed by one worker are taken
-    # in the listed order (interactive first), not round-robin.
+    # in the listed order (interactive first), not round-robin. The strategy is kombu's "priority"
+    # plus a gate: a worker consuming both lanes holds at most two bulk messages, one computing and
+    # one on deck (deployment (b), docs/lanes.md).
     "priority_steps": [0, 3, 6, 9],
-    "queue_order_strategy": "priority",
+    "queue_order_strategy": "embeddings.services.admission:LaneGateCycle",
+    # BRPOP timeout (s): bounds how long a gated worker takes to ask for bulk work again (the
+    # on-deck chunk hides it while chunks take longer).
+    "polling_interval": env.float("BROKER_POLLING_INTERVAL_S", default=0.2),
 }
 CELERY_TASK_DEFAULT_QUEUE = lanes.BULK
 CELERY_TASK_DEFAULT_PRIORITY = lanes.PRIORITY_BULK_BACKGROUND
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Task events (task-started timestamps) for the lane tests and benchmarks; off by default.
+CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=False)
+#: CPU niceness a worker gives itself at start (its pool children inherit it): e.g. 10 for the bulk
+#: worker on a CPU shared with the interactive one, so the kernel runs interactive threads first.
+WORKER_NICE = env.int("WORKER_NICE", default=0)
 #: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
 CELERY_BULK_TIME_LIMIT_S = env.int("CELERY_BULK_TIME_LIMIT_S", default=CELERY_VISIBILITY_TIMEOUT_S // 3)
+
+# --- Recovery (embeddings/services/reconcile.py, docs/operations.md) ----------------------------
+#: Seconds between reconciler rounds, run by the vectors worker (0: off; `manage.py reconcile` runs one).
+RECONCILE_INTERVAL_S = env.float("RECONCILE_INTERVAL_S", default=30.0)
+#: A queued image or an unacknowledged delivery younger than this (s) is never treated as lost.
+RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
+#: Attempts at a bulk image (deliveries that started it + reconciler re-dispatches) before it fails
+#: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
+BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
+
+# --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
+# DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1
+# turns on HTTPS redirects, secure cookies and HSTS; DJANGO_BEHIND_PROXY=1 trusts the proxy's
+# X-Forwarded-Proto. /healthz stays reachable over plain HTTP for probes.
+HTTPS = env.bool("DJANGO_HTTPS", default=False)
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=HTTPS)
+if env.bool("DJANGO_BEHIND_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
     "version": 1,

@@ -3,9 +3,11 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from embeddings.api.views import healthz
+from embeddings.metrics import metrics_view
 
 urlpatterns = [
     path("healthz", healthz),
+    path("metrics", metrics_view),
     path("admin/", admin.site.urls),
     path("api/", include("embeddings.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

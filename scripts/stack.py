@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -51,10 +52,18 @@ class Stack:
         private_redis: always start a private redis-server (tests), instead of using ``REDIS_URL``
             when it answers.
         only: names from ``project.processes.commands()`` to start (default: all).
+        deployment: ``"split"`` (a): one worker per queue (``processes.commands``); ``"shared"`` (b):
+            one worker for both embedding lanes (``processes.shared_commands``).
+        process_env: extra environment per process name, e.g. ``{"worker-bulk": {"TORCH_THREADS": "1"}}``.
     """
 
     def __init__(self, var_dir: Path, env: dict | None = None, *, private_redis: bool = False,
-                 only: tuple[str, ...] | None = None, log=print) -> None:
+                 only: tuple[str, ...] | None = None, log=print, deployment: str = "split",
+                 process_env: dict[str, dict] | None = None) -> None:
+        if deployment not in ("split", "shared"):
+            raise ValueError(f"deployment must be 'split' or 'shared', not {deployment!r}")
+        self.deployment = deployment
+        self.process_env = process_env or {}
         self.var_dir = Path(var_dir).resolve()
         self.env = {**os.environ, **(env or {})}
         self.env["VAR_DIR"] = str(self.var_dir)
@@ -65,6 +74,10 @@ class Stack:
         self.only = only
         self.log = log
         self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, list[str] | str] = {}  # how each process was started, for restart()
+        self._lock = threading.RLock()  # kill/restart vs the supervisor
+        self._held_down: set[str] = set()  # stopped on purpose: the supervisor leaves them down
+        self._stopping = False
 
     @property
     def web_url(self) -> str:
@@ -85,9 +98,11 @@ class Stack:
         argv = cmd.split() if isinstance(cmd, str) else cmd
         if argv[0] in ("celery", "gunicorn"):
             argv = [str(Path(sys.executable).parent / argv[0]), *argv[1:]]
-        p = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = subprocess.Popen(argv, env={**self.env, **self.process_env.get(name, {})}, cwd=ROOT, stdout=logf,
+                             stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = p
+        self.commands[name] = cmd
+        self._held_down.discard(name)
         return p
 
     def ensure_redis(self) -> None:
@@ -122,7 +137,7 @@ class Stack:
         self.var_dir.mkdir(parents=True, exist_ok=True)
         self.ensure_redis()
         self.manage("migrate", "--noinput")
-        cmds = processes.commands(self.env)
+        cmds = (processes.shared_commands if self.deployment == "shared" else processes.commands)(self.env)
         for name, cmd in cmds.items():
             if self.only is None or name in self.only:
                 self._spawn(name, cmd)
@@ -153,28 +168,172 @@ class Stack:
         """Names (``interactive``, ``bulk``, ``vectors``) of the workers that answer a ping now."""
         from celery import Celery
 
-        app = Celery(broker=self.env["REDIS_URL"], backend=self.env["REDIS_URL"])
+        app = Celery(broker=self.env["REDIS_URL"], backend=self.env["REDIS_URL"], set_as_current=False)
         try:
             replies = app.control.ping(timeout=0.5)
+        except Exception:  # noqa: BLE001 - e.g. a pooled connection to a Redis that restarted: ask again
+            return set()
         finally:
             app.close()
         return {next(iter(r)).split("@")[0] for r in replies}
 
     def stop(self) -> None:
-        """SIGTERM every process group (workers finish or requeue), then SIGKILL stragglers."""
-        for name, p in reversed(list(self.procs.items())):
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGTERM)
+        """SIGTERM every process group (workers finish or requeue), then SIGKILL stragglers. The
+        private Redis goes last: a worker's warm shutdown gives its unacknowledged messages back to it."""
+        self._stopping = True
+        order = [n for n in self.procs if n != "redis"] + [n for n in self.procs if n == "redis"]
+        for group in (order[:-1], order[-1:]) if order[-1:] == ["redis"] else (order,):
+            for name in group:
+                p = self.procs[name]
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.pid, signal.SIGTERM)
+            self._reap([self.procs[n] for n in group])
+        self.procs.clear()
+
+    def _reap(self, procs: list[subprocess.Popen]) -> None:
         deadline = time.monotonic() + 20
-        for p in self.procs.values():
+        for p in procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        self.procs.clear()
+
+    # --- fault injection (tests/e2e/test_faults.py, scripts/soak.py) --------------------------------
+
+    def pid(self, name: str) -> int:
+        """Pid of process ``name`` (the worker's parent for prefork workers)."""
+        return self.procs[name].pid
+
+    def children(self, name: str) -> list[int]:
+        """Pids of the child processes of ``name`` (a prefork worker's pool children)."""
+        import psutil
+
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [c.pid for c in psutil.Process(self.pid(name)).children()]
+        return []
+
+    def busiest_child(self, name: str, *, sample_s: float = 0.3) -> int:
+        """Pid of the pool child of ``name`` using the most CPU now (the one running a task).
+
+        Raises:
+            LookupError: ``name`` has no child process.
+        """
+        import psutil
+
+        kids = []
+        for pid in self.children(name):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                k = psutil.Process(pid)
+                k.cpu_percent(None)
+                kids.append(k)
+        if not kids:
+            raise LookupError(f"{name} has no child process")
+        time.sleep(sample_s)
+        usage = {}
+        for k in kids:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                usage[k.pid] = k.cpu_percent(None)
+        if not usage:
+            raise LookupError(f"{name} has no child process")
+        return max(usage, key=usage.get)
+
+    def kill(self, name: str, *, child: bool = False, sig: int = signal.SIGKILL) -> int:
+        """Send ``sig`` (default SIGKILL) to process ``name``'s whole group, or with ``child`` to the
+        busiest pool child only (the one running a task: the parent notices and, with late acks,
+        requeues its task). Returns the pid signalled. Raises ``LookupError`` when ``child`` is asked
+        and there is none."""
+        if child:
+            pid = self.busiest_child(name)
+            os.kill(pid, sig)
+            return pid
+        with self._lock:
+            p = self.procs[name]
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    p.wait(timeout=30)
+            return p.pid
+
+    def stop_process(self, name: str, *, sig: int = signal.SIGKILL) -> None:
+        """Stop process ``name`` (its whole group) and wait for it; ``restart`` brings it back (the
+        supervisor does not)."""
+        self._held_down.add(name)
+        p = self.procs[name]
+        if p.poll() is None:
+            self.kill(name, sig=sig)
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+    def restart(self, name: str, *, sig: int = signal.SIGKILL, timeout: float = 180) -> None:
+        """Stop process ``name`` (if running) and start it again with the same command line; returns
+        when it is ready (a worker answers a ping, the web answers ``/healthz``)."""
+        if name == "redis":
+            self.restart_redis()
+            return
+        with self._lock:
+            self.stop_process(name, sig=sig)
+            self._spawn(name, self.commands[name])
+        self._wait_for({name}, timeout)
+
+    def restart_redis(self) -> None:
+        """SIGKILL the private Redis and start it again on the same port, empty: it keeps nothing
+        on disk (``--save ""``, no AOF), so every queued message and result is lost."""
+        if "redis" not in self.procs:
+            raise RuntimeError("restart_redis only restarts the stack's private Redis, never a shared one")
+        with self._lock:
+            self.stop_process("redis")
+            self._spawn("redis", self.commands["redis"])
+        for _ in range(200):
+            if redis_answers(self.env["REDIS_URL"]):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("private redis-server did not restart; see its log")
+
+    def supervise(self, every: float = 1.0) -> threading.Thread:
+        """Start a daemon thread that starts again any process that exits by itself, as a process
+        manager does in production (docker ``restart:``, systemd ``Restart=``). A Celery worker can
+        exit when its broker connection breaks at a bad moment (kombu raises from its close path
+        during a Redis restart); processes stopped on purpose (``stop_process``) stay down."""
+
+        def loop() -> None:
+            while not self._stopping:
+                time.sleep(every)
+                with self._lock:
+                    for name, p in list(self.procs.items()):
+                        if self._stopping or name in self._held_down or p.poll() is None:
+                            continue
+                        self.log(f"{name} exited with {p.returncode}; starting it again")
+                        self._spawn(name, self.commands[name])
+
+        thread = threading.Thread(target=loop, name="stack-supervisor", daemon=True)
+        thread.start()
+        return thread
+
+    def _wait_for(self, names: set[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        workers = {n.removeprefix("worker-") for n in names if n.startswith("worker-")}
+        web = "web" in names
+        while time.monotonic() < deadline:
+            for name in names:
+                if self.procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited with {self.procs[name].returncode}; see "
+                                       f"{self.var_dir}/log/{name}.log")
+            if web:
+                with contextlib.suppress(Exception):
+                    urllib.request.urlopen(self.web_url + "/healthz", timeout=1)
+                    web = False
+            if workers:
+                workers -= self.ping_workers()
+            if not web and not workers:
+                return
+            time.sleep(0.3)
+        raise TimeoutError(f"not ready after {timeout} s: {sorted(workers)}, web pending={web}")
 
     def __enter__(self) -> "Stack":
         try:
@@ -191,6 +350,7 @@ def main() -> None:
     """``python -m scripts.stack run``: start everything and wait for Ctrl-C."""
     var = Path(os.environ.get("VAR_DIR", ROOT / "var"))
     with Stack(var) as stack:
+        stack.supervise()  # a process that exits by itself is started again, as in production
         print(f"web at {stack.web_url}; logs in {var}/log; Ctrl-C stops")
         with contextlib.suppress(KeyboardInterrupt):
             signal.pause()

@@ -165,7 +165,8 @@ class SearchView(APIView):
 
 
 class StatsView(APIView):
-    """``GET /api/stats/`` (staff): images per status in the database and points in the collection."""
+    """``GET /api/stats/`` (staff): images per status in the database, points in the collection, and
+    stage timings per lane."""
 
     def get(self, request):
         from django.db.models import Count
@@ -179,7 +180,10 @@ class StatsView(APIView):
         distinct = Image.objects.filter(status="embedded").values("sha256", "model_id").distinct().count()
         store = tasks.collection_stats.apply_async(**tasks.vectors_options(interactive=True)).get(
             timeout=settings.VECTORS_CALL_TIMEOUT_S)
-        return Response({"images": counts, "distinct_embedded": distinct, **store})
+        from embeddings.metrics import lane_summaries
+
+        return Response({"images": counts, "distinct_embedded": distinct, **store,
+                         "lanes": lane_summaries()})  # stage min/avg/max/p95 over each lane's last batches
 
 
 def healthz(request):

@@ -27,7 +27,20 @@ _SNIFF_BYTES = 64
 
 
 def _store(source: SourceFile) -> tuple[str, str, int, bytes]:
-    """Store (or hash in place) one source → ``(storage key, sha256, size, first bytes)``."""
+    """Store (or hash in place) one source → ``(storage key, sha256, size, first bytes)``.
+
+    A source larger than ``max_image_bytes`` is hashed but not stored (key ``""``): it is refused
+    ``too_large`` anyway, and must not fill the disk first.
+
+    Raises:
+        ImageRejected: the source cannot be read (a damaged zip entry).
+    """
+    if source.in_place is None and source.size > settings.PIPELINE.max_image_bytes:
+        h, size, f = hashlib.sha256(), 0, source.open()
+        for block in iter_blocks(f):
+            h.update(block)
+            size += len(block)
+        return "", h.hexdigest(), size, b""
     f = source.open()
     head = b""
 
@@ -82,7 +95,14 @@ def images_create(
     model_id = runtime.model_id()
     rows: list[Image] = []
     seen: dict[str, Image] = {}
-    stored = [(src, *_store(src)) for src in sources]
+    stored, unreadable = [], {}
+    for src in sources:
+        try:
+            stored.append((src, *_store(src)))
+        except ImageRejected as e:  # bad input is data: this file fails alone, with its reason
+            sha = hashlib.sha256(f"unreadable:{src.name}".encode()).hexdigest()
+            unreadable[len(stored)] = e
+            stored.append((src, "", sha, src.size, b""))
     existing = {
         im.sha256: im
         for im in Image.objects.filter(
@@ -90,12 +110,12 @@ def images_create(
             status__in=(ImageStatus.QUEUED, ImageStatus.EMBEDDED),
         ).order_by("-created_at")
     }
-    for src, key, sha, size, head in stored:
+    for n, (src, key, sha, size, head) in enumerate(stored):
         im = Image(
             owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
             original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id), deadline=deadline,
         )
-        rejected = quick_check(head, size)
+        rejected = unreadable.get(n) or quick_check(head, size)
         original = seen.get(sha) or existing.get(sha)
         if rejected is not None:
             im.status, im.reason, im.reason_detail = ImageStatus.FAILED, rejected.reason.value, rejected.detail

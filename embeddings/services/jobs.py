@@ -100,10 +100,39 @@ def job_mark_started(*, job_id) -> None:
     Job.objects.filter(id=job_id, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING, started_at=timezone.now())
 
 
+#: ``Image.reason`` of a queued image whose chunk reached a worker while its job was paused.
+PARKED = "paused"
+
+
+def job_chunk_park(*, job_id, image_ids: list[str]) -> bool:
+    """Park a chunk of a paused job instead of running it: its queued images keep their status and
+    get the reason ``paused``; :func:`job_transition` to ``queued`` (resume) dispatches them again.
+
+    Parking is how a paused job yields: its chunks leave the queue (nothing spins or holds a worker
+    thread while the job is paused) and the database, not the broker, remembers them. The check and
+    the marking share one transaction holding the job row, as resume does, so a chunk is either
+    parked before a resume (and re-dispatched by it) or sees the resumed job and runs.
+
+    Returns:
+        True when parked; False when the job is no longer paused (the caller runs the chunk).
+    """
+    with transaction.atomic():
+        job = Job.objects.select_for_update().filter(id=job_id).first()
+        if job is None or job.status != JobStatus.PAUSED:
+            return False
+        Image.objects.filter(id__in=image_ids, job_id=job_id, status=ImageStatus.QUEUED).update(
+            reason=PARKED, reason_detail="the job was paused; resuming it queues this image again"
+        )
+    return True
+
+
 def job_transition(*, job: Job, to: str) -> Job:
     """Pause, resume (→ queued) or cancel a job.
 
-    Cancel marks every queued image ``cancelled`` (its chunks then do nothing when they run).
+    Pause lets running chunks finish and parks the others when they reach a worker
+    (:func:`job_chunk_park`). Resume dispatches the parked images again, in chunks, at the back of
+    the job's priority queue; chunks still in the queue simply run. Cancel marks every queued image
+    ``cancelled`` (its chunks then do nothing when they run).
 
     Raises:
         ApplicationError: ``invalid_transition`` (409).
@@ -115,11 +144,18 @@ def job_transition(*, job: Job, to: str) -> Job:
             extra={"from": job.status, "to": to.value},
         )
     with transaction.atomic():
+        Job.objects.select_for_update().filter(id=job.id).first()  # serialises with job_chunk_park
         Job.objects.filter(id=job.id).update(status=to, finished_at=timezone.now() if to == JobStatus.CANCELLED else None)
         if to == JobStatus.CANCELLED:
             Image.objects.filter(job=job, status=ImageStatus.QUEUED).update(
                 status=ImageStatus.CANCELLED, reason="cancelled", reason_detail="the job was cancelled"
             )
+        elif to in (JobStatus.QUEUED, JobStatus.RUNNING):  # resumed
+            parked = Image.objects.filter(job=job, status=ImageStatus.QUEUED, reason=PARKED)
+            ids = [str(i) for i in parked.order_by("created_at").values_list("id", flat=True)]
+            parked.update(reason="", reason_detail="")
+            if ids:
+                transaction.on_commit(lambda: job_dispatch(job=job, image_ids=ids))
     job.refresh_from_db()
     return job
 
@@ -145,6 +181,8 @@ def stage_summary(batches) -> dict[str, dict[str, float]]:
 
 def job_progress(job: Job) -> dict:
     """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (images/s), ETA, timings."""
+    from embeddings import metrics
+
     counts = job_counts(job)
     done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
     finished = sum(counts[s] for s in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED, ImageStatus.FAILED,
@@ -175,4 +213,7 @@ def job_progress(job: Job) -> dict:
         "failures": failures,
         "timings_ms": stage_summary(batches),
         "batches": batches.count(),
+        # CPU % / GPU % / GPU MiB once a second while its chunks ran: min/avg/p95/max + the samples
+        "utilisation": metrics.job_utilisation(job),
+        "pipeline": job.pipeline,
     }

@@ -10,11 +10,12 @@ import socket
 import time
 import uuid
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import runtime
+from embeddings import metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.selectors import hits_to_results
@@ -27,6 +28,32 @@ from workers.vector_store import Point
 log = logging.getLogger(__name__)
 
 _WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+#: Reason shown on a queued image whose vector is computed and waits to be written: the vector
+#: store (or the vectors worker that owns it) is busy, down, or unreachable. Not a failure.
+WAITING_FOR_STORE = "waiting_for_store"
+
+
+class StoreUnavailable(ConnectionError):
+    """The vector store answered with a server error (5xx): retried like a lost connection."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import httpx
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    return (ConnectionError, TimeoutError, OSError, httpx.TransportError, ResponseHandlingException)
+
+
+#: Systemic failures writing to the vector store: the write is retried with backoff, the images
+#: wait (queued, reason ``waiting_for_store``), never marked embedded before their points exist.
+STORE_ERRORS = _store_errors()
+
+
+def _images_wait_for_store(image_ids: list[str], detail: str) -> None:
+    """Show images whose vectors wait to be written (still queued: nothing is embedded yet)."""
+    Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).update(
+        reason=WAITING_FOR_STORE, reason_detail=detail[:2000])
 
 
 def _loader(rows: dict[str, tuple[str, str]]):
@@ -53,11 +80,12 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     """Embed one chunk of a bulk job and hand its vectors to the vectors worker.
 
     Images no longer queued (already embedded by an earlier delivery, cancelled) are left alone, so a
-    redelivered chunk redoes only what is missing. Bad images fail alone with their reason.
+    redelivered chunk redoes only what is missing. Bad images fail alone with their reason. A chunk
+    of a paused job is parked instead of run (``job_chunk_park``): resuming the job queues it again.
 
     Returns:
         ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
-        vectors handed over; they are marked embedded once written).
+        vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked.
     """
     from embeddings import tasks
 
@@ -67,6 +95,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     if job.status == JobStatus.CANCELLED:
         image_services.images_mark_failed([(i, Reason.CANCELLED.value, "the job was cancelled") for i in image_ids])
         return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
+    if job.status == JobStatus.PAUSED and job_services.job_chunk_park(job_id=job_id, image_ids=image_ids):
+        return {"embedded": 0, "failed": 0, "skipped": 0, "parked": len(image_ids), "stat_id": None}
     rows = {
         str(i): (key, sha, str(pid))
         for i, key, sha, pid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
@@ -77,16 +107,32 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         job_services.job_refresh(job_id=job_id)
         return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
     job_services.job_mark_started(job_id=job_id)
+    exhausted = set(Image.objects.filter(id__in=list(rows), attempts__gte=settings.BULK_MAX_ATTEMPTS)
+                    .values_list("id", flat=True))
+    if exhausted:  # a poison chunk (its worker dies every time) must not be redelivered forever
+        image_services.images_mark_failed([(str(i), "attempts_exhausted", f"delivered {settings.BULK_MAX_ATTEMPTS} "
+                                            f"times without finishing") for i in exhausted])
+        rows = {k: v for k, v in rows.items() if uuid.UUID(k) not in exhausted}
+        if not rows:
+            job_services.job_refresh(job_id=job_id)
+            return {"embedded": 0, "failed": len(exhausted), "skipped": len(image_ids) - len(exhausted),
+                    "stat_id": None}
     Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
     ordered = [i for i in image_ids if i in rows]
+    sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
+    chunk_started = time.time()
     result = runtime.batch_runner().run(ordered, _loader({k: v[:2] for k, v in rows.items()}))
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
+    metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))
+    metrics.count_images(lane=Lane.BULK, status="skipped", n=len(image_ids) - len(ordered))
+    metrics.job_record_utilisation(job_id=job_id, since=chunk_started - sampler.interval_s, config=settings.PIPELINE)
     items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(result.metas, result.vectors)]
     if items:
         tasks.index_chunk.apply_async(
             args=(job_id, stat.id, items), **tasks.vectors_options(interactive=False, priority=job.priority)
         )
+        _images_wait_for_store([it["id"] for it in items], "vector computed; waiting for the vectors worker to write it")
     else:
         BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
         job_services.job_refresh(job_id=job_id)
@@ -108,18 +154,35 @@ def _write_points(items: list[dict]) -> float:
 
 
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict]) -> dict:
-    """Write a chunk's points, then (and only then) mark its images embedded; refresh the job."""
-    upsert_ms = _write_points(items)
+    """Write a chunk's points, then (and only then) mark its images embedded; refresh the job.
+
+    Raises:
+        One of :data:`STORE_ERRORS` when the store cannot be written (the task retries with backoff);
+        the images stay queued, their reason ``waiting_for_store`` and detail naming the error.
+    """
+    from qdrant_client.http.exceptions import UnexpectedResponse
+
+    try:
+        try:
+            upsert_ms = _write_points(items)
+        except UnexpectedResponse as e:
+            if (e.status_code or 0) < 500:
+                raise
+            raise StoreUnavailable(str(e)) from e
+    except STORE_ERRORS as e:
+        _images_wait_for_store([it["id"] for it in items], f"vector store unreachable, retrying with backoff: "
+                                                             f"{type(e).__name__}: {e}")
+        raise
     image_services.images_mark_embedded(items)
+    metrics.count_images(lane=Lane.BULK, status="embedded", n=len(items))
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()
         if stat is not None:
             now = timezone.now()
-            BatchStat.objects.filter(id=stat_id).update(
-                upsert_ms=upsert_ms, finished_at=now,
-                # end to end: chunk start → embed end (total so far) → handed over → points written
-                total_ms=stat.total_ms + max(upsert_ms, (now - stat.created_at).total_seconds() * 1000),
-            )
+            # end to end: chunk start → embed end (total so far) → handed over → points written
+            total_ms = stat.total_ms + max(upsert_ms, (now - stat.created_at).total_seconds() * 1000)
+            BatchStat.objects.filter(id=stat_id).update(upsert_ms=upsert_ms, finished_at=now, total_ms=total_ms)
+            metrics.observe_stages(lane=Lane.BULK, stages_ms={"upsert": upsert_ms, "total": total_ms})
     job_services.job_refresh(job_id=job_id)
     return {"written": len(items), "upsert_ms": round(upsert_ms, 2)}
 

@@ -16,6 +16,7 @@ from django.conf import settings
 
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Lane
+from embeddings.services import admission
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_create, quick_check
 from embeddings.services.sources import SourceFile, iter_blocks
@@ -88,7 +89,12 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     """Embed uploaded images on the interactive lane and return each one's top-``k`` neighbours.
 
     Waits until ``deadline_s`` has passed at most; after that answers 202 and the work continues.
+
+    Raises:
+        ApplicationError: ``overloaded`` (429, ``Retry-After``) when the lane's predicted wait is
+            longer than ``deadline_s``: nothing is stored or queued (``services.admission``).
     """
+    admission.interactive_admit(deadline_s=deadline_s)
     started = time.time()
     deadline_ts = started + deadline_s
     deadline = dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
@@ -125,7 +131,9 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
 
     Raises:
         ApplicationError: ``invalid_query`` (400), ``not_found`` (404), a refused query image
-            (400/413/415 with its reason code), ``deadline_exceeded`` (504), ``worker_error`` (503).
+            (400/413/415 with its reason code), ``overloaded`` (429: a text or image query whose
+            embedding would wait longer than the deadline), ``deadline_exceeded`` (504),
+            ``worker_error`` (503).
     """
     given = [x is not None for x in (text, image, image_id)]
     if sum(given) != 1:
@@ -136,6 +144,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     if text is not None:
         if not text.strip():
             raise ApplicationError("text must not be empty", code="invalid_query")
+        admission.interactive_admit(deadline_s=deadline_ts - time.time())
         embed = tasks.encode_text.si(text[:2000]).set(**tasks.interactive_options(deadline_ts))
         answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
     elif image is not None:
@@ -145,6 +154,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         refused = quick_check(head, image.size)
         if refused is not None:
             raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
+        admission.interactive_admit(deadline_s=deadline_ts - time.time())
         key, sha, _ = runtime.blob_store().put(iter_blocks(f))
         embed = tasks.embed_query.si(key, sha).set(**tasks.interactive_options(deadline_ts))
         answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator
 
@@ -43,9 +44,14 @@ def from_uploads(files) -> list[SourceFile]:
 def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceFile]:
     """Entries of a zip archive (directories skipped) → sources.
 
+    Entries are read lazily, never more than their declared size; one whose data turns out damaged
+    (bad CRC, broken deflate stream) raises :class:`~workers.errors.ImageRejected` ``corrupt`` when
+    read, so it fails alone.
+
     Raises:
-        ApplicationError: ``zip_invalid`` (400), ``zip_unsafe_path`` (400), ``zip_too_many_entries``
-            (413) or ``zip_too_large`` (413).
+        ApplicationError: ``zip_invalid`` (400), ``zip_unsafe_path`` (400), ``zip_unsupported``
+            (400: an encrypted entry or an unknown compression method), ``zip_too_many_entries`` (413)
+            or ``zip_too_large`` (413).
     """
     try:
         archive = zipfile.ZipFile(upload)
@@ -71,24 +77,54 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceF
                 f"zip entry {info.filename!r} has an absolute or parent path", code="zip_unsafe_path",
                 extra={"entry": info.filename},
             )
+        if info.flag_bits & 0x1 or info.compress_type not in _ZIP_METHODS:
+            raise ApplicationError(
+                f"zip entry {info.filename!r} is encrypted or uses an unsupported compression method "
+                f"({info.compress_type})", code="zip_unsupported", extra={"entry": info.filename},
+            )
         out.append(SourceFile(name=str(p), size=info.file_size, open=lambda info=info: _BoundedEntry(archive, info)))
     return out
 
 
+#: Compression methods Python's zipfile reads (others raise NotImplementedError on open).
+_ZIP_METHODS = {zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA}
+#: What reading a damaged entry raises: bad CRC, broken deflate/bzip2/lzma streams, early EOF.
+_ZIP_READ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, RuntimeError, NotImplementedError)
+
+
 class _BoundedEntry:
-    """Reads a zip entry but never more than its declared size (a lying header cannot bomb us)."""
+    """Reads a zip entry but never more than its declared size (a lying header cannot bomb us).
+
+    Raises:
+        ImageRejected: ``corrupt`` when the entry's data is damaged (opening or reading it).
+    """
 
     def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> None:
-        self._f = archive.open(info)
+        self._name = info.filename
         self._left = info.file_size
+        try:
+            self._f = archive.open(info)
+        except _ZIP_READ_ERRORS as e:
+            raise self._corrupt(e) from e
+
+    def _corrupt(self, e: Exception):
+        from workers.errors import ImageRejected, Reason
+
+        return ImageRejected(Reason.CORRUPT, f"zip entry {self._name!r} cannot be read: {type(e).__name__}: {e}")
 
     def read(self, n: int = -1) -> bytes:
         if self._left <= 0:
             return b""
         n = self._left if n < 0 else min(n, self._left)
-        data = self._f.read(n)
+        try:
+            data = self._f.read(n)
+        except _ZIP_READ_ERRORS as e:
+            raise self._corrupt(e) from e
         self._left -= len(data)
         return data
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def from_folder(folder: str | os.PathLike, *, roots: list[Path] | None) -> list[SourceFile]:
