@@ -118,6 +118,9 @@ class Client:
         if not hasattr(self.local, "s"):
             self.local.s = requests.Session()
             self.local.s.headers["Authorization"] = f"Token {self.token}"
+            # A fresh connection per request: an open-loop client must never reuse a keep-alive
+            # connection the server is closing at that moment (a reset, not a server error).
+            self.local.s.headers["Connection"] = "close"
         return self.local.s
 
     def upload(self, data: bytes, name: str) -> Sample:

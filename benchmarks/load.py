@@ -97,6 +97,7 @@ def run_load(stack: Stack, *, rate: float, duration: float, files: int, max_in_f
     token = stack.manage("apiuser", "load").strip()
     s = requests.Session()
     s.headers["Authorization"] = f"Token {token}"
+    s.headers["Connection"] = "close"  # never reuse a keep-alive connection the server is closing
     adapter = requests.adapters.HTTPAdapter(pool_maxsize=max_in_flight)
     s.mount("http://", adapter)
     url = stack.web_url + "/api/images/"

@@ -104,7 +104,7 @@ class ImageAdmin(admin.ModelAdmin):
         if im is None:
             raise Http404
         try:
-            rgb = decode_image(runtime.blob_store().read(im.storage_key, im.sha256), min_side=128).rgb
+            rgb = decode_image(runtime.blob_store().read(im.storage_key, im.sha256), min_side=128, timeout_s=5).rgb
         except ImageRejected as e:
             raise Http404(str(e)) from e
         scale = 128 / max(rgb.shape[:2])

@@ -40,7 +40,7 @@ def commands(env: dict | None = None) -> dict[str, str]:
     web_bind = env.get("WEB_BIND", "127.0.0.1")
     return {
         "web": (f"gunicorn project.wsgi -b {web_bind}:{web_port} -k gthread --workers 2 --threads 8 "
-                f"--timeout 120 --access-logfile -"),
+                f"--timeout 120 --keep-alive 75 --access-logfile -"),
         "worker-interactive": worker(lanes.INTERACTIVE, pool="threads", concurrency=interactive_c, name="interactive"),
         "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=bulk_c, name="bulk"),
         "worker-vectors": worker(lanes.VECTORS, pool="solo", concurrency=1, name="vectors"),

@@ -24,6 +24,7 @@ class Reason(enum.StrEnum):
     SOURCE_CHANGED = "source_changed"  #: the stored bytes no longer match their sha256
     EXPIRED = "expired"  #: an interactive request whose deadline passed before the model
     CANCELLED = "cancelled"  #: its job was cancelled before it ran
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"  #: delivered BULK_MAX_ATTEMPTS times without finishing
 
 
 class ImageRejected(Exception):

@@ -214,6 +214,7 @@ class BatchRunner:
                 max_pixels=self.config.max_image_pixels,
                 max_bytes=self.config.max_image_bytes,
                 min_side=cfg.min_side,
+                timeout_s=self.config.decode_timeout_s,  # a hostile file cannot hold this thread
             )
             t2 = time.perf_counter()
             ms["decode"] = (t2 - t1) * 1000

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -55,7 +56,7 @@ class ImageUploadView(APIView):
 
     parser_classes = (MultiPartParser, FormParser)
 
-    @extend_schema(request=None, responses=None)
+    @extend_schema(operation_id="images_upload", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         data, files = _parsed(request)
         uploads = _files(files, "files", "file", "image")
@@ -75,6 +76,7 @@ class ImageUploadView(APIView):
         )
         return Response({"images": outcome.images, "deadline_s": deadline_s}, status=outcome.status)
 
+    @extend_schema(operation_id="images_list", responses=ImageSerializer(many=True))
     def get(self, request):
         qs = images_visible_to(request.user).order_by("-created_at")[:500]
         return Response({"images": ImageSerializer(qs, many=True).data})
@@ -83,10 +85,12 @@ class ImageUploadView(APIView):
 class ImageDetailView(APIView):
     """``GET`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
 
+    @extend_schema(operation_id="images_retrieve", responses=ImageSerializer)
     def get(self, request, image_id):
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
         return Response(ImageSerializer(im).data)
 
+    @extend_schema(operation_id="images_destroy", responses={204: None})
     def delete(self, request, image_id):
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
         image_delete(image=im)
@@ -98,7 +102,7 @@ class JobListView(APIView):
 
     parser_classes = (MultiPartParser, FormParser, JSONParser)
 
-    @extend_schema(request=None, responses=None)
+    @extend_schema(operation_id="jobs_create", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses={202: OpenApiTypes.OBJECT})
     def post(self, request):
         data, files = _parsed(request)
         s = JobCreateSerializer(data=data)
@@ -119,6 +123,7 @@ class JobListView(APIView):
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/"},
                         status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request):
         qs = jobs_visible_to(request.user)[:200]
         return Response({"jobs": JobSerializer(qs, many=True).data})
@@ -127,6 +132,7 @@ class JobListView(APIView):
 class JobDetailView(APIView):
     """``GET /api/jobs/{id}/``: status, counts, throughput, ETA, failures, stage timings."""
 
+    @extend_schema(operation_id="jobs_retrieve", responses=OpenApiTypes.OBJECT)
     def get(self, request, job_id):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
         return Response({**JobSerializer(job).data, **job_services.job_progress(job)})
@@ -137,6 +143,7 @@ class JobActionView(APIView):
 
     targets = {"pause": "paused", "resume": "queued", "cancel": "cancelled"}
 
+    @extend_schema(operation_id="jobs_transition", request=None, responses=JobSerializer)
     def post(self, request, job_id, action):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
         if action not in self.targets:
@@ -150,7 +157,7 @@ class SearchView(APIView):
 
     parser_classes = (MultiPartParser, FormParser, JSONParser)
 
-    @extend_schema(request=SearchSerializer, responses=None)
+    @extend_schema(operation_id="search", request=SearchSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         data, _ = _parsed(request)
         s = SearchSerializer(data=data)
@@ -168,6 +175,7 @@ class StatsView(APIView):
     """``GET /api/stats/`` (staff): images per status in the database, points in the collection, and
     stage timings per lane."""
 
+    @extend_schema(operation_id="stats", responses=OpenApiTypes.OBJECT)
     def get(self, request):
         from django.db.models import Count
 

@@ -110,7 +110,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     exhausted = set(Image.objects.filter(id__in=list(rows), attempts__gte=settings.BULK_MAX_ATTEMPTS)
                     .values_list("id", flat=True))
     if exhausted:  # a poison chunk (its worker dies every time) must not be redelivered forever
-        image_services.images_mark_failed([(str(i), "attempts_exhausted", f"delivered {settings.BULK_MAX_ATTEMPTS} "
+        image_services.images_mark_failed([(str(i), Reason.ATTEMPTS_EXHAUSTED.value, f"delivered {settings.BULK_MAX_ATTEMPTS} "
                                             f"times without finishing") for i in exhausted])
         rows = {k: v for k, v in rows.items() if uuid.UUID(k) not in exhausted}
         if not rows:

@@ -65,11 +65,12 @@ from django.utils import timezone
 
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from project import lanes
+from workers.errors import Reason
 
 log = logging.getLogger(__name__)
 
 #: Reason code of a bulk image delivered ``BULK_MAX_ATTEMPTS`` times without finishing.
-ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+ATTEMPTS_EXHAUSTED = Reason.ATTEMPTS_EXHAUSTED.value
 #: Redis key of the lock that keeps reconciler rounds from overlapping.
 LOCK_KEY = "embeddings:reconcile:lock"
 

@@ -147,16 +147,10 @@ def manage(*args, env) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-#: drf-spectacular's schema-generation notes (W001 operationId collisions, W002 APIViews without a
-#: serializer): gaps in the API docs, not in deployment security. Listed in the report to the lead.
-SCHEMA_DOC_CHECKS = ("drf_spectacular.W001", "drf_spectacular.W002")
-
-
 def test_deploy_check_is_clean_with_production_settings():
     out = manage("check", "--deploy", env=production_env())
     assert out.returncode == 0, out.stderr
-    issues = [line for line in (out.stdout + out.stderr).splitlines() if line.startswith("?: (")]
-    assert [i for i in issues if not i.startswith(tuple(f"?: ({c})" for c in SCHEMA_DOC_CHECKS))] == []
+    assert "System check identified no issues (0 silenced)." in out.stdout, out.stdout + out.stderr
     security = manage("check", "--deploy", "--tag", "security", "--fail-level", "WARNING", env=production_env())
     assert security.returncode == 0 and "no issues" in security.stdout, security.stdout + security.stderr
 
