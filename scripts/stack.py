@@ -135,6 +135,7 @@ class Stack:
     def start(self, timeout: float = 180) -> "Stack":
         """Redis, migrations, then the processes; returns when the web answers and each worker pings."""
         self.var_dir.mkdir(parents=True, exist_ok=True)
+        self.clear_metrics()
         self.ensure_redis()
         self.manage("migrate", "--noinput")
         cmds = (processes.shared_commands if self.deployment == "shared" else processes.commands)(self.env)
@@ -143,6 +144,15 @@ class Stack:
                 self._spawn(name, cmd)
         self.wait_ready(timeout)
         return self
+
+    def clear_metrics(self) -> None:
+        """Empty the Prometheus multiprocess folder before any process starts: files left by the
+        processes of an earlier run would otherwise be summed into this run's metrics
+        (prometheus-client's multiprocess mode requires a clean folder at start)."""
+        folder = self.env.get("METRICS_DIR", str(self.var_dir / "prometheus"))
+        if folder:
+            for f in Path(folder).glob("*.db"):
+                f.unlink(missing_ok=True)
 
     def wait_ready(self, timeout: float) -> None:
         """Block until the web answers ``/healthz`` and every started worker answers a ping."""
