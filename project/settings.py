@@ -164,8 +164,10 @@ CELERY_TASK_DEFAULT_QUEUE = lanes.BULK
 CELERY_TASK_DEFAULT_PRIORITY = lanes.PRIORITY_BULK_BACKGROUND
 CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-# Task events (task-started timestamps) for the lane tests and benchmarks; off by default.
+# Task events for the lane tests and benchmarks, off by default: task-sent from the publisher (the
+# moment a message entered its queue), task-started/-succeeded from the worker.
 CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=False)
+CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 #: CPU niceness a worker gives itself at start (its pool children inherit it): e.g. 10 for the bulk
 #: worker on a CPU shared with the interactive one, so the kernel runs interactive threads first.
 WORKER_NICE = env.int("WORKER_NICE", default=0)

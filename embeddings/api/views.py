@@ -181,13 +181,13 @@ class StatsView(APIView):
 
         from embeddings import tasks
         from embeddings.models import Image
+        from embeddings.services.calls import vectors_call
 
         if not request.user.is_staff:
             raise ApplicationError("staff only", code="forbidden", status=403)
         counts = {r["status"]: r["n"] for r in Image.objects.values("status").annotate(n=Count("id"))}
         distinct = Image.objects.filter(status="embedded").values("sha256", "model_id").distinct().count()
-        store = tasks.collection_stats.apply_async(**tasks.vectors_options(interactive=True)).get(
-            timeout=settings.VECTORS_CALL_TIMEOUT_S)
+        store = vectors_call(tasks.collection_stats)
         from embeddings.metrics import lane_summaries
 
         return Response({"images": counts, "distinct_embedded": distinct, **store,

@@ -180,14 +180,13 @@ def image_delete(*, image: Image) -> None:
     """Delete an image row, then its vector (or its share of a vector other rows still use) and
     its blob when nothing else references it."""
     from embeddings import tasks  # the vectors worker owns the store
+    from embeddings.services.calls import vectors_call
 
     key, was_embedded = image.storage_key, image.status == ImageStatus.EMBEDDED
     pid, sha = image.point_id, image.sha256
     image.delete()
     if was_embedded:
-        tasks.forget_point.apply_async(args=(str(pid), sha), **tasks.vectors_options(interactive=True)).get(
-            timeout=settings.VECTORS_CALL_TIMEOUT_S
-        )
+        vectors_call(tasks.forget_point, str(pid), sha)
     if not Image.objects.filter(storage_key=key).exists():
         runtime.blob_store().delete(key)
 

@@ -1,0 +1,49 @@
+"""Web-side calls to the vectors worker that wait for an answer (stats, delete), with every way the
+wait can fail mapped to the API's error shape: a 503 with a stable code and ``Retry-After``, never a
+500 from an unhandled Celery, kombu or Redis exception.
+"""
+from __future__ import annotations
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.conf import settings
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from embeddings.services.errors import ApplicationError
+
+#: Seconds a client should wait before trying again after a 503 from here: long enough for a
+#: process manager to start a worker again, or for a restarted Redis to be reconnected to.
+RETRY_AFTER_S = 5
+
+
+def vectors_call(task, *args, timeout_s: float | None = None):
+    """Run ``task(*args)`` on the ``vectors`` queue (the vector store's owner) at interactive
+    priority and return its result.
+
+    Args:
+        task: a Celery task of ``embeddings.tasks``.
+        timeout_s: how long to wait (s); default ``VECTORS_CALL_TIMEOUT_S``.
+
+    Raises:
+        ApplicationError: ``broker_unavailable`` (503) when the message cannot be sent;
+            ``vectors_unavailable`` (503) when no answer came within ``timeout_s`` or the result
+            connection broke (the vectors worker is down or restarting); ``worker_error`` (503)
+            when the task itself raised. Each carries ``Retry-After``.
+    """
+    from embeddings import tasks
+
+    timeout_s = settings.VECTORS_CALL_TIMEOUT_S if timeout_s is None else timeout_s
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    try:
+        result = task.apply_async(args=args, **tasks.vectors_options(interactive=True))
+    except OperationalError as e:
+        raise ApplicationError(f"the message broker cannot be reached: {e}", code="broker_unavailable",
+                               status=503, headers=headers) from e
+    try:
+        return result.get(timeout=timeout_s)
+    except (CeleryTimeout, OperationalError, RedisError, OSError) as e:
+        raise ApplicationError(f"the vector store did not answer within {timeout_s:g} s ({type(e).__name__})",
+                               code="vectors_unavailable", status=503, headers=headers) from e
+    except Exception as e:  # the task raised: systemic, not the caller's fault
+        raise ApplicationError(f"the vector store failed: {type(e).__name__}: {e}", code="worker_error",
+                               status=503, headers=headers) from e
