@@ -294,7 +294,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="TORCH_THREADS/OMP_NUM_THREADS of the interactive (or shared) worker; '' = torch default")
     ap.add_argument("--bulk-threads", default="1", help="TORCH_THREADS/OMP_NUM_THREADS of the bulk worker")
     ap.add_argument("--decode-threads", default="1", help="DECODE_THREADS of each embedding worker")
-    ap.add_argument("--bulk-nice", default="", help="WORKER_NICE of the bulk worker (split deployment)")
+    ap.add_argument("--bulk-nice", default="",
+                    help="BULK_WORKER_NICE of the bulk worker (split deployment; default: the project's, 19)")
     ap.add_argument("--bulk-processes", default="",
                     help="BULK_PROCESSES: prefork children of the bulk worker (default: the project's)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
@@ -310,7 +311,7 @@ def process_env(args) -> dict[str, dict]:
 
     if args.deployment == "shared":
         return {"worker-shared": threads(args.interactive_threads)}
-    bulk = {**threads(args.bulk_threads), **({"WORKER_NICE": args.bulk_nice} if args.bulk_nice else {})}
+    bulk = {**threads(args.bulk_threads), **({"BULK_WORKER_NICE": args.bulk_nice} if args.bulk_nice else {})}
     return {"worker-interactive": threads(args.interactive_threads), "worker-bulk": bulk}
 
 

@@ -90,9 +90,11 @@ def encode_text(self, text: str) -> dict:
 
 
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None)
-def index_chunk(job_id: str, stat_id: int | None, items: list[dict]) -> dict:
-    """Write a bulk chunk's points and mark its images embedded."""
-    return pipeline.chunk_index(job_id=job_id, stat_id=stat_id, items=items)
+def index_chunk(job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
+                upsert_ms: float = 0.0) -> dict:
+    """Write a bulk chunk's points and mark its images embedded, yielding to interactive work
+    between slices (``pipeline.chunk_index``)."""
+    return pipeline.chunk_index(job_id=job_id, stat_id=stat_id, items=items, priority=priority, upsert_ms=upsert_ms)
 
 
 @shared_task
@@ -127,13 +129,24 @@ def forget_point(point_id: str, sha256: str) -> str:
     return pipeline.point_forget(point_id=point_id, sha256=sha256)
 
 
+def worker_niceness(queues) -> int:
+    """Niceness for a worker consuming ``queues`` (``-Q``: a list or a comma-separated string):
+    ``WORKER_NICE`` when set, else ``BULK_WORKER_NICE`` for a bulk-only worker, else 0."""
+    if settings.WORKER_NICE:
+        return settings.WORKER_NICE
+    names = {q.strip() for q in (queues.split(",") if isinstance(queues, str) else queues or ()) if q.strip()}
+    return settings.BULK_WORKER_NICE if names == {lanes.BULK} else 0
+
+
 @celeryd_init.connect
-def lower_cpu_priority(**kwargs) -> None:
-    """Apply ``WORKER_NICE`` to this worker process before it starts its pool (docs/lanes.md)."""
+def lower_cpu_priority(options=None, **kwargs) -> None:
+    """Lower this worker's CPU priority before it starts its pool (children inherit it):
+    :func:`worker_niceness` of its ``-Q`` queues (docs/lanes.md)."""
     import os
 
-    if settings.WORKER_NICE:
-        os.nice(settings.WORKER_NICE)
+    nice = worker_niceness((options or {}).get("queues"))
+    if nice:
+        os.nice(nice)
 
 
 @worker_ready.connect

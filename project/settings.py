@@ -128,6 +128,12 @@ SEARCH_DEFAULT_K = 10
 SEARCH_MAX_K = 100
 #: Timeout for web → vectors-worker round trips that are not interactive embeds (s).
 VECTORS_CALL_TIMEOUT_S = env.float("VECTORS_CALL_TIMEOUT_S", default=10.0)
+#: Points a bulk chunk writes between two looks at the vectors queue: when interactive work waits
+#: there, the rest of the chunk goes back to the queue behind it (``pipeline.chunk_index``), so an
+#: interactive request waits behind at most one slice, not a whole chunk. Embedded Qdrant commits
+#: every point to its SQLite file (about 1 ms each on this machine's disk, measured; 60 ms for 64),
+#: so slicing costs nothing there; a Qdrant server prefers bigger requests (raise it with QDRANT_URL).
+VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=8)
 
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
@@ -168,9 +174,13 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # moment a message entered its queue), task-started/-succeeded from the worker.
 CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=False)
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
-#: CPU niceness a worker gives itself at start (its pool children inherit it): e.g. 10 for the bulk
-#: worker on a CPU shared with the interactive one, so the kernel runs interactive threads first.
+#: CPU niceness a worker gives itself at start (its pool children inherit it); 0 = unchanged.
 WORKER_NICE = env.int("WORKER_NICE", default=0)
+#: Niceness of a worker that consumes the bulk queue only (deployment (a)) when ``WORKER_NICE`` is 0:
+#: the kernel runs every other process first (interactive worker, web, vectors worker) and gives bulk
+#: every idle cycle: "bulk yields" at the CPU. 19 held both lane targets on this 2-core machine
+#: (docs/benchmarks.md); 0 turns it off.
+BULK_WORKER_NICE = env.int("BULK_WORKER_NICE", default=19)
 #: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
 CELERY_BULK_TIME_LIMIT_S = env.int("CELERY_BULK_TIME_LIMIT_S", default=CELERY_VISIBILITY_TIMEOUT_S // 3)
 

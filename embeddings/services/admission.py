@@ -95,6 +95,24 @@ def queue_keys(queue: str) -> list[str]:
     return [queue if step == 0 else f"{queue}{Channel.sep}{step}" for step in steps]
 
 
+def vectors_interactive_waiting(client=None) -> int:
+    """Interactive messages (priority step 0: searches, interactive index writes) waiting in the
+    ``vectors`` queue now; bulk index writes travel at steps 6/9, so they are never counted.
+
+    Read by the vectors worker between slices of a bulk chunk's write (``pipeline.chunk_index``).
+    Returns 0 when Redis cannot be read (the chunk then simply carries on) or under eager Celery.
+    """
+    from project.celery import app
+
+    if app.conf.task_always_eager:
+        return 0
+    try:
+        return int((client or redis_client()).llen(queue_keys(lanes.VECTORS)[0]))
+    except Exception as e:  # noqa: BLE001 - a probe: never what fails a write
+        log.warning("cannot read the vectors queue's length: %s", e)
+        return 0
+
+
 @dataclasses.dataclass(frozen=True)
 class LaneLoad:
     """What the interactive lane holds now and how fast it drains.

@@ -130,7 +130,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(result.metas, result.vectors)]
     if items:
         tasks.index_chunk.apply_async(
-            args=(job_id, stat.id, items), **tasks.vectors_options(interactive=False, priority=job.priority)
+            args=(job_id, stat.id, items), kwargs={"priority": job.priority},
+            **tasks.vectors_options(interactive=False, priority=job.priority),
         )
         _images_wait_for_store([it["id"] for it in items], "vector computed; waiting for the vectors worker to write it")
     else:
@@ -153,28 +154,63 @@ def _write_points(items: list[dict]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict]) -> dict:
-    """Write a chunk's points, then (and only then) mark its images embedded; refresh the job.
+def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
+                upsert_ms: float = 0.0) -> dict:
+    """Write a chunk's points slice by slice, marking each slice's images embedded once (and only
+    once) its points are written; refresh the job when the chunk is written.
+
+    Between slices (``VECTORS_WRITE_SLICE`` points) the vectors worker looks at its queue: when
+    interactive work waits there, the chunk yields: the rest goes back to the ``vectors`` queue as
+    a new ``index_chunk`` at the chunk's bulk ``priority`` (``"urgent"``/``"background"``), behind
+    the interactive messages, and this task ends. One process owns the embedded store and runs one
+    task at a time, so this is what keeps an interactive request from waiting behind a whole
+    chunk's write (64 points: 60 ms quiet, up to 0.9 s measured under bulk load on this machine).
+    Writes are idempotent (deterministic point ids), so a redelivery after a crash rewrites the
+    same points.
+
+    Args:
+        upsert_ms: upsert time already spent on this chunk by earlier parts (ms), for its BatchStat.
+
+    Returns:
+        ``{"written": n, "upsert_ms": ms, "yielded": n}``: points written by this part, and points
+        handed to the continuation (0 when the chunk is finished).
 
     Raises:
         One of :data:`STORE_ERRORS` when the store cannot be written (the task retries with backoff);
         the images stay queued, their reason ``waiting_for_store`` and detail naming the error.
     """
+    from embeddings import tasks
+    from embeddings.services import admission
     from qdrant_client.http.exceptions import UnexpectedResponse
 
-    try:
+    size = max(1, settings.VECTORS_WRITE_SLICE)
+    written = 0
+    while written < len(items):
+        part = items[written : written + size]
         try:
-            upsert_ms = _write_points(items)
-        except UnexpectedResponse as e:
-            if (e.status_code or 0) < 500:
-                raise
-            raise StoreUnavailable(str(e)) from e
-    except STORE_ERRORS as e:
-        _images_wait_for_store([it["id"] for it in items], f"vector store unreachable, retrying with backoff: "
-                                                             f"{type(e).__name__}: {e}")
-        raise
-    image_services.images_mark_embedded(items)
-    metrics.count_images(lane=Lane.BULK, status="embedded", n=len(items))
+            try:
+                upsert_ms += _write_points(part)
+            except UnexpectedResponse as e:
+                if (e.status_code or 0) < 500:
+                    raise
+                raise StoreUnavailable(str(e)) from e
+        except STORE_ERRORS as e:
+            _images_wait_for_store([it["id"] for it in items[written:]], f"vector store unreachable, retrying "
+                                                                         f"with backoff: {type(e).__name__}: {e}")
+            if written:  # what is written stays written; the retry carries only the rest
+                tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
+                                              kwargs={"priority": priority, "upsert_ms": upsert_ms},
+                                              **tasks.vectors_options(interactive=False, priority=priority))
+                return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
+            raise
+        image_services.images_mark_embedded(part)
+        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(part))
+        written += len(part)
+        if written < len(items) and admission.vectors_interactive_waiting():
+            tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
+                                          kwargs={"priority": priority, "upsert_ms": upsert_ms},
+                                          **tasks.vectors_options(interactive=False, priority=priority))
+            return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()
         if stat is not None:
@@ -184,7 +220,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict]) -> dict:
             BatchStat.objects.filter(id=stat_id).update(upsert_ms=upsert_ms, finished_at=now, total_ms=total_ms)
             metrics.observe_stages(lane=Lane.BULK, stages_ms={"upsert": upsert_ms, "total": total_ms})
     job_services.job_refresh(job_id=job_id)
-    return {"written": len(items), "upsert_ms": round(upsert_ms, 2)}
+    return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": 0}
 
 
 # --- interactive lane ----------------------------------------------------------------------------

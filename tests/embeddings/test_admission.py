@@ -140,6 +140,19 @@ def test_backlog_is_counted_across_kombus_priority_lists(lane_redis):
     assert (load.queued_messages, load.inflight_images, load.ms_per_image) == (8, 0, None)
 
 
+def test_vectors_worker_sees_only_interactive_messages_waiting_on_its_queue(lane_redis):
+    """What a bulk chunk's write looks at between slices: step-0 messages of the ``vectors`` queue
+    (searches, interactive writes), never bulk writes at 6/9 nor other lanes."""
+    client, app = lane_redis
+    assert admission.vectors_interactive_waiting() == 0
+    for queue, priority, n in ((lanes.VECTORS, 9, 4), (lanes.VECTORS, 6, 2), (lanes.INTERACTIVE, 0, 3),
+                               (lanes.VECTORS, 0, 2)):
+        for _ in range(n):
+            app.send_task("embeddings.tasks.index_chunk", args=("job", None, []), queue=queue, priority=priority)
+    assert admission.vectors_interactive_waiting() == 2
+    assert admission.vectors_interactive_waiting(client) == client.llen(lanes.VECTORS) == 2
+
+
 def test_worker_reports_service_time_and_in_flight_work(lane_redis, measured):
     client, _ = lane_redis
     assert admission.interactive_report(measured) == len(measured)

@@ -274,6 +274,62 @@ def test_a_store_that_keeps_failing_leaves_images_queued_with_the_error(service,
     assert store.count() == 0
 
 
+def test_a_chunk_write_yields_to_waiting_interactive_work_and_its_rest_finishes_later(service, user, sent, monkeypatch):
+    """Between slices the vectors worker looks at its queue; when interactive work waits, the rest of
+    the chunk goes back to the queue at the job's bulk priority. Only written points are embedded."""
+    from embeddings.services import admission
+
+    service.VECTORS_WRITE_SLICE = 8
+    job, args = embedded_chunk(user, sent, n=20)
+    waiting = iter([1])  # one interactive message waits after the first slice, then none
+    monkeypatch.setattr(admission, "vectors_interactive_waiting", lambda client=None: next(waiting, 0))
+    rest: list = []
+    monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append((args, kwargs, kw)))
+    first = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert (first["written"], first["yielded"]) == (8, 12)
+    store = runtime.vector_store()
+    assert store.count() == 8
+    written = {it["id"] for it in args[2][:8]}
+    rows = {str(i): (s, r) for i, s, r in Image.objects.filter(job=job).values_list("id", "status", "reason")}
+    assert {rows[i] for i in written} == {("embedded", "")}
+    assert {v for k, v in rows.items() if k not in written} == {("queued", "waiting_for_store")}
+    (cargs, ckwargs, options), = rest
+    assert cargs == (args[0], args[1], args[2][8:]) and ckwargs["priority"] == "background"
+    assert options == {"queue": lanes.VECTORS, "priority": lanes.PRIORITY_BULK_BACKGROUND}
+    assert Job.objects.get(id=job.id).status != JobStatus.DONE
+    assert BatchStat.objects.get(id=args[1]).finished_at is None
+    second = pipeline.chunk_index(job_id=cargs[0], stat_id=cargs[1], items=cargs[2], **ckwargs)
+    assert (second["written"], second["yielded"]) == (12, 0) and second["upsert_ms"] > ckwargs["upsert_ms"] > 0
+    assert store.count() == 20
+    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 20
+    assert Job.objects.get(id=job.id).status == JobStatus.DONE
+    stat = BatchStat.objects.get(id=args[1])
+    assert stat.finished_at is not None and stat.upsert_ms == pytest.approx(second["upsert_ms"], abs=0.01)
+
+
+def test_a_store_failure_mid_chunk_keeps_what_was_written_and_sends_the_rest_on(service, user, sent, monkeypatch):
+    service.VECTORS_WRITE_SLICE = 4
+    job, args = embedded_chunk(user, sent, n=10)
+    store = runtime.vector_store()
+    real_upsert, calls = store.upsert, []
+
+    def fails_second_time(points):
+        calls.append(len(points))
+        if len(calls) == 2:
+            raise ConnectionError("connection refused")
+        return real_upsert(points)
+
+    monkeypatch.setattr(store, "upsert", fails_second_time)
+    rest: list = []
+    monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append(args))
+    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert (out["written"], out["yielded"]) == (4, 6) and store.count() == 4
+    assert rest == [(args[0], args[1], args[2][4:])]
+    statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
+    assert statuses == ["embedded"] * 4 + ["queued"] * 6
+    assert {Image.objects.get(id=it["id"]).reason for it in args[2][4:]} == {"waiting_for_store"}
+
+
 # --- redelivery: idempotent -----------------------------------------------------------------------
 
 def test_a_chunk_delivered_twice_before_its_points_are_written_writes_each_point_once(service, user, sent):
