@@ -4,10 +4,8 @@ wait can fail mapped to the API's error shape: a 503 with a stable code and ``Re
 """
 from __future__ import annotations
 
-from celery.exceptions import TimeoutError as CeleryTimeout
 from django.conf import settings
 from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from embeddings.services.errors import ApplicationError
 
@@ -26,9 +24,9 @@ def vectors_call(task, *args, timeout_s: float | None = None):
 
     Raises:
         ApplicationError: ``broker_unavailable`` (503) when the message cannot be sent;
-            ``vectors_unavailable`` (503) when no answer came within ``timeout_s`` or the result
-            connection broke (the vectors worker is down or restarting); ``worker_error`` (503)
-            when the task itself raised. Each carries ``Retry-After``.
+            ``vectors_unavailable`` (503) when the wait failed: no answer within ``timeout_s`` (the
+            vectors worker is down or restarting) or the result connection broke (Redis restarted);
+            ``worker_error`` (503) when the task itself raised. Each carries ``Retry-After``.
     """
     from embeddings import tasks
 
@@ -40,10 +38,12 @@ def vectors_call(task, *args, timeout_s: float | None = None):
         raise ApplicationError(f"the message broker cannot be reached: {e}", code="broker_unavailable",
                                status=503, headers=headers) from e
     try:
-        return result.get(timeout=timeout_s)
-    except (CeleryTimeout, OperationalError, RedisError, OSError) as e:
-        raise ApplicationError(f"the vector store did not answer within {timeout_s:g} s ({type(e).__name__})",
+        value = result.get(timeout=timeout_s, propagate=False)  # a task's own failure is not raised here...
+        failed = result.failed()
+    except Exception as e:  # ...so whatever is raised is the wait: timeout, broken connection, retries spent
+        raise ApplicationError(f"the vector store did not answer within {timeout_s:g} s ({type(e).__name__}: {e})",
                                code="vectors_unavailable", status=503, headers=headers) from e
-    except Exception as e:  # the task raised: systemic, not the caller's fault
-        raise ApplicationError(f"the vector store failed: {type(e).__name__}: {e}", code="worker_error",
-                               status=503, headers=headers) from e
+    if failed:  # the task raised: systemic, not the caller's fault
+        raise ApplicationError(f"the vector store failed: {type(value).__name__}: {value}", code="worker_error",
+                               status=503, headers=headers)
+    return value

@@ -12,22 +12,29 @@ from embeddings.services.errors import ApplicationError
 
 
 class _Result:
-    def __init__(self, outcome):
-        self.outcome = outcome
+    """``outcome``: the value, or an exception the wait raises; ``task_error``: what the task raised
+    (returned, not raised, by ``get(propagate=False)``, as Celery does)."""
+
+    def __init__(self, outcome, task_error=None):
+        self.outcome, self.task_error = outcome, task_error
         self.timeout = None
 
-    def get(self, timeout):
+    def get(self, timeout, propagate=True):
+        assert propagate is False
         self.timeout = timeout
         if isinstance(self.outcome, BaseException):
             raise self.outcome
-        return self.outcome
+        return self.task_error if self.task_error is not None else self.outcome
+
+    def failed(self):
+        return self.task_error is not None
 
 
 class _Task:
     """Stands in for a Celery task: records how it was sent, answers with ``outcome``."""
 
-    def __init__(self, outcome=None, *, send_error: Exception | None = None):
-        self.result = _Result(outcome)
+    def __init__(self, outcome=None, *, send_error: Exception | None = None, task_error=None):
+        self.result = _Result(outcome, task_error)
         self.send_error = send_error
         self.sent: dict | None = None
 
@@ -47,17 +54,24 @@ def test_answer_comes_back_and_the_call_goes_to_the_vectors_queue_at_interactive
     assert task.result.timeout == settings.VECTORS_CALL_TIMEOUT_S
 
 
-@pytest.mark.parametrize("outcome,code", [
-    (CeleryTimeout("no answer"), "vectors_unavailable"),            # vectors worker down or restarting
-    (RedisConnectionError("connection reset"), "vectors_unavailable"),  # result connection broke
-    (OperationalError("lost"), "vectors_unavailable"),
-    (ValueError("bad collection"), "worker_error"),                 # the task itself raised
-])
-def test_a_failed_wait_is_a_503_with_a_code_and_retry_after(outcome, code):
+@pytest.mark.parametrize("task", [
+    _Task(CeleryTimeout("no answer")),                       # vectors worker down or restarting
+    _Task(RedisConnectionError("connection reset")),         # result connection broke (Redis restarted)
+    _Task(RuntimeError("Retry limit exceeded while trying to reconnect to the Celery redis result store backend.")),
+    _Task(OperationalError("lost")),
+], ids=["timeout", "connection", "reconnect-retries", "operational"])
+def test_a_failed_wait_is_a_503_vectors_unavailable_with_retry_after(task):
     with pytest.raises(ApplicationError) as e:
-        vectors_call(_Task(outcome), timeout_s=0.5)
-    assert (e.value.status, e.value.code) == (503, code)
+        vectors_call(task, timeout_s=0.5)
+    assert (e.value.status, e.value.code) == (503, "vectors_unavailable")
     assert e.value.headers == {"Retry-After": str(RETRY_AFTER_S)}
+
+
+def test_a_task_that_raised_is_a_503_worker_error_naming_it():
+    with pytest.raises(ApplicationError) as e:
+        vectors_call(_Task(task_error=ValueError("bad collection")))
+    assert (e.value.status, e.value.code) == (503, "worker_error")
+    assert "ValueError: bad collection" in e.value.message
 
 
 def test_a_broker_that_cannot_be_reached_is_a_503_broker_unavailable():
