@@ -185,6 +185,14 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
+
+    def send_rest() -> dict:
+        """Queue the unwritten rest as a new ``index_chunk`` at the chunk's priority; this part's result."""
+        tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
+                                      kwargs={"priority": priority, "upsert_ms": upsert_ms},
+                                      **tasks.vectors_options(interactive=False, priority=priority))
+        return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
+
     while written < len(items):
         part = items[written : written + size]
         try:
@@ -198,19 +206,13 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
             _images_wait_for_store([it["id"] for it in items[written:]], f"vector store unreachable, retrying "
                                                                          f"with backoff: {type(e).__name__}: {e}")
             if written:  # what is written stays written; the retry carries only the rest
-                tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
-                                              kwargs={"priority": priority, "upsert_ms": upsert_ms},
-                                              **tasks.vectors_options(interactive=False, priority=priority))
-                return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
+                return send_rest()
             raise
         image_services.images_mark_embedded(part)
         metrics.count_images(lane=Lane.BULK, status="embedded", n=len(part))
         written += len(part)
         if written < len(items) and admission.vectors_interactive_waiting():
-            tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
-                                          kwargs={"priority": priority, "upsert_ms": upsert_ms},
-                                          **tasks.vectors_options(interactive=False, priority=priority))
-            return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
+            return send_rest()
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()
         if stat is not None:
