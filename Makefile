@@ -33,8 +33,10 @@ test: setup
 test-e2e: setup
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
+# Like `make demo`, seeded random weights unless told otherwise, e.g.
+# `make run CLIP_PRETRAINED=laion2b_s34b_b79k` (needs the download or a cached copy).
 run: setup
-	$(PY) -m scripts.stack
+	CLIP_PRETRAINED=$(CLIP_PRETRAINED) $(PY) -m scripts.stack
 
 # Interactive latency and bulk throughput, alone and together (docs/lanes.md); e.g.
 # make bench-lanes BENCH_ARGS="--bulk-images 128 --requests 20" for a quick check.
@@ -60,8 +62,11 @@ soak: setup
 bench-load: setup
 	$(PY) -m benchmarks.load $(BENCH_ARGS)
 
-procfile:
-	$(PYTHON) -m project.processes > Procfile
+# The Procfile for `honcho start` (the venv's honcho, from requirements-dev.txt). Written to a
+# temporary file first, so a failure never leaves an empty or partial Procfile behind.
+procfile: setup
+	$(PY) -m project.processes > Procfile.tmp || { rm -f Procfile.tmp; exit 1; }
+	mv -f Procfile.tmp Procfile
 
 clean:
 	rm -rf var .pytest_cache

@@ -4,7 +4,10 @@ and one Celery worker per queue, with the command lines of ``project.processes``
 Used by ``make demo``/``make run`` and by the end-to-end tests. Each process logs to
 ``$VAR_DIR/log/<name>.log``. Stopping sends SIGTERM to each process group, then SIGKILL.
 
-    python -m scripts.stack run          # start everything, wait for Ctrl-C
+    python -m scripts.stack run          # start everything, wait for Ctrl-C, SIGTERM or SIGHUP
+
+Every process runs in its own session (``start_new_session``), so a signal sent to this script
+alone never reaches them: ``main`` turns SIGTERM and SIGHUP into the same orderly stop as Ctrl-C.
 """
 from __future__ import annotations
 
@@ -190,7 +193,8 @@ class Stack:
     def stop(self) -> None:
         """SIGTERM every process group (workers finish or requeue), then SIGKILL stragglers. The
         private Redis goes last: a worker's warm shutdown gives its unacknowledged messages back to it."""
-        self._stopping = True
+        with self._lock:  # the supervisor finishes any restart first, so the process is in self.procs
+            self._stopping = True
         order = [n for n in self.procs if n != "redis"] + [n for n in self.procs if n == "redis"]
         for group in (order[:-1], order[-1:]) if order[-1:] == ["redis"] else (order,):
             for name in group:
@@ -309,7 +313,9 @@ class Stack:
         """Start a daemon thread that starts again any process that exits by itself, as a process
         manager does in production (docker ``restart:``, systemd ``Restart=``). A Celery worker can
         exit when its broker connection breaks at a bad moment (kombu raises from its close path
-        during a Redis restart); processes stopped on purpose (``stop_process``) stay down."""
+        during a Redis restart); processes stopped on purpose (``stop_process``) stay down, and so
+        does one that exited with status 78 (EX_CONFIG: a configuration error such as missing
+        weights, which a restart cannot mend; systemd's ``RestartPreventExitStatus=78``)."""
 
         def loop() -> None:
             while not self._stopping:
@@ -317,6 +323,11 @@ class Stack:
                 with self._lock:
                     for name, p in list(self.procs.items()):
                         if self._stopping or name in self._held_down or p.poll() is None:
+                            continue
+                        if p.returncode == 78:
+                            self.log(f"{name} refused to start (exit 78, configuration error; see "
+                                     f"{self.var_dir / 'log' / (name + '.log')}); not starting it again")
+                            self._held_down.add(name)
                             continue
                         self.log(f"{name} exited with {p.returncode}; starting it again")
                         self._spawn(name, self.commands[name])
@@ -356,14 +367,62 @@ class Stack:
         self.stop()
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_stopping = False  # set once main() has begun to stop: further signals are ignored
+
+
+def _interrupt(signum: int, frame) -> None:
+    """SIGTERM/SIGHUP handler: stop exactly as Ctrl-C does, by raising ``KeyboardInterrupt`` in the
+    main thread (out of ``signal.pause``, or out of a start that is still in progress)."""
+    if not _stopping:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _end_leftover_children(timeout: float = 10) -> None:
+    """Safety net after ``Stack.stop``: SIGTERM, then SIGKILL, any child of this script still alive,
+    e.g. one a signal caught between ``Popen`` and ``Stack._spawn`` recording it."""
+    import psutil
+
+    kids = psutil.Process().children()
+    for k in kids:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(k.pid) == k.pid:  # a session leader started by _spawn: its whole group
+                os.killpg(k.pid, signal.SIGTERM)
+            else:
+                k.terminate()
+    _, alive = psutil.wait_procs(kids, timeout=timeout)
+    for k in alive:
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(k.pid) == k.pid:
+                os.killpg(k.pid, signal.SIGKILL)
+            else:
+                k.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+
+
 def main() -> None:
-    """``python -m scripts.stack run``: start everything and wait for Ctrl-C."""
+    """``python -m scripts.stack run``: start everything and wait for Ctrl-C, SIGTERM or SIGHUP;
+    any of them stops every process the stack started (the private Redis last) and exits 0."""
+    global _stopping
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     var = Path(os.environ.get("VAR_DIR", ROOT / "var"))
-    with Stack(var) as stack:
+    stack = Stack(var)
+    try:
+        stack.start()
         stack.supervise()  # a process that exits by itself is started again, as in production
-        print(f"web at {stack.web_url}; logs in {var}/log; Ctrl-C stops")
-        with contextlib.suppress(KeyboardInterrupt):
+        print(f"web at {stack.web_url}; logs in {var}/log; Ctrl-C stops", flush=True)
+        while True:
             signal.pause()
+    except KeyboardInterrupt as exc:
+        with contextlib.suppress(OSError):  # after SIGHUP the terminal may be gone
+            print(f"{exc.args[0] if exc.args else 'SIGINT'}: stopping", flush=True)
+    finally:
+        _stopping = True
+        for sig in STOP_SIGNALS:  # a second signal must not cut the stop short and orphan processes
+            signal.signal(sig, signal.SIG_IGN)
+        stack.stop()
+        _end_leftover_children()
 
 
 if __name__ == "__main__":
