@@ -13,3 +13,7 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
 ]
+
+# JSON errors in the API's one shape for /api/ paths (embeddings.api.errors), Django's pages elsewhere
+handler404 = "embeddings.api.errors.handler404"
+handler500 = "embeddings.api.errors.handler500"

@@ -1,7 +1,9 @@
 """One error shape for the whole API: ``{"message": str, "code": str, "extra": {...}}``."""
 from __future__ import annotations
 
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.http import Http404, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -47,6 +49,11 @@ def exception_handler(exc, context):
     app_err = as_application_error(exc)
     if app_err is not None:
         return error_response(app_err)
+    # Django's own exceptions as DRF's, so they carry DRF's codes ("not_found", not "http404")
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(*exc.args)
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -60,4 +67,25 @@ def exception_handler(exc, context):
     return response
 
 
-__all__ = ["exception_handler", "error_response", "as_application_error", "status"]
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def handler404(request, exception):
+    """``handler404``: a URL no view matches (or a malformed id) → the one error shape under /api/,
+    Django's page elsewhere."""
+    if not _is_api(request):
+        return defaults.page_not_found(request, exception)
+    return JsonResponse({"message": f"no such resource: {request.path}", "code": "not_found", "extra": {}},
+                        status=404)
+
+
+def handler500(request):
+    """``handler500``: an unhandled exception → the one error shape under /api/ (no details: they are
+    logged), Django's page elsewhere."""
+    if not _is_api(request):
+        return defaults.server_error(request)
+    return JsonResponse({"message": "internal error", "code": "internal_error", "extra": {}}, status=500)
+
+
+__all__ = ["exception_handler", "error_response", "as_application_error", "handler404", "handler500", "status"]

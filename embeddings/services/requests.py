@@ -16,6 +16,7 @@ from django.conf import settings
 
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Lane
+from embeddings.selectors import jobs_visible_to
 from embeddings.services import admission
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_create, quick_check
@@ -127,17 +128,21 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     """Top-``k`` images similar to a text, an uploaded image, or a stored image (by id).
 
     Only the caller's images are searched (all images for staff), enforced by a payload filter in
-    the vector store's query.
+    the vector store's query. A ``job_id`` must name one of the caller's jobs (any job for staff):
+    points are shared per sha256, so a filter on another user's job would reveal which of the
+    caller's images that job also holds.
 
     Raises:
-        ApplicationError: ``invalid_query`` (400), ``not_found`` (404), a refused query image
-            (400/413/415 with its reason code), ``overloaded`` (429: a text or image query whose
-            embedding would wait longer than the deadline), ``deadline_exceeded`` (504),
-            ``worker_error`` (503).
+        ApplicationError: ``invalid_query`` (400), ``not_found`` (404: an image or a job the caller
+            may not see, or none), a refused query image (400/413/415 with its reason code),
+            ``overloaded`` (429: a text or image query whose embedding would wait longer than the
+            deadline), ``deadline_exceeded`` (504), ``worker_error`` (503).
     """
     given = [x is not None for x in (text, image, image_id)]
     if sum(given) != 1:
         raise ApplicationError("give exactly one of text, image or image_id", code="invalid_query")
+    if job_id is not None and not jobs_visible_to(user).filter(id=job_id).exists():  # before any query runs
+        raise ApplicationError("no such job", code="not_found", status=404)
     owner_filter = None if user.is_staff else user.id
     deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
     search_sig = tasks.search_vector.s(owner_filter, k, job_id).set(**tasks.vectors_options(interactive=True))

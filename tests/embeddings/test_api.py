@@ -48,6 +48,18 @@ def test_interactive_upload_embeds_and_returns_neighbours(service, api):
     assert Image.objects.filter(status=ImageStatus.EMBEDDED).count() == 3
 
 
+def test_upload_with_k_0_embeds_without_neighbours(service, api):
+    first = api.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(10))]}, format="multipart")
+    assert first.status_code == 200
+    r = api.post("/api/images/", {"files": [upload("b.jpg", jpeg_bytes(11)), upload("a2.jpg", jpeg_bytes(10))],
+                                  "k": 0}, format="multipart")
+    assert r.status_code == 200, r.json()
+    b, again = r.json()["images"]
+    assert (b["status"], again["status"]) == ("embedded", "skipped")  # embedded (or shared), nothing searched
+    assert b["neighbours"] == [] and again["neighbours"] == []
+    assert Image.objects.get(id=b["id"]).status == ImageStatus.EMBEDDED
+
+
 def test_same_bytes_again_are_skipped_and_share_the_point(service, api):
     data = jpeg_bytes(4)
     first = api.post("/api/images/", {"files": [upload("x.jpg", data)]}, format="multipart").json()["images"][0]
@@ -173,6 +185,35 @@ def test_cancel_marks_queued_images_and_is_final(service, api, user):
     assert r.status_code == 200 and r.json()["status"] == JobStatus.CANCELLED
     again = api.post(f"/api/jobs/{job.id}/resume/")
     assert again.status_code == 409 and again.json()["code"] == "invalid_transition"
+
+
+@pytest.mark.parametrize("url", ["/api/nope/", "/api/images/nope/", "/api/jobs/nope/", "/api/jobs/nope/cancel/",
+                                 "/api/images/00000000-0000-0000-0000-000000000000/"])
+def test_unknown_urls_and_ids_under_api_answer_json_404(service, api, url):
+    r = api.get(url)
+    assert r.status_code == 404 and r["Content-Type"] == "application/json", r.content[:200]
+    body = r.json()
+    assert set(body) == {"message", "code", "extra"} and body["code"] == "not_found" and body["extra"] == {}
+    assert body["message"]
+
+
+def test_unknown_urls_outside_api_keep_djangos_page(client):
+    r = client.get("/nope/")
+    assert r.status_code == 404 and r["Content-Type"].startswith("text/html")
+
+
+def test_an_unhandled_error_answers_json_500(service, user, monkeypatch):
+    from embeddings.api import views
+
+    def boom(u):
+        raise RuntimeError("secret detail")
+
+    monkeypatch.setattr(views, "images_visible_to", boom)
+    c = client_for(user)
+    c.raise_request_exception = False
+    r = c.get("/api/images/")
+    assert r.status_code == 500 and r["Content-Type"] == "application/json"
+    assert r.json() == {"message": "internal error", "code": "internal_error", "extra": {}}
 
 
 def test_openapi_schema_renders(service, api):

@@ -99,8 +99,34 @@ def test_jobs_and_images_of_others_are_invisible(service, api, other_user):
                         ("get", f"/api/images/{image_id}/"), ("delete", f"/api/images/{image_id}/")):
         assert getattr(bob, method)(url).status_code == 404, url
     assert bob.get("/api/jobs/").json()["jobs"] == [] and bob.get("/api/images/").json()["images"] == []
-    found = bob.post("/api/search/", {"text": "x", "job_id": job_id}, format="json").json()["results"]
-    assert found == []
+    r = bob.post("/api/search/", {"text": "x", "job_id": job_id}, format="json")
+    assert (r.status_code, r.json()["code"]) == (404, "not_found")
+
+
+def test_a_search_filtered_by_another_users_job_is_not_found(service, user, other_user, staff, monkeypatch):
+    # points are shared per sha256: bob's job holding alice's bytes must not let alice probe it
+    alice, bob = client_for(user), client_for(other_user)
+    data = jpeg_bytes(730)
+    mine = alice.post("/api/images/", {"files": [upload("a.jpg", data)]}, format="multipart").json()["images"][0]
+    bobs_job = bob.post("/api/jobs/", {"files": [upload("b.jpg", data)]}, format="multipart").json()["id"]
+    my_job = alice.post("/api/jobs/", {"files": [upload("c.jpg", jpeg_bytes(731))]}, format="multipart").json()["id"]
+    store = runtime.vector_store()
+    real, calls = store.search, []
+    monkeypatch.setattr(store, "search", lambda v, **kw: calls.append(kw.get("job_id")) or real(v, **kw))
+    for query, fmt in (({"text": "x"}, "json"), ({"image_id": mine["id"]}, "json"),
+                       ({"image": upload("q.jpg", data)}, "multipart")):
+        r = alice.post("/api/search/", {**query, "job_id": bobs_job, "k": 5}, format=fmt)
+        assert (r.status_code, r.json()["code"]) == (404, "not_found"), (query, r.json())
+    missing = alice.post("/api/search/", {"text": "x", "job_id": "00000000-0000-0000-0000-000000000000"}, format="json")
+    assert (missing.status_code, missing.json()["code"]) == (404, "not_found")
+    assert calls == []  # refused before any query ran
+    own = alice.post("/api/search/", {"text": "x", "job_id": my_job, "k": 5}, format="json")
+    assert own.status_code == 200
+    assert [r["image_id"] for r in own.json()["results"]] == [str(Image.objects.get(job_id=my_job).id)]
+    as_staff = client_for(staff).post("/api/search/", {"text": "x", "job_id": bobs_job, "k": 5}, format="json")
+    assert as_staff.status_code == 200
+    assert [r["sha256"] for r in as_staff.json()["results"]] == [mine["sha256"]]
+    assert calls == [my_job, bobs_job]
 
 
 # --- upload limits -------------------------------------------------------------------------------------
