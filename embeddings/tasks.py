@@ -155,14 +155,28 @@ def warm_model(sender, **kwargs) -> None:
 
     Only for the ``threads``/``solo`` pools, where this process is the one that runs tasks; a
     prefork child loads lazily on its first chunk (never the parent: celery/celery#3402).
+
+    Raises:
+        SystemExit: status ``EX_CONFIG`` (78) when the model cannot be loaded (weights missing or
+            not downloadable, unknown tag): the worker stops instead of looking ready.
     """
     queues = {q.name for q in sender.task_consumer.queues} if getattr(sender, "task_consumer", None) else set()
     pool = type(sender.pool).__module__ if getattr(sender, "pool", None) else ""
     if lanes.INTERACTIVE in queues and ("thread" in pool or "solo" in pool):
         from embeddings import runtime
+        from embeddings.checks import EX_CONFIG
 
-        runtime.dynamic_batcher()
-        runtime.batch_runner().preprocess_config  # noqa: B018 - loads the model
+        try:
+            runtime.dynamic_batcher()
+            runtime.batch_runner().preprocess_config  # noqa: B018 - loads the model
+        except Exception as e:  # noqa: BLE001 - weights unavailable, missing checkpoint, unknown tag
+            # A worker that cannot embed must not look ready: every request would wait for its
+            # deadline and expire. Stop (Celery's warm shutdown hands back what it fetched) with
+            # EX_CONFIG, so the process manager shows a configuration error.
+            import logging
+
+            logging.getLogger(__name__).critical("refusing to serve the interactive lane: %s", e)
+            raise SystemExit(EX_CONFIG) from e
 
 
 @shared_task

@@ -145,16 +145,31 @@ def images_mark_failed(failures: Sequence[tuple[str, str, str]]) -> None:
         )
 
 
-def images_mark_embedded(items: Sequence[dict]) -> None:
-    """Mark images embedded after their points are written. ``items``: ``{"id", "width", "height",
-    "format"}`` dicts."""
+def images_still_queued(image_ids: Iterable[str]) -> set[str]:
+    """The ids among ``image_ids`` whose images are still ``queued``: nothing has decided them since
+    their work was handed out (not cancelled, expired, failed, nor embedded by another delivery)."""
+    return {str(i) for i in Image.objects.filter(id__in=list(image_ids), status=ImageStatus.QUEUED)
+            .values_list("id", flat=True)}
+
+
+def images_mark_embedded(items: Sequence[dict]) -> set[str]:
+    """Mark images embedded after their points are written, each only if it is still ``queued``:
+    a job cancelled (or an interactive request expired) while its vectors were being written keeps
+    its decision. ``items``: ``{"id", "width", "height", "format"}`` dicts.
+
+    Returns:
+        The ids marked embedded now.
+    """
     now = timezone.now()
+    marked: set[str] = set()
     with transaction.atomic():
         for it in items:
-            Image.objects.filter(id=it["id"]).update(
+            if Image.objects.filter(id=it["id"], status=ImageStatus.QUEUED).update(
                 status=ImageStatus.EMBEDDED, reason="", reason_detail="", width=it["width"],
                 height=it["height"], format=it["format"], embedded_at=now,
-            )
+            ):
+                marked.add(str(it["id"]))
+    return marked
 
 
 def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = ()) -> dict[str, dict]:

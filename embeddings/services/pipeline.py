@@ -154,10 +154,36 @@ def _write_points(items: list[dict]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
+def _write_queued(items: list[dict]) -> tuple[list[dict], float]:
+    """Write the points of the items whose images are still queued, then mark those embedded.
+
+    An image decided meanwhile by another process is left alone: cancelled with its job, expired
+    by the reconciler, or embedded by another delivery of the same work (its point is the same). If
+    that happens between the write and the mark, the point is forgotten again (deleted, or its
+    payload rewritten from the database when other rows share it), so Qdrant never holds a point
+    that no embedded row accounts for.
+
+    Returns:
+        ``(items marked embedded now, upsert wall time in ms)``.
+    """
+    live_ids = image_services.images_still_queued(it["id"] for it in items)
+    live = [it for it in items if it["id"] in live_ids]
+    if not live:
+        return [], 0.0
+    upsert_ms = _write_points(live)
+    marked = image_services.images_mark_embedded(live)
+    for it in live:
+        if it["id"] not in marked:
+            point_forget(point_id=it["point_id"], sha256=it["sha256"])
+    return [it for it in live if it["id"] in marked], upsert_ms
+
+
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
                 upsert_ms: float = 0.0) -> dict:
     """Write a chunk's points slice by slice, marking each slice's images embedded once (and only
-    once) its points are written; refresh the job when the chunk is written.
+    once) its points are written; refresh the job when the chunk is written. Images no longer
+    queued when their slice comes (the job was cancelled meanwhile) are not written
+    (:func:`_write_queued`).
 
     Between slices (``VECTORS_WRITE_SLICE`` points) the vectors worker looks at its queue: when
     interactive work waits there, the chunk yields: the rest goes back to the ``vectors`` queue as
@@ -172,8 +198,8 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         upsert_ms: upsert time already spent on this chunk by earlier parts (ms), for its BatchStat.
 
     Returns:
-        ``{"written": n, "upsert_ms": ms, "yielded": n}``: points written by this part, and points
-        handed to the continuation (0 when the chunk is finished).
+        ``{"written": n, "upsert_ms": ms, "yielded": n}``: items this part dealt with (written, or
+        skipped as decided meanwhile), and items handed to the continuation (0 when finished).
 
     Raises:
         One of :data:`STORE_ERRORS` when the store cannot be written (the task retries with backoff);
@@ -197,7 +223,8 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         part = items[written : written + size]
         try:
             try:
-                upsert_ms += _write_points(part)
+                marked, part_ms = _write_queued(part)
+                upsert_ms += part_ms
             except UnexpectedResponse as e:
                 if (e.status_code or 0) < 500:
                     raise
@@ -208,8 +235,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
             if written:  # what is written stays written; the retry carries only the rest
                 return send_rest()
             raise
-        image_services.images_mark_embedded(part)
-        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(part))
+        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(marked))
         written += len(part)
         if written < len(items) and admission.vectors_interactive_waiting():
             return send_rest()
@@ -267,12 +293,17 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
 def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str]) -> dict:
     """Write an interactive request's points, record outcomes, and find each image's neighbours.
 
+    Only images still queued are written (:func:`_write_queued`): one the reconciler expired after
+    its deadline, while this task waited, stays expired and gets no point. ``k`` = 0: no search.
+
     Returns:
         ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
     """
     items, failed = embedded.get("items", []), embedded.get("failed", [])
-    upsert_ms = _write_points(items) if items else 0.0
-    image_services.images_mark_embedded(items)
+    upsert_ms = _write_queued(items)[1] if items else 0.0
+    embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
+                                                          status=ImageStatus.EMBEDDED).values_list("id", flat=True)}
+    items = [it for it in items if it["id"] in embedded_now]  # written now, or by another delivery
     image_services.images_mark_failed([tuple(f) for f in failed])
     if embedded.get("timings"):
         t = StageTimings(**{k2: v for k2, v in embedded["timings"].items() if k2 != "upsert"})
@@ -289,6 +320,9 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
         if pid in stored:
             queries[str(image_id)] = (pid, stored[pid])
     for image_id, (pid, vector) in queries.items():
+        if k == 0:  # embed only: no neighbours asked for (the store refuses a limit of 0)
+            out[image_id] = {"neighbours": []}
+            continue
         hits = store.search(vector, k=k, owner_id=owner_id, exclude=[pid])
         out[image_id] = {"neighbours": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
     for image_id, reason, detail in failed:

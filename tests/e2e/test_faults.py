@@ -225,6 +225,19 @@ def test_worker_refuses_to_start_when_a_chunk_could_outlive_the_visibility_timeo
     assert "CELERY_BULK_TIME_LIMIT_S (600 s) must be shorter than CELERY_VISIBILITY_TIMEOUT_S (600 s)" in out.stderr
 
 
+def test_interactive_worker_that_cannot_load_its_model_stops_instead_of_looking_ready(stack, tmp_path):
+    """Weights missing: the worker must not sit "ready" while every request expires; it exits 78
+    (EX_CONFIG) naming the problem and the options. It listens on a Redis database no one uses."""
+    url = stack.env["REDIS_URL"].rsplit("/", 1)[0] + "/5"
+    env = {**stack.env, "REDIS_URL": url, "VAR_DIR": str(tmp_path), "CLIP_PRETRAINED": str(tmp_path / "missing.pt")}
+    out = subprocess.run([str(ROOT / ".venv" / "bin" / "celery") if (ROOT / ".venv").exists() else "celery",
+                          "-A", "project", "worker", "-Q", lanes.INTERACTIVE, "-P", "threads", "-c", "2",
+                          "-n", "noweights@%h", "--without-gossip", "--without-mingle"],
+                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 78, out.stderr[-2000:]
+    assert "refusing to serve the interactive lane" in out.stderr and "missing.pt' does not exist" in out.stderr
+
+
 def test_nothing_was_lost_or_duplicated_across_all_faults(stack, api):
     stats = assert_counts_match(api, stack)
     assert stats["images"].get("failed", 0) == 0

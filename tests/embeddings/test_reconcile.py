@@ -133,6 +133,27 @@ def test_interactive_images_past_their_deadline_expire_and_their_points_are_forg
     assert sent["embeddings.tasks.forget_point"] == [(str(late.point_id), late.sha256)]
 
 
+def test_an_interactive_write_arriving_after_the_reconciler_expired_its_image_writes_nothing(service, user, sent):
+    """The reconciler expired the image (its worker was lost past the deadline) while the index task
+    still waited: the late task must not resurrect it nor leave a point no embedded row accounts for."""
+    import time as time_
+
+    from embeddings.services.images import images_create
+
+    late, on_time = images_create(owner=user, sources=sources(2, 60), lane=Lane.INTERACTIVE,
+                                  deadline=timezone.now() + dt.timedelta(seconds=60))
+    embedded = pipeline.interactive_embed(image_ids=[str(late.id), str(on_time.id)], deadline_ts=time_.time() + 60)
+    assert len(embedded["items"]) == 2
+    Image.objects.filter(id=late.id).update(status=ImageStatus.EXPIRED, reason="expired")  # the reconciler's verdict
+    out = pipeline.interactive_index(embedded=embedded, owner_id=user.id, k=3, skipped_ids=[])
+    late.refresh_from_db()
+    on_time.refresh_from_db()
+    assert (late.status, on_time.status) == (ImageStatus.EXPIRED, ImageStatus.EMBEDDED)
+    store = runtime.vector_store()
+    assert store.count() == 1 and set(store.vectors([late.point_id, on_time.point_id])) == {on_time.point_id}
+    assert str(late.id) not in out and out[str(on_time.id)]["neighbours"] == []  # nothing else to find
+
+
 def test_a_running_job_with_nothing_left_queued_is_finished(service, user, sent):
     job = make_job(user, 2)
     Image.objects.filter(job=job).update(status=ImageStatus.EMBEDDED)
@@ -328,6 +349,46 @@ def test_a_store_failure_mid_chunk_keeps_what_was_written_and_sends_the_rest_on(
     statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
     assert statuses == ["embedded"] * 4 + ["queued"] * 6
     assert {Image.objects.get(id=it["id"]).reason for it in args[2][4:]} == {"waiting_for_store"}
+
+
+def test_a_job_cancelled_while_its_chunk_waits_to_be_written_stays_cancelled(service, user, sent):
+    """Cancel while the chunk's vectors wait for the vectors worker: nothing is written, nothing is
+    embedded afterwards, the job's counts keep saying cancelled."""
+    job, args = embedded_chunk(user, sent, n=6)
+    job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
+    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert (out["written"], out["yielded"]) == (6, 0)
+    assert runtime.vector_store().count() == 0
+    assert set(Image.objects.filter(job=job).values_list("status", flat=True)) == {ImageStatus.CANCELLED}
+    job = Job.objects.get(id=job.id)
+    assert job.status == JobStatus.CANCELLED
+    assert job_services.job_progress(job)["counts"][ImageStatus.CANCELLED] == 6
+
+
+def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, user, sent, monkeypatch):
+    """The race: the points are written, then the job is cancelled before its images are marked.
+    The images stay cancelled and their points are deleted again: Qdrant never holds a point that
+    no embedded row accounts for."""
+    service.VECTORS_WRITE_SLICE = 2
+    job, args = embedded_chunk(user, sent, n=4)
+    real_write, writes = pipeline._write_points, []
+
+    def write_then_cancel(items):
+        ms = real_write(items)
+        writes.append(len(items))
+        if len(writes) == 2:  # second slice: cancelled after its points were written
+            job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
+        return ms
+
+    monkeypatch.setattr(pipeline, "_write_points", write_then_cancel)
+    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert writes == [2, 2]
+    statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
+    assert statuses == [ImageStatus.EMBEDDED] * 2 + [ImageStatus.CANCELLED] * 2
+    store = runtime.vector_store()
+    assert store.count() == 2
+    assert set(store.vectors([uuid.UUID(it["point_id"]) for it in args[2]])) == {
+        uuid.UUID(it["point_id"]) for it in args[2][:2]}
 
 
 # --- redelivery: idempotent -----------------------------------------------------------------------
