@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import os
@@ -215,7 +216,7 @@ def fmt(v, spec=".1f") -> str:
 def table(res: dict) -> str:
     a, m, b = res["interactive_idle"], res["interactive_under_bulk"], res
     lines = [
-        f"deployment {res['config']['deployment']}, {res['config']['bulk_images']} bulk images per job, "
+        f"deployment {res['config']['deployment']}, {res['config']['database']}, {res['config']['bulk_images']} bulk images per job, "
         f"interactive {res['config']['rate']}/s, {res['config']['cores']} cores, bulk processes "
         f"{res['config']['bulk_processes']}, process env {res['config']['process_env']}",
         "",
@@ -301,8 +302,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="BULK_WORKER_NICE of the bulk worker (split deployment; default: the project's, 19)")
     ap.add_argument("--bulk-processes", default="",
                     help="BULK_PROCESSES: prefork children of the bulk worker (default: the project's)")
+    ap.add_argument("--postgres", metavar="URL", nargs="?", const="postgres://postgres@127.0.0.1:5432/postgres",
+                    default="", help="run on PostgreSQL instead of SQLite: a new database on this server, dropped "
+                                     "afterwards (default server: postgres://postgres@127.0.0.1:5432)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
     return ap.parse_args(argv)
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str):
+    """A new, empty PostgreSQL database on the server of ``server_url``; yields its URL, drops it after."""
+    import uuid
+
+    import psycopg
+
+    base = server_url.rsplit("/", 1)[0]
+    name = f"clip_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def process_env(args) -> dict[str, dict]:
@@ -345,9 +367,11 @@ def main(argv=None) -> int:
     if args.bulk_processes:
         env["BULK_PROCESSES"] = args.bulk_processes  # sizes the command line (-c) and each child
     penv = process_env(args)
-    print(f"starting the stack ({args.deployment}) in {stack_dir} ...", flush=True)
-    with Stack(stack_dir, env, private_redis=True, deployment=args.deployment, process_env=penv,
-               log=lambda *a: None) as stack:
+    database = scratch_database(args.postgres) if args.postgres else contextlib.nullcontext("")
+    print(f"starting the stack ({args.deployment}, {'PostgreSQL' if args.postgres else 'SQLite'}) in {stack_dir} ...",
+          flush=True)
+    with database as database_url, Stack(stack_dir, {**env, "DATABASE_URL": database_url}, private_redis=True,
+                                         deployment=args.deployment, process_env=penv, log=lambda *a: None) as stack:
         client = Client(stack.web_url, stack.manage("apiuser", "bench", "--staff").strip())
         redis_url = stack.env["REDIS_URL"]
         # Warm-up: both models loaded, connections open; not measured.
@@ -388,7 +412,8 @@ def main(argv=None) -> int:
     share = inter_images / max(1, inter_images + job_b["embedded"])
 
     res = {
-        "config": {"deployment": args.deployment, "bulk_images": n, "requests": args.requests, "rate": args.rate,
+        "config": {"deployment": args.deployment, "database": "postgresql" if args.postgres else "sqlite",
+                   "bulk_images": n, "requests": args.requests, "rate": args.rate,
                    "deadline_s": args.deadline, "cores": os.cpu_count(), "process_env": penv,
                    "bulk_processes": args.bulk_processes or "default"},
         "interactive_idle": latency_summary(idle),
