@@ -28,9 +28,6 @@ PHOTO_DIRS = [Path(p) for p in (os.environ.get("BENCH_PHOTOS"),) if p] + [
     (ROOT / ".." / "shared" / "data" / "images" / "photos").resolve(),
 ]
 
-STAGE_COLUMNS = ("load", "decode", "decode_wait", "preprocess", "embed", "total")
-
-
 def photo_dir() -> Path:
     """The first existing folder of :data:`PHOTO_DIRS`. Raises ``SystemExit`` naming them all."""
     for d in PHOTO_DIRS:

@@ -50,19 +50,21 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import PHOTO_DIRS, pyplot, write_folder  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-PHOTOS = (ROOT / ".." / "shared" / "data" / "images" / "photos").resolve()
 INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.services.admission.BATCHES_KEY
 
 
 # --- images ---------------------------------------------------------------------------------------
 
 def _bases(limit: int = 84) -> list[np.ndarray]:
-    """Decoded real photos (BGR), or synthetic smooth images when ../shared is absent."""
+    """Decoded real photos (BGR) from the first existing folder of ``_common.PHOTO_DIRS``, or
+    synthetic smooth images when there is none."""
     bases = []
-    if PHOTOS.is_dir():
-        for p in sorted(PHOTOS.iterdir())[:limit]:
+    folder = next((d for d in PHOTO_DIRS if d.is_dir()), None)
+    if folder is not None:
+        for p in sorted(folder.iterdir())[:limit]:
             im = cv2.imread(str(p), cv2.IMREAD_COLOR)
             if im is not None and min(im.shape[:2]) >= 64:
                 bases.append(im)
@@ -86,10 +88,8 @@ def distinct_jpeg(bases: list[np.ndarray], index: int) -> bytes:
 
 
 def write_images(folder: Path, bases: list[np.ndarray], start: int, n: int) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + n):
-        (folder / f"img{i:06d}.jpg").write_bytes(distinct_jpeg(bases, i))
-    return folder
+    """Images ``start`` .. ``start + n - 1`` of :func:`distinct_jpeg`, written into ``folder``."""
+    return write_folder(folder, ((f"img{i:06d}.jpg", distinct_jpeg(bases, i)) for i in range(start, start + n)))
 
 
 # --- measurement ----------------------------------------------------------------------------------
@@ -247,11 +247,7 @@ def table(res: dict) -> str:
 
 
 def plot(res: dict, samples_idle: list[Sample], samples_bulk: list[Sample], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, samples in (("(1) idle", samples_idle), ("(2) bulk running", samples_bulk)):
         lat = np.sort([s.latency_ms for s in samples if s.http == 200])

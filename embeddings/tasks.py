@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 
 from celery import shared_task
 from celery.signals import celeryd_init, worker_ready
@@ -18,6 +19,8 @@ from django.conf import settings
 
 from embeddings.services import admission, pipeline
 from project import lanes
+
+log = logging.getLogger(__name__)
 
 #: Systemic failures talking to the vector store: retried with exponential backoff (never a bad
 #: image, which is recorded, not retried): connection errors, timeouts, Qdrant 5xx.
@@ -173,9 +176,7 @@ def warm_model(sender, **kwargs) -> None:
             # A worker that cannot embed must not look ready: every request would wait for its
             # deadline and expire. Stop (Celery's warm shutdown hands back what it fetched) with
             # EX_CONFIG, so the process manager shows a configuration error.
-            import logging
-
-            logging.getLogger(__name__).critical("refusing to serve the interactive lane: %s", e)
+            log.critical("refusing to serve the interactive lane: %s", e)
             raise SystemExit(EX_CONFIG) from e
 
 

@@ -14,7 +14,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from embeddings import runtime
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
+from embeddings.models import TERMINAL_IMAGE_STATUSES, BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_create
 from embeddings.services.sources import SourceFile
@@ -185,8 +185,7 @@ def job_progress(job: Job) -> dict:
 
     counts = job_counts(job)
     done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
-    finished = sum(counts[s] for s in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED, ImageStatus.FAILED,
-                                       ImageStatus.EXPIRED, ImageStatus.CANCELLED))
+    finished = sum(counts[s] for s in TERMINAL_IMAGE_STATUSES)
     end = job.finished_at or timezone.now()
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
     throughput = done / elapsed if elapsed > 0 else None
