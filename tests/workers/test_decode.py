@@ -6,7 +6,6 @@ import struct
 import threading
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,7 +21,7 @@ from workers.decode import (
 )
 from workers.errors import ImageRejected, Reason
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "images"
+from tests.conftest import IMAGES as DATA  # ../shared/data/images, or $SHARED_DIR/data/images
 needs_data = pytest.mark.skipif(not (DATA / "MANIFEST.tsv").is_file(), reason=f"shared image data not found at {DATA}")
 
 

@@ -10,7 +10,6 @@ limit. Runs derandomised (same examples every run, no example database written) 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from hypothesis import strategies as st
 from workers.decode import DecodedImage, decode_image
 from workers.errors import ImageRejected, Reason
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "images"
+from tests.conftest import IMAGES as DATA  # ../shared/data/images, or $SHARED_DIR/data/images
 
 SEEDS = (
     "photos/triton_car.jpg",  # baseline JPEG, 8 KB

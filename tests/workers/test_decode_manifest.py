@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import io
 import time
-from pathlib import Path
 from typing import Callable
 
 import cv2
@@ -28,7 +27,7 @@ from PIL import Image, ImageOps
 from workers.decode import ALPHA_BACKGROUND, DecodedImage, decode_image
 from workers.errors import ImageRejected, Reason
 
-DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "images"
+from tests.conftest import IMAGES as DATA  # ../shared/data/images, or $SHARED_DIR/data/images
 MANIFEST = DATA / "MANIFEST.tsv"
 
 pytestmark = pytest.mark.skipif(not MANIFEST.is_file(), reason=f"shared image data not found at {DATA}")
