@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 
 #: Reads the encoded bytes of one image given its key. Raises ImageRejected (source_missing, ...).
 Loader = Callable[[str], bytes]
+#: Called on a decode thread with an image's key and its upright ``(H, W, 3) uint8`` RGB pixels
+#: (possibly DCT-reduced, see ``DecodedImage.scale``) right after a successful decode: the hook that
+#: draws thumbnails where the image is already decoded (``workers.thumbnail``). Its time counts as
+#: ``preprocess``; an exception it raises is logged and never fails the image.
+OnDecoded = Callable[[str, np.ndarray], None]
 
 _EXIF_ORIENTATION = 0x0112
 
@@ -150,8 +155,9 @@ class BatchRunner:
         """The model's preprocessing (loads the model on first use)."""
         return self.encoder.get().preprocess_config
 
-    def prepare(self, keys: Sequence[str], loader: Loader) -> PreparedBatch:
-        """Load, decode, resize and crop each image in parallel; keep input order.
+    def prepare(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None) -> PreparedBatch:
+        """Load, decode, resize and crop each image in parallel; keep input order. ``on_decoded``
+        sees each decoded picture (:data:`OnDecoded`).
 
         Raises:
             Exception: only systemic errors (model cannot load); bad images go to ``failed``.
@@ -159,7 +165,8 @@ class BatchRunner:
         cfg = self.preprocess_config  # loads the model on first use: not part of any stage's time
         started = submitted = time.perf_counter()
         with_jpeg = self.jpeg_device is not None
-        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted, with_jpeg) for key in keys]
+        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted, with_jpeg, on_decoded)
+                   for key in keys]
         timings = StageTimings()
         outcomes = []
         for fut in futures:
@@ -167,7 +174,7 @@ class BatchRunner:
             _add(timings, stage_ms)
             outcomes.append(outcome)
         if with_jpeg:
-            outcomes = self._decode_jpegs_on_device(outcomes, loader, cfg, timings)
+            outcomes = self._decode_jpegs_on_device(outcomes, loader, cfg, timings, on_decoded)
         tensors, metas, failed = [], [], []
         for outcome in outcomes:
             if isinstance(outcome, Failed):
@@ -187,7 +194,8 @@ class BatchRunner:
             pixels = torch.empty((0, 3, h, w), dtype=torch.uint8)
         return PreparedBatch(pixels=pixels, metas=metas, failed=failed, timings=timings, started=started)
 
-    def _prepare_one(self, key: str, loader: Loader, cfg: PreprocessConfig, submitted: float, with_jpeg: bool):
+    def _prepare_one(self, key: str, loader: Loader, cfg: PreprocessConfig, submitted: float, with_jpeg: bool,
+                     on_decoded: OnDecoded | None = None):
         t0 = time.perf_counter()
         ms = {"decode_wait": (t0 - submitted) * 1000}
         try:
@@ -201,11 +209,11 @@ class BatchRunner:
             if header is not None:
                 ms["decode"] = (time.perf_counter() - t1) * 1000  # the header check; the decode is added later
                 return header, ms
-        outcome, more = self._decode_on_cpu(key, data, cfg)
+        outcome, more = self._decode_on_cpu(key, data, cfg, on_decoded)
         _merge(ms, more)
         return outcome, ms
 
-    def _decode_on_cpu(self, key: str, data: bytes, cfg: PreprocessConfig):
+    def _decode_on_cpu(self, key: str, data: bytes, cfg: PreprocessConfig, on_decoded: OnDecoded | None = None):
         ms = {}
         t1 = time.perf_counter()
         try:
@@ -219,6 +227,8 @@ class BatchRunner:
             t2 = time.perf_counter()
             ms["decode"] = (t2 - t1) * 1000
             tensor = resize_and_crop(decoded.rgb, cfg)
+            if on_decoded is not None:
+                _call_hook(on_decoded, key, decoded.rgb)
             ms["preprocess"] = (time.perf_counter() - t2) * 1000
         except ImageRejected as e:
             ms.setdefault("decode", (time.perf_counter() - t1) * 1000)
@@ -248,7 +258,7 @@ class BatchRunner:
         return _Jpeg(key, data, width, height, orientation)
 
     def _decode_jpegs_on_device(self, outcomes: list, loader: Loader, cfg: PreprocessConfig,
-                                timings: StageTimings) -> list:
+                                timings: StageTimings, on_decoded: OnDecoded | None = None) -> list:
         """Replace each :class:`_Jpeg` in ``outcomes`` by ``(uint8 tensor on the device, meta)``."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
@@ -274,11 +284,15 @@ class BatchRunner:
             timings.decode += (t1 - t0) * 1000
             for (i, jpeg), image in zip(jpegs, images):
                 if image is None or tuple(image.shape[-2:]) != (jpeg.height, jpeg.width):
-                    outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg)
+                    outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg, on_decoded)
                     _add(timings, ms)
                     outcomes[i] = outcome
                     continue
                 upright = orient_tensor(image, jpeg.orientation)
+                if on_decoded is not None:  # shrunk on the device: only a small picture comes back
+                    from workers.thumbnail import thumbnail_source
+
+                    _call_hook(on_decoded, jpeg.key, thumbnail_source(upright))
                 width, height = (jpeg.height, jpeg.width) if jpeg.orientation >= 5 else (jpeg.width, jpeg.height)
                 outcomes[i] = (resize_and_crop_tensor(upright, cfg), ImageMeta(jpeg.key, width, height, "jpeg"))
             self._sync(device)
@@ -331,15 +345,15 @@ class BatchRunner:
         self._sync(device)
         return x
 
-    def run(self, keys: Sequence[str], loader: Loader) -> BatchResult:
-        """``embed(prepare(keys, loader))``; with ``config.micro_batch`` (and more keys than that),
+    def run(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None) -> BatchResult:
+        """``embed(prepare(keys, loader, on_decoded))``; with ``config.micro_batch`` (and more keys than that),
         forward passes of ``micro_batch`` images through :meth:`run_many`, merged into one result
         in input order (stages summed over the passes, ``total`` the wall time of them all)."""
         mb = self.config.micro_batch
         if not mb or len(keys) <= mb:
-            return self.embed(self.prepare(keys, loader))
+            return self.embed(self.prepare(keys, loader, on_decoded))
         started = time.perf_counter()
-        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader))
+        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader, on_decoded))
         timings = StageTimings()
         for part in parts:
             _add(timings, {s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
@@ -351,7 +365,8 @@ class BatchRunner:
             timings=timings,
         )
 
-    def run_many(self, batches: Iterable[Sequence[str]], loader: Loader) -> Iterator[BatchResult]:
+    def run_many(self, batches: Iterable[Sequence[str]], loader: Loader,
+                 on_decoded: OnDecoded | None = None) -> Iterator[BatchResult]:
         """Results of ``run`` for each batch, in order, with batch k+1 being loaded, decoded and
         preprocessed (on a helper thread and the decode pool) while batch k is in the model.
 
@@ -362,11 +377,11 @@ class BatchRunner:
         ahead = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-ahead")
         try:
             first = next(it, None)
-            pending = None if first is None else ahead.submit(self.prepare, first, loader)
+            pending = None if first is None else ahead.submit(self.prepare, first, loader, on_decoded)
             while pending is not None:
                 prepared = pending.result()
                 following = next(it, None)
-                pending = None if following is None else ahead.submit(self.prepare, following, loader)
+                pending = None if following is None else ahead.submit(self.prepare, following, loader, on_decoded)
                 yield self.embed(prepared)
         finally:
             ahead.shutdown(wait=True, cancel_futures=True)
@@ -374,6 +389,14 @@ class BatchRunner:
     def close(self) -> None:
         """Stop the decode threads."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _call_hook(on_decoded: OnDecoded, key: str, rgb) -> None:
+    """Run the decode hook; a failure there (a full disk for thumbnails) must not refuse the image."""
+    try:
+        on_decoded(key, rgb)
+    except Exception:  # noqa: BLE001 - logged with its traceback; the embedding goes on
+        log.exception("on_decoded hook failed for %s", key)
 
 
 def _add(timings: StageTimings, stage_ms: dict[str, float]) -> None:
