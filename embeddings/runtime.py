@@ -58,18 +58,26 @@ def dynamic_batcher():
 
 @functools.cache
 def vector_store():
-    """The collection of this embedding space; created or checked on first use.
+    """The collection of this embedding space on the ``VECTOR_STORE`` backend; opened, created or
+    checked on first use. With the edge backend this also starts the process's background optimizer
+    (``VECTOR_STORE_OPTIMIZE_IDLE_S`` > 0), which optimises only while the store is idle.
 
     Raises:
         workers.vector_store.CollectionMismatch: the existing collection has another size/distance.
+        workers.vector_store.StoreError: the embedded folder is owned by another process.
     """
     from workers.model_config import embed_dim
-    from workers.vector_store import VectorStore, open_client
+    from workers.vector_store import open_store
 
     cfg = settings.PIPELINE
-    client = open_client(url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH)
-    store = VectorStore(client, cfg.collection_name, embed_dim(cfg.model_name))
+    store = open_store(settings.VECTOR_STORE, collection=cfg.collection_name, dim=embed_dim(cfg.model_name),
+                       url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC)
     store.ensure_collection()
+    if store.kind == "edge" and settings.VECTOR_STORE_OPTIMIZE_IDLE_S > 0:
+        from workers.vector_store.edge import BackgroundOptimizer
+
+        BackgroundOptimizer(store, idle_s=settings.VECTOR_STORE_OPTIMIZE_IDLE_S,
+                            min_points=settings.VECTOR_STORE_OPTIMIZE_MIN_POINTS).start()
     return store
 
 

@@ -117,7 +117,19 @@ SPECTACULAR_SETTINGS = {"TITLE": "CLIP embeddings", "VERSION": "1.0.0"}
 PIPELINE = PipelineConfig.from_env()
 BLOB_ROOT = VAR_DIR / "blobs"
 QDRANT_URL = env("QDRANT_URL", default="")
-QDRANT_PATH = str(VAR_DIR / "qdrant")
+#: Vector store backend (workers/vector_store): ``edge`` (Qdrant's engine in-process, the default),
+#: ``local`` (qdrant-client local mode, for installations not yet moved: ``manage.py store_migrate``)
+#: or ``server`` (``QDRANT_URL``; the default when it is set).
+VECTOR_STORE = env("VECTOR_STORE", default="server" if QDRANT_URL else "edge")
+#: Folder of the embedded store: one shard folder per collection (edge), or local mode's folder.
+QDRANT_PATH = env("QDRANT_PATH", default=str(VAR_DIR / ("qdrant" if VECTOR_STORE == "local" else "qdrant-edge")))
+#: Edge: flush to disk before a write is acknowledged (survives power loss; off: the WAL append is
+#: the acknowledgement, which survives a killed process). docs/operations.md.
+VECTOR_STORE_FSYNC = env.bool("VECTOR_STORE_FSYNC", default=True)
+#: Edge: optimise (build HNSW, merge segments) in the vectors worker after this many seconds with no
+#: store call and at least VECTOR_STORE_OPTIMIZE_MIN_POINTS new points (0: never in the worker).
+VECTOR_STORE_OPTIMIZE_IDLE_S = env.float("VECTOR_STORE_OPTIMIZE_IDLE_S", default=30.0)
+VECTOR_STORE_OPTIMIZE_MIN_POINTS = env.int("VECTOR_STORE_OPTIMIZE_MIN_POINTS", default=5_000)
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = env.float("INTERACTIVE_DEADLINE_S", default=2.0)
 #: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline

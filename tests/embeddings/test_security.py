@@ -61,14 +61,14 @@ def test_a_point_shared_by_two_owners_is_filtered_per_owner_in_qdrant(service, u
     pid = Image.objects.get(id=a["id"]).point_id
     assert Image.objects.get(id=b["id"]).point_id == pid and store.count() == 1
     vector = store.vectors([pid])[pid]
-    assert store.client.retrieve(store.collection, ids=[str(pid)])[0].payload["owner_ids"] == sorted([user.id, other_user.id])
+    assert store.payloads([pid])[pid]["owner_ids"] == sorted([user.id, other_user.id])
     assert [h.id for h in store.search(vector, k=5, owner_id=user.id)] == [pid]
     assert [h.id for h in store.search(vector, k=5, owner_id=other_user.id)] == [pid]
     assert store.search(vector, k=5, owner_id=carol.id) == []  # the query itself excludes it
 
     assert alice.delete(f"/api/images/{a['id']}/").status_code == 204
     assert store.count() == 1  # bob still has it
-    assert store.client.retrieve(store.collection, ids=[str(pid)])[0].payload["owner_ids"] == [other_user.id]
+    assert store.payloads([pid])[pid]["owner_ids"] == [other_user.id]
     assert store.search(vector, k=5, owner_id=user.id) == []
     assert [h.id for h in store.search(vector, k=5, owner_id=other_user.id)] == [pid]
     assert bob.post("/api/search/", {"image_id": b["id"], "k": 5}, format="json").json()["results"][0]["image_id"] == b["id"]

@@ -1,16 +1,11 @@
-"""Sink stage: the Qdrant collection that holds the embeddings, and similarity search over it.
+"""The ``local`` and ``server`` backends: a Qdrant collection through qdrant-client.
 
-One collection per embedding space (``PipelineConfig.collection_name``: model, weights and
-precision), cosine distance. An existing collection with another vector size or distance is an
-error naming both; it is never recreated (recreate drops data: qdrant/qdrant#2312).
-
-Embedded mode (``QdrantClient(path=...)``) locks its folder to one process
-(qdrant/qdrant-client#1018); the ``vectors`` Celery worker is that process. Server mode
-(``QdrantClient(url=...)``) runs the same code.
+Local mode (``QdrantClient(path=...)``) is pure Python: a linear scan, each point pickled into
+SQLite, its folder locked to one process (qdrant/qdrant-client#1018). Server mode
+(``QdrantClient(url=...)``) runs the same code against a Qdrant server.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from typing import Iterable, Sequence
@@ -18,33 +13,9 @@ from typing import Iterable, Sequence
 import numpy as np
 from qdrant_client import QdrantClient, models
 
+from workers.vector_store import UPSERT_BATCH, Hit, Point, VectorStore, mismatch
+
 log = logging.getLogger(__name__)
-
-#: Points per upsert request: 256 × 512 float32 ≈ 0.5 MiB, far below the server's 32 MiB request
-#: limit (qdrant/qdrant#1822) while amortising the per-request overhead.
-UPSERT_BATCH = 256
-
-
-class CollectionMismatch(RuntimeError):
-    """An existing collection's vector size or distance differs from what the model produces."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Point:
-    """One embedding to store: ``id`` (UUID), ``vector`` ``(D,) float32``, ``payload`` (JSON)."""
-
-    id: uuid.UUID
-    vector: np.ndarray
-    payload: dict
-
-
-@dataclasses.dataclass(frozen=True)
-class Hit:
-    """A search result: point ``id``, cosine ``score`` in [-1, 1], and the point's ``payload``."""
-
-    id: uuid.UUID
-    score: float
-    payload: dict
 
 
 def open_client(*, url: str | None, path: str | None) -> QdrantClient:
@@ -61,11 +32,11 @@ def open_client(*, url: str | None, path: str | None) -> QdrantClient:
     return QdrantClient(path=path)
 
 
-class VectorStore:
-    """A cosine collection of ``dim``-dimensional points.
+class QdrantClientStore(VectorStore):
+    """A cosine collection of ``dim``-dimensional points through qdrant-client (local or server).
 
     Args:
-        client: a :class:`QdrantClient`.
+        client: a :class:`QdrantClient` (:func:`open_client`).
         collection: collection name.
         dim: vector size D (512 for ViT-B-32).
     """
@@ -74,6 +45,7 @@ class VectorStore:
         self.client = client
         self.collection = collection
         self.dim = dim
+        self.kind = "local" if client._client.__class__.__name__ == "QdrantLocal" else "server"
 
     def ensure_collection(self) -> None:
         """Create the collection if missing; check size and distance if present.
@@ -86,18 +58,14 @@ class VectorStore:
                 self.collection,
                 vectors_config=models.VectorParams(size=self.dim, distance=models.Distance.COSINE),
             )
-            if getattr(self.client, "_client", None).__class__.__name__ != "QdrantLocal":
+            if self.kind == "server":  # local mode has no payload indexes (it scans)
                 for field, schema in (("owner_ids", "integer"), ("job_ids", "keyword")):
                     self.client.create_payload_index(self.collection, field, field_schema=schema)
             log.info("created collection %s (size %d, cosine)", self.collection, self.dim)
             return
         params = self.client.get_collection(self.collection).config.params.vectors
         if params.size != self.dim or params.distance != models.Distance.COSINE:
-            raise CollectionMismatch(
-                f"collection {self.collection!r} has vectors of size {params.size} with distance "
-                f"{params.distance.value}, but this model produces size {self.dim} with distance Cosine; "
-                f"use another collection (model/weights/precision) or migrate it, it is never recreated"
-            )
+            raise mismatch(self.collection, params.size, params.distance.value, self.dim)
 
     def upsert(self, points: Sequence[Point]) -> None:
         """Write points (idempotent per id), in requests of at most :data:`UPSERT_BATCH`."""
@@ -135,7 +103,7 @@ class VectorStore:
             must.append(models.FieldCondition(key="job_ids", match=models.MatchValue(value=str(job_id))))
         must_not = [models.HasIdCondition(has_id=[str(i) for i in exclude])] if exclude else []
         flt = models.Filter(must=must or None, must_not=must_not or None) if (must or must_not) else None
-        if not self.client.collection_exists(self.collection):
+        if k <= 0 or not self.client.collection_exists(self.collection):
             return []
         res = self.client.query_points(
             self.collection,
@@ -152,6 +120,26 @@ class VectorStore:
             return {}
         got = self.client.retrieve(self.collection, ids=[str(i) for i in ids], with_vectors=True)
         return {uuid.UUID(str(p.id)): np.asarray(p.vector, np.float32) for p in got}
+
+    def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
+        """Stored payloads by point id; ids not present are absent from the result."""
+        if not ids or not self.client.collection_exists(self.collection):
+            return {}
+        got = self.client.retrieve(self.collection, ids=[str(i) for i in ids], with_payload=True)
+        return {uuid.UUID(str(p.id)): p.payload or {} for p in got}
+
+    def scroll(self, *, batch: int = UPSERT_BATCH) -> Iterable[list[Point]]:
+        """Every stored point with its vector and payload, in batches of at most ``batch``."""
+        if not self.client.collection_exists(self.collection):
+            return
+        offset = None
+        while True:
+            got, offset = self.client.scroll(self.collection, limit=batch, offset=offset, with_payload=True,
+                                              with_vectors=True)
+            if got:
+                yield [Point(uuid.UUID(str(p.id)), np.asarray(p.vector, np.float32), p.payload or {}) for p in got]
+            if offset is None:
+                return
 
     def delete(self, ids: Sequence[uuid.UUID]) -> None:
         """Remove points by id (absent ids are ignored)."""

@@ -1,0 +1,177 @@
+"""Sink stage: the collection that holds the embeddings, and similarity search over it.
+
+One interface, :class:`VectorStore`, three backends chosen by ``kind`` (``VECTOR_STORE``):
+
+- ``edge`` (default): Qdrant's own engine in-process (``qdrant-edge-py``, :mod:`.edge`): segments,
+  HNSW, payload indexes, a write-ahead log. One shard folder per collection.
+- ``local``: qdrant-client's local mode (:mod:`.client`): pure Python, a linear scan, points
+  pickled into SQLite. Kept for installations that have not moved yet (``manage.py store_migrate``).
+- ``server``: a Qdrant server through qdrant-client (``QDRANT_URL``).
+
+All three take the same point ids (UUIDs), payloads (``sha256``, ``owner_ids``, ``job_ids``, ...),
+filters (owner, job, excluded ids) and collection name (``PipelineConfig.collection_name``:
+model, weights and precision; cosine distance). An existing collection with another vector size or
+distance is a :class:`CollectionMismatch` naming both; nothing is ever recreated (recreate drops
+data: qdrant/qdrant#2312). The embedded backends lock their folder to one process
+(qdrant/qdrant-client#1018, the edge WAL lock); the ``vectors`` Celery worker is that process.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import uuid
+from typing import Iterable, Sequence
+
+import numpy as np
+
+#: Points per write request: 256 × 512 float32 ≈ 0.5 MiB, far below the server's 32 MiB request
+#: limit (qdrant/qdrant#1822) while amortising the per-request overhead.
+UPSERT_BATCH = 256
+
+#: Backend names accepted by :func:`open_store` (``VECTOR_STORE``).
+KINDS = ("edge", "local", "server")
+
+
+class CollectionMismatch(RuntimeError):
+    """An existing collection's vector size or distance differs from what the model produces."""
+
+
+class StoreError(OSError):
+    """The store could not do a write or read for a systemic reason (I/O, lock, engine error).
+
+    An ``OSError``, so the pipeline's retry-with-backoff path (``pipeline.STORE_ERRORS``) treats it
+    like a lost connection to a server.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One embedding to store: ``id`` (UUID), ``vector`` ``(D,) float32``, ``payload`` (JSON)."""
+
+    id: uuid.UUID
+    vector: np.ndarray
+    payload: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """A search result: point ``id``, cosine ``score`` in [-1, 1], and the point's ``payload``."""
+
+    id: uuid.UUID
+    score: float
+    payload: dict
+
+
+def mismatch(collection: str, size: int, distance: str, dim: int) -> CollectionMismatch:
+    """The error for an existing collection of ``size``/``distance`` where ``dim``/Cosine is needed."""
+    return CollectionMismatch(
+        f"collection {collection!r} has vectors of size {size} with distance {distance}, but this model "
+        f"produces size {dim} with distance Cosine; use another collection (model/weights/precision) or "
+        f"migrate it, it is never recreated"
+    )
+
+
+class VectorStore(abc.ABC):
+    """A cosine collection of ``dim``-dimensional points (the contract every backend keeps).
+
+    Attributes:
+        collection: collection name. ``dim``: vector size D (512 for ViT-B-32). ``kind``: one of
+        :data:`KINDS`. ``client``: the engine handle (``QdrantClient`` or ``qdrant_edge.EdgeShard``);
+        both have ``close()``.
+    """
+
+    kind: str
+    collection: str
+    dim: int
+
+    @abc.abstractmethod
+    def ensure_collection(self) -> None:
+        """Create the collection if missing (with its payload indexes); check size and distance if present.
+
+        Raises:
+            CollectionMismatch: the collection exists with another size or distance.
+        """
+
+    @abc.abstractmethod
+    def upsert(self, points: Sequence[Point]) -> None:
+        """Write points (idempotent per id). Returns once the points are durable as the backend's
+        contract says (docs/operations.md, "Vector store durability"): searchable and kept across a
+        crash of this process.
+
+        Raises:
+            StoreError / ConnectionError: a systemic failure (retried by the pipeline).
+            ValueError: a vector of the wrong size.
+        """
+
+    @abc.abstractmethod
+    def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
+               exclude: Iterable[uuid.UUID] = ()) -> list[Hit]:
+        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32``, best first.
+
+        Args:
+            owner_id: only points whose payload ``owner_ids`` contains it (None: all owners).
+            job_id: only points whose payload ``job_ids`` contains it.
+            exclude: point ids to leave out (e.g. the query image itself).
+        """
+
+    @abc.abstractmethod
+    def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
+        """Stored vectors ``(D,) float32`` by point id; ids not present are absent from the result."""
+
+    @abc.abstractmethod
+    def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
+        """Stored payloads by point id; ids not present are absent from the result."""
+
+    @abc.abstractmethod
+    def delete(self, ids: Sequence[uuid.UUID]) -> None:
+        """Remove points by id (absent ids are ignored)."""
+
+    @abc.abstractmethod
+    def set_payloads(self, payloads: dict[uuid.UUID, dict]) -> None:
+        """Replace the payload of existing points."""
+
+    @abc.abstractmethod
+    def count(self) -> int:
+        """Exact number of points (0 when the collection does not exist)."""
+
+    @abc.abstractmethod
+    def scroll(self, *, batch: int = UPSERT_BATCH) -> Iterable[list[Point]]:
+        """Every stored point with its vector and payload, in batches of at most ``batch`` (for copies)."""
+
+    def close(self) -> None:
+        """Release the engine (and, embedded, the folder lock)."""
+        self.client.close()
+
+
+def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, path: str | None = None,
+               fsync: bool = True) -> VectorStore:
+    """The :class:`VectorStore` of backend ``kind``, not yet checked (call ``ensure_collection``).
+
+    Args:
+        kind: ``edge`` (folder ``path``, one shard per collection under it), ``local`` (qdrant-client
+            local mode in folder ``path``) or ``server`` (``url``).
+        fsync: edge only: flush to disk before a write returns (survives power loss, not only a
+            killed process; docs/operations.md).
+
+    Raises:
+        ValueError: an unknown ``kind``, or the folder / url it needs is missing.
+        StoreError: the embedded folder is already owned by another process.
+    """
+    if kind == "edge":
+        if not path:
+            raise ValueError("the edge vector store needs a folder (QDRANT_PATH)")
+        from workers.vector_store.edge import EdgeStore
+
+        return EdgeStore(path, collection, dim, fsync=fsync)
+    if kind in ("local", "server"):
+        from workers.vector_store.client import QdrantClientStore, open_client
+
+        if kind == "server" and not url:
+            raise ValueError("VECTOR_STORE=server needs QDRANT_URL")
+        client = open_client(url=url if kind == "server" else None, path=path)
+        return QdrantClientStore(client, collection, dim)
+    raise ValueError(f"unknown vector store {kind!r}: expected one of {', '.join(KINDS)}")
+
+
+__all__ = ["KINDS", "UPSERT_BATCH", "CollectionMismatch", "Hit", "Point", "StoreError", "VectorStore",
+           "mismatch", "open_store"]

@@ -1,0 +1,296 @@
+"""The ``edge`` backend: Qdrant's own engine in-process (``qdrant-edge-py``, Apache-2.0).
+
+One ``EdgeShard`` folder per collection under the store's root (``<root>/<collection>/``: ``wal/``,
+``segments/``, ``edge_config.json``). The engine keeps points in segments with payload indexes
+(``owner_ids`` integer, ``job_ids`` keyword: the filters every search uses) and, once
+``optimize()`` has run, HNSW graphs; every update goes to its write-ahead log first.
+
+Durability (measured, docs/operations.md): ``EdgeShard.update`` returns after the WAL append, so a
+point survives a ``kill -9`` of this process once ``upsert`` returns; with ``fsync`` (the default)
+``upsert`` also calls ``flush()`` (WAL and segments to disk) before returning, so an acknowledged
+point survives a power loss too. A second process opening the same folder is refused (WAL lock).
+
+Optimisation (building HNSW, merging segments) is never on a request's path: :class:`BackgroundOptimizer`
+runs it in the owner process only after the store has been idle a while. qdrant-edge 0.9.0 holds
+Python's GIL inside ``optimize()`` (measured: a sleeping thread of the same process does not wake
+until it returns), so a request that arrives during an optimisation waits for its end; the idle
+rule and the 1-thread index build bound how often and how long that is (docs/benchmarks.md).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+import qdrant_edge as qe
+
+from workers.vector_store import UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError, VectorStore, mismatch
+
+log = logging.getLogger(__name__)
+
+#: Payload fields every search filters on, with the index type Qdrant uses for them.
+PAYLOAD_INDEXES = {"owner_ids": qe.PayloadSchemaType.Integer, "job_ids": qe.PayloadSchemaType.Keyword}
+
+#: HNSW parameters: Qdrant's defaults (m 16, ef_construct 100, full_scan_threshold 10,000 KB) with
+#: the index build held to one thread, so an optimisation leaves the other core of a 2-core machine
+#: to the embedding workers.
+HNSW = dict(m=16, ef_construct=100, full_scan_threshold=10_000, max_indexing_threads=1)
+
+
+def _engine_error(e: Exception) -> Exception:
+    """Map a qdrant-edge ``Exception`` (the engine raises the base class) onto this package's errors."""
+    msg = str(e)
+    if "dimension" in msg.lower():
+        return ValueError(msg)
+    return StoreError(msg)
+
+
+class EdgeStore(VectorStore):
+    """A cosine collection of ``dim``-dimensional points in an in-process Qdrant edge shard.
+
+    Args:
+        root: folder holding one shard folder per collection (created if needed).
+        collection: collection name (the shard folder's name).
+        dim: vector size D (512 for ViT-B-32).
+        fsync: ``upsert`` flushes to disk before it returns (else the WAL append is the ack).
+
+    Attributes:
+        last_used: ``time.monotonic()`` of the last call (the optimizer's idle clock).
+        unoptimized: points written since the last :meth:`optimize`.
+    """
+
+    kind = "edge"
+
+    def __init__(self, root: str | Path, collection: str, dim: int, *, fsync: bool = True) -> None:
+        self.folder = Path(root) / collection
+        self.collection = collection
+        self.dim = dim
+        self.fsync = fsync
+        self.client: qe.EdgeShard | None = None
+        self.last_used = time.monotonic()
+        self.unoptimized = 0
+        self.closed = False
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+
+    def _config(self) -> qe.EdgeConfig:
+        return qe.EdgeConfig(vectors=qe.EdgeVectorParams(size=self.dim, distance=qe.Distance.Cosine),
+                             hnsw_config=qe.HnswIndexConfig(**HNSW))
+
+    def ensure_collection(self) -> None:
+        """Open the shard (creating it with its payload indexes when missing); check size and distance.
+
+        Raises:
+            CollectionMismatch: the shard exists with another size or distance (read from its
+                ``edge_config.json`` before the engine opens it: nothing is rewritten).
+            StoreError: the folder is owned by another process (WAL lock) or cannot be opened.
+        """
+        if self.client is not None:
+            return
+        config_file = self.folder / "edge_config.json"
+        try:
+            if config_file.exists():
+                params = json.loads(config_file.read_text())["vectors"][""]
+                if params["size"] != self.dim or params["distance"] != "Cosine":
+                    raise mismatch(self.collection, params["size"], params["distance"], self.dim)
+                self.client = qe.EdgeShard.load(str(self.folder))
+            else:
+                self.folder.parent.mkdir(parents=True, exist_ok=True)
+                self.client = qe.EdgeShard.create(str(self.folder), self._config())
+                log.info("created edge collection %s (size %d, cosine) in %s", self.collection, self.dim, self.folder)
+        except CollectionMismatch:
+            raise
+        except Exception as e:
+            hint = " (another process owns it: only the vectors worker may open it)" if "WouldBlock" in str(e) else ""
+            raise StoreError(f"cannot open the edge vector store at {self.folder}{hint}: {e}") from e
+        have = set(self.client.info().payload_schema)
+        for field, schema in PAYLOAD_INDEXES.items():
+            if field not in have:  # on an empty shard this is instant; on a copied one it builds once
+                self.client.update(qe.UpdateOperation.create_field_index(field, schema))
+
+    def close(self) -> None:
+        """Flush and release the shard and its folder lock (idempotent)."""
+        if self.client is not None and not self.closed:
+            self.closed = True
+            self.client.flush()
+            self.client.close()
+
+    def _shard(self) -> qe.EdgeShard:
+        if self.client is None:
+            self.ensure_collection()
+        self.last_used = time.monotonic()
+        return self.client
+
+    # --- writes --------------------------------------------------------------------------------------
+
+    def upsert(self, points: Sequence[Point]) -> None:
+        """Write points (idempotent per id) in updates of at most :data:`UPSERT_BATCH`; returns once
+        they are in the WAL, and with ``fsync`` flushed to disk.
+
+        Raises:
+            ValueError: a vector whose size is not ``dim``.
+            StoreError: the engine failed (I/O, closed shard).
+        """
+        shard = self._shard()
+        try:
+            for i in range(0, len(points), UPSERT_BATCH):
+                chunk = points[i : i + UPSERT_BATCH]
+                shard.update(qe.UpdateOperation.upsert_points([
+                    qe.Point(str(p.id), np.asarray(p.vector, np.float32).tolist(), p.payload) for p in chunk]))
+            if self.fsync and points:
+                shard.flush()
+        except Exception as e:
+            raise _engine_error(e) from e
+        self.unoptimized += len(points)
+
+    def delete(self, ids: Sequence[uuid.UUID]) -> None:
+        """Remove points by id (absent ids are ignored)."""
+        if ids:
+            self._update(qe.UpdateOperation.delete_points([str(i) for i in ids]))
+
+    def set_payloads(self, payloads: dict[uuid.UUID, dict]) -> None:
+        """Replace the payload of existing points."""
+        for pid, payload in payloads.items():
+            self._update(qe.UpdateOperation.overwrite_payload([str(pid)], payload))
+
+    def _update(self, op) -> None:
+        shard = self._shard()
+        try:
+            shard.update(op)
+            if self.fsync:
+                shard.flush()
+        except Exception as e:
+            raise _engine_error(e) from e
+
+    # --- reads ---------------------------------------------------------------------------------------
+
+    def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
+               exclude: Iterable[uuid.UUID] = ()) -> list[Hit]:
+        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see :class:`VectorStore`)."""
+        must = []
+        if owner_id is not None:
+            must.append(qe.FieldCondition("owner_ids", match=qe.MatchValue(int(owner_id))))
+        if job_id is not None:
+            must.append(qe.FieldCondition("job_ids", match=qe.MatchValue(str(job_id))))
+        exclude = {str(i) for i in exclude}
+        must_not = [qe.HasIdCondition(exclude)] if exclude else None
+        flt = qe.Filter(must=must or None, must_not=must_not) if (must or must_not) else None
+        if k <= 0:
+            return []
+        try:
+            res = self._shard().query(qe.QueryRequest(
+                limit=k, query=qe.Query.Nearest(np.asarray(vector, np.float32).tolist()), filter=flt, with_payload=True))
+        except Exception as e:
+            raise _engine_error(e) from e
+        return [Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {}) for p in res]
+
+    def _retrieve(self, ids: Sequence[uuid.UUID], *, vectors: bool) -> list:
+        if not ids:
+            return []
+        try:
+            return self._shard().retrieve([str(i) for i in ids], with_payload=not vectors, with_vector=vectors)
+        except Exception as e:
+            raise _engine_error(e) from e
+
+    def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
+        """Stored vectors ``(D,) float32`` by point id; ids not present are absent from the result."""
+        return {_uuid(r.id): np.asarray(r.vector, np.float32) for r in self._retrieve(ids, vectors=True)}
+
+    def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
+        """Stored payloads by point id; ids not present are absent from the result."""
+        return {_uuid(r.id): r.payload or {} for r in self._retrieve(ids, vectors=False)}
+
+    def count(self) -> int:
+        """Exact number of points."""
+        return self._shard().count(qe.CountRequest(exact=True))
+
+    def scroll(self, *, batch: int = UPSERT_BATCH) -> Iterable[list[Point]]:
+        """Every stored point with its vector and payload, in batches of at most ``batch``."""
+        offset = None
+        while True:
+            got, offset = self._shard().scroll(qe.ScrollRequest(offset=offset, limit=batch, with_payload=True,
+                                                                with_vector=True))
+            if got:
+                yield [Point(_uuid(r.id), np.asarray(r.vector, np.float32), r.payload or {}) for r in got]
+            if offset is None:
+                return
+
+    # --- maintenance ---------------------------------------------------------------------------------
+
+    def optimize(self) -> tuple[bool, float]:
+        """Run the engine's optimisers (HNSW build, merges, vacuum) to completion, then flush.
+
+        Blocks the calling thread, and (GIL) the whole process, for its duration: seconds per 10,000
+        new points on one core. Only :class:`BackgroundOptimizer` or a maintenance command calls it.
+
+        Returns:
+            ``(whether any segment changed, seconds taken)``.
+        """
+        shard = self._shard()
+        t0 = time.perf_counter()
+        pending, self.unoptimized = self.unoptimized, 0
+        try:
+            changed = shard.optimize()
+            shard.flush()
+        except Exception as e:
+            self.unoptimized += pending
+            raise _engine_error(e) from e
+        self.last_used = time.monotonic()
+        return changed, time.perf_counter() - t0
+
+
+def _uuid(pid) -> uuid.UUID:
+    return pid if isinstance(pid, uuid.UUID) else uuid.UUID(str(pid))
+
+
+class BackgroundOptimizer(threading.Thread):
+    """A daemon thread of the owner process that optimises an :class:`EdgeStore` when it is idle.
+
+    It optimises only when at least ``min_points`` points were written since the last optimisation
+    and no store call came for ``idle_s`` seconds (a bulk job writes every few hundred ms, searches
+    come with traffic): never between two slices of a chunk, never on a request's path. It holds a
+    weak reference, so it ends by itself when the store is closed or dropped.
+
+    Args:
+        store: the store to optimise.
+        idle_s: seconds without any store call before an optimisation may start.
+        min_points: points written since the last optimisation that make one worth it.
+        poll_s: how often it looks (s).
+    """
+
+    def __init__(self, store: EdgeStore, *, idle_s: float, min_points: int = 1_000, poll_s: float = 1.0) -> None:
+        super().__init__(name="edge-optimizer", daemon=True)
+        self._store = weakref.ref(store)
+        self.idle_s, self.min_points, self.poll_s = idle_s, min_points, poll_s
+        self.stopped = threading.Event()
+        self.runs: list[float] = []  # seconds each optimisation took
+
+    def due(self, store: EdgeStore) -> bool:
+        """Whether ``store`` should be optimised now."""
+        return store.unoptimized >= self.min_points and time.monotonic() - store.last_used >= self.idle_s
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.poll_s):
+            store = self._store()
+            if store is None or store.closed:
+                return
+            if not self.due(store):
+                continue
+            try:
+                changed, seconds = store.optimize()
+            except StoreError:
+                log.exception("background optimisation of %s failed; stopping the optimizer", store.collection)
+                return
+            self.runs.append(seconds)
+            log.info("optimised %s in %.1f s (changed: %s)", store.collection, seconds, changed)
+            del store
+
+    def stop(self) -> None:
+        """Ask the thread to end (it finishes a running optimisation first)."""
+        self.stopped.set()
