@@ -21,7 +21,8 @@ def jobs_visible_to(user) -> QuerySet[Job]:
 
 
 def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> list[dict]:
-    """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id"}]``, best first.
+    """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id", "thumbnail_url"}]``,
+    best first.
 
     A hit maps to the embedded image row with its sha256 that the owner may see (any owner when
     ``owner_id`` is None). A point whose rows were all deleted meanwhile is left out.
@@ -40,5 +41,6 @@ def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> l
             out.append({
                 "image_id": str(im.id), "score": round(h.score, 6), "sha256": im.sha256,
                 "original_name": im.original_name, "job_id": str(im.job_id) if im.job_id else None,
+                "thumbnail_url": f"/api/images/{im.id}/thumbnail/",
             })
     return out

@@ -91,3 +91,51 @@ class BlobStore:
 def file_key(path: Path) -> str:
     """The storage key of a file ingested in place."""
     return _FILE_PREFIX + str(Path(path).resolve())
+
+
+# --- thumbnails (issue 12) -----------------------------------------------------------------------
+# Stored beside the originals, in the same store, under ``thumb/<aa>/<sha256>.webp``: keyed by the
+# original's sha256, so every row sharing those bytes (a skipped duplicate) shares one thumbnail,
+# and the sha is also the thumbnail's ETag.
+
+def thumbnail_key(sha256: str) -> str:
+    """Storage key of the thumbnail of the bytes with ``sha256``. Raises ``ValueError`` if it is not hex."""
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"thumb/{sha256[:2]}/{sha256}.webp"
+
+
+def thumbnail_path(store: BlobStore, sha256: str) -> Path:
+    """Filesystem path of the thumbnail of ``sha256`` in ``store`` (it may not exist)."""
+    return store.root / thumbnail_key(sha256)
+
+
+def thumbnail_exists(store: BlobStore, sha256: str) -> bool:
+    """True when ``store`` already holds the thumbnail of ``sha256`` (made once, never redrawn)."""
+    return thumbnail_path(store, sha256).is_file()
+
+
+def thumbnail_put(store: BlobStore, sha256: str, data: bytes) -> bool:
+    """Write the thumbnail of ``sha256`` atomically, unless it exists. Returns True when written."""
+    dest = thumbnail_path(store, sha256)
+    if dest.is_file():
+        return False
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".thumb-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, dest)  # atomic: a page never reads half a thumbnail
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return True
+
+
+def thumbnail_read(store: BlobStore, sha256: str) -> bytes | None:
+    """The thumbnail bytes of ``sha256``, or None when none was drawn (the image never decoded)."""
+    try:
+        return thumbnail_path(store, sha256).read_bytes()
+    except FileNotFoundError:
+        return None

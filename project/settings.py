@@ -42,11 +42,14 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI / Redoc served from our own static files, no CDN
     "embeddings",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files from the web process itself, under gunicorn as under runserver (issue 12)
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -88,6 +91,20 @@ TIME_ZONE = "UTC"
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise serves STATIC_ROOT (filled by `collectstatic`, which scripts/stack.py runs at start,
+# gzip/brotli copies included); with USE_FINDERS it also finds files in the apps themselves, so a
+# process started without collectstatic (honcho, runserver, tests) still serves every stylesheet.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)  # WhiteNoise warns at start when it is missing
+WHITENOISE_MAX_AGE = 3600  # not hashed names: an hour, so a new release is seen the same day
+# The site (embeddings/site): Django sessions; pages need a signed-in user.
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "site-search"
+LOGOUT_REDIRECT_URL = "login"
 
 # Uploads: limits that Django enforces itself; the API turns their errors into a 4xx naming them.
 DATA_UPLOAD_MAX_NUMBER_FILES = env.int("UPLOAD_MAX_FILES", default=1000)
@@ -111,7 +128,11 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "embeddings.api.errors.exception_handler",
 }
-SPECTACULAR_SETTINGS = {"TITLE": "CLIP embeddings", "VERSION": "1.0.0"}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "CLIP embeddings", "VERSION": "1.0.0",
+    # Swagger UI and Redoc from drf-spectacular-sidecar's pinned copies, through our static files
+    "SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR", "REDOC_DIST": "SIDECAR",
+}
 
 # --- The pipeline -------------------------------------------------------------------------------
 PIPELINE = PipelineConfig.from_env()

@@ -1,17 +1,21 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from embeddings.api.views import healthz
 from embeddings.metrics import metrics_view
+from embeddings.site.thumbnails import ThumbnailView
 
 urlpatterns = [
     path("healthz", healthz),
     path("metrics", metrics_view),
     path("admin/", admin.site.urls),
+    path("api/images/<uuid:image_id>/thumbnail/", ThumbnailView.as_view(), name="image-thumbnail"),
     path("api/", include("embeddings.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("", include("embeddings.site.urls")),  # the pages for people (embeddings/site)
 ]
 
 # JSON errors in the API's one shape for /api/ paths (embeddings.api.errors), Django's pages elsewhere

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.conf import settings
 from rest_framework import serializers
 
-from embeddings.models import Image, Job, JobPriority
+from embeddings.models import Image, ImageStatus, Job, JobPriority
 
 
 class UploadQuerySerializer(serializers.Serializer):
@@ -36,11 +36,18 @@ class SearchSerializer(serializers.Serializer):
 class ImageSerializer(serializers.ModelSerializer):
     """Read-only image representation."""
 
+    thumbnail_url = serializers.SerializerMethodField(
+        help_text="WebP thumbnail (256 px on the long side) once the image is embedded; null before")
+
     class Meta:
         model = Image
         fields = ("id", "status", "reason", "reason_detail", "sha256", "size_bytes", "width", "height", "format",
-                  "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at")
+                  "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at", "thumbnail_url")
         read_only_fields = fields
+
+    def get_thumbnail_url(self, im: Image) -> str | None:
+        """``/api/images/{id}/thumbnail/`` for an embedded (or skipped duplicate) image, else None."""
+        return f"/api/images/{im.id}/thumbnail/" if im.status in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED) else None
 
 
 class JobSerializer(serializers.ModelSerializer):

@@ -61,6 +61,23 @@ def _loader(rows: dict[str, tuple[str, str]]):
     return lambda image_id: store.read(*rows[image_id])
 
 
+def _thumbnailer(shas: dict[str, str]):
+    """The runner's decode hook (``workers.runner.OnDecoded``): draws the thumbnail of each image
+    (key = image id, ``shas`` maps it to its sha256) once, into the blob store, from the pixels the
+    worker has just decoded. An existing thumbnail is not drawn again."""
+    from embeddings.storage import thumbnail_exists, thumbnail_put
+    from workers.thumbnail import thumbnail_bytes
+
+    store = runtime.blob_store()
+
+    def on_decoded(image_id: str, rgb) -> None:
+        sha = shas.get(image_id)
+        if sha and not thumbnail_exists(store, sha):
+            thumbnail_put(store, sha, thumbnail_bytes(rgb))
+
+    return on_decoded
+
+
 def _item(meta, vector, point_id: str, sha256: str) -> dict:
     return {"id": meta.key, "point_id": point_id, "sha256": sha256, "width": meta.width, "height": meta.height,
             "format": meta.format, "vector": encode_vector(vector)}
@@ -121,7 +138,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
     chunk_started = time.time()
-    result = runtime.batch_runner().run(ordered, _loader({k: v[:2] for k, v in rows.items()}))
+    result = runtime.batch_runner().run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
+                                        _thumbnailer({k: v[1] for k, v in rows.items()}))
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
     metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))
@@ -275,7 +293,8 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     if time.time() > deadline_ts:
         return {"items": [], "failed": expired(ordered), "timings": {}}
     runner = runtime.batch_runner()
-    prepared = runner.prepare(ordered, _loader({k: v[:2] for k, v in rows.items()}))
+    prepared = runner.prepare(ordered, _loader({k: v[:2] for k, v in rows.items()}),
+                              _thumbnailer({k: v[1] for k, v in rows.items()}))
     failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
     timings = prepared.timings
     items = []

@@ -80,6 +80,9 @@ def image_view(im: Image, neighbours: list | None = None) -> dict:
         "id": str(im.id), "status": im.status, "reason": im.reason or None, "detail": im.reason_detail or None,
         "sha256": im.sha256, "width": im.width, "height": im.height, "original_name": im.original_name,
         "job_id": str(im.job_id) if im.job_id else None, "url": f"/api/images/{im.id}/",
+        # drawn by the worker that decoded it: there once the image is embedded (or shares those bytes)
+        "thumbnail_url": (f"/api/images/{im.id}/thumbnail/"
+                          if im.status in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED) else None),
     }
     if neighbours is not None:
         out["neighbours"] = neighbours

@@ -1,0 +1,52 @@
+"""``GET /api/images/{id}/thumbnail/``: the WebP thumbnail drawn by the worker that decoded the image.
+
+Same owner check as ``GET /api/images/{id}/`` (the owner, or staff; anyone else gets 404 as for an
+unknown id), token or session authentication. The bytes never change for an id (they are keyed by
+the original's sha256), so the answer is cacheable for a year by the browser alone (``private``:
+it is one user's picture) with the sha256 as its ETag; ``If-None-Match`` with it answers 304.
+"""
+from __future__ import annotations
+
+from django.http import HttpResponse, HttpResponseNotModified
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.views import APIView
+
+from embeddings import runtime
+from embeddings.selectors import images_visible_to
+from embeddings.services.errors import ApplicationError
+from embeddings.storage import thumbnail_read
+from workers.thumbnail import CONTENT_TYPE
+
+#: One year (s), the longest max-age HTTP caches honour (RFC 9111 §5.2.1.1 suggests no more).
+MAX_AGE_S = 31_536_000
+CACHE_CONTROL = f"private, max-age={MAX_AGE_S}, immutable"
+
+
+def thumbnail_response(request, image) -> HttpResponse:
+    """The thumbnail of ``image`` (already owner-checked) with its cache headers, or 304.
+
+    Raises:
+        ApplicationError: ``not_found`` (404) when no thumbnail exists (the image never decoded).
+    """
+    etag = f'"{image.sha256}"'
+    if etag in [t.strip() for t in request.META.get("HTTP_IF_NONE_MATCH", "").split(",")]:
+        r = HttpResponseNotModified()
+    else:
+        data = thumbnail_read(runtime.blob_store(), image.sha256)
+        if data is None:
+            raise ApplicationError("this image has no thumbnail (it was not decoded)", code="not_found", status=404)
+        r = HttpResponse(data, content_type=CONTENT_TYPE)
+    r["ETag"] = etag
+    r["Cache-Control"] = CACHE_CONTROL
+    return r
+
+
+class ThumbnailView(APIView):
+    """``GET /api/images/{id}/thumbnail/``: ``image/webp``, 256 px on the long side."""
+
+    @extend_schema(operation_id="images_thumbnail",
+                   responses={(200, CONTENT_TYPE): OpenApiResponse(OpenApiTypes.BINARY), 304: None})
+    def get(self, request, image_id):
+        return thumbnail_response(request, get_object_or_404(images_visible_to(request.user), id=image_id))

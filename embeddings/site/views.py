@@ -1,0 +1,125 @@
+"""The site's pages. Each view checks the session, calls one service or selector, renders a template.
+
+Uploads, job progress and job actions run in the browser against the REST API itself (session
+authentication with Django's CSRF token, ``static/site/*.js``), so the pages add no second path
+into the services. Permissions are the API's: ``images_visible_to`` / ``jobs_visible_to`` (a user
+sees their own, staff see all), an id the user may not see is a 404.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from embeddings.selectors import images_visible_to, jobs_visible_to
+from embeddings.services import jobs as job_services
+from embeddings.services import requests as request_services
+from embeddings.services.errors import ApplicationError
+from embeddings.services.images import image_delete
+from embeddings.services.sources import from_uploads
+from embeddings.site.words import REASON_WORDS, reason_words
+
+#: Results on the search page: a 50-image grid is the size the page is measured at (docs/ui.md).
+SEARCH_K = 50
+#: Neighbours shown on an image's page.
+NEIGHBOURS_K = 12
+
+
+def home(request):
+    """``/``: the search page for a signed-in user, the sign-in page otherwise."""
+    return redirect("site-search" if request.user.is_authenticated else "login")
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _error(err: ApplicationError) -> dict:
+    return {"message": err.message, "code": err.code, "words": reason_words(err.code)}
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def search(request):
+    """``/search/``: GET ``q`` (text) or ``like`` (an image id: "more like this"), or POST an
+    ``image`` file (multipart, CSRF); optional ``job`` filter. Results: a grid of thumbnails."""
+    jobs = list(jobs_visible_to(request.user).only("id", "name", "created_at")[:100])
+    source = request.POST if request.method == "POST" else request.GET
+    q, like, job = source.get("q", "").strip(), source.get("like", "").strip(), source.get("job", "").strip() or None
+    query = {"text": q} if q else {"image_id": like} if like else {}
+    if request.method == "POST" and request.FILES.get("image"):
+        query = {"image": from_uploads([request.FILES["image"]])[0]}
+    ctx = {"q": q, "like": like, "job": job, "jobs": jobs, "results": None, "error": None, "status": 200}
+    if not all(_is_uuid(x) for x in (like, job) if x):
+        ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
+    elif query:
+        try:
+            ctx["results"] = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
+        except ApplicationError as e:
+            ctx["error"], ctx["status"] = _error(e), e.status
+        if like and ctx["results"] is not None:
+            ctx["like_image"] = images_visible_to(request.user).filter(id=like).first()
+    return render(request, "site/search.html", ctx, status=ctx["status"])
+
+
+@login_required
+def upload(request):
+    """``/upload/``: drop files here; the page's script sends them to the API (``upload.js``)."""
+    return render(request, "site/upload.html", {
+        "interactive_max_files": settings.INTERACTIVE_MAX_FILES,
+        "reason_words": REASON_WORDS,
+    })
+
+
+@login_required
+def job_list(request):
+    """``/jobs/``: the user's jobs (staff: everyone's), newest first, with their counts."""
+    jobs = list(jobs_visible_to(request.user).select_related("owner")[:200])
+    rows = [(job, job_services.job_counts(job)) for job in jobs]
+    return render(request, "site/jobs.html", {"rows": rows})
+
+
+@login_required
+def job_detail(request, job_id):
+    """``/jobs/{id}/``: progress, images/s, ETA, at-risk, actions, failures, stage timings; the
+    page's script refreshes it from ``GET /api/jobs/{id}/`` once a second (``job.js``)."""
+    from rest_framework.utils.encoders import JSONEncoder
+
+    from embeddings.api.serializers import JobSerializer
+
+    job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
+    data = json.loads(json.dumps({**JobSerializer(job).data, **job_services.job_progress(job)}, cls=JSONEncoder))
+    return render(request, "site/job.html", {"job": job, "data": data, "reason_words": REASON_WORDS})
+
+
+@login_required
+def image_detail(request, image_id):
+    """``/images/{id}/``: the thumbnail, the image's facts, its nearest neighbours, delete."""
+    image = get_object_or_404(images_visible_to(request.user).select_related("job", "owner"), id=image_id)
+    neighbours, error = None, None
+    if image.status in ("embedded", "skipped"):
+        try:
+            hits = request_services.search(user=request.user, k=NEIGHBOURS_K + 1, image_id=str(image.id))
+            neighbours = [h for h in hits if h["image_id"] != str(image.id)][:NEIGHBOURS_K]
+        except ApplicationError as e:
+            error = _error(e)
+    view = request_services.image_view(image)
+    return render(request, "site/image.html", {"image": image, "view": view, "neighbours": neighbours,
+                                               "error": error, "reason": reason_words(image.reason)})
+
+
+@login_required
+@require_POST
+def image_remove(request, image_id):
+    """``POST /images/{id}/delete/`` (CSRF): delete the image and its vector, back to the search page."""
+    image = get_object_or_404(images_visible_to(request.user), id=image_id)
+    image_delete(image=image)
+    return redirect("site-search")
