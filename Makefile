@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,20 @@ setup: $(STAMP) .env
 demo: setup
 	CLIP_PRETRAINED=$(CLIP_PRETRAINED) $(PY) -m scripts.demo $(FOLDER)
 
-test: setup
+# The browser tests (tests/e2e/test_site_browser.py) drive Debian's chromium with Playwright
+# (Playwright's own browser download cannot run here). Installed when missing and we are root with
+# apt-get; otherwise those tests are skipped with that reason.
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  (apt-get install -y -qq chromium >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq chromium; }) \
+	  || echo "chromium could not be installed: the browser tests will be skipped"; \
+	else echo "chromium is not installed (apt-get install chromium as root): the browser tests will be skipped"; fi
+
+test: setup browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-e2e: setup
+test-e2e: setup browser
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)
 
 # Like `make demo`, seeded random weights unless told otherwise, e.g.

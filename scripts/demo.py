@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -77,7 +78,11 @@ def main() -> int:
         r = api.post(stack.web_url + "/api/search/", json={"image_id": im["id"], "k": 3})
         r.raise_for_status()
         show(f"search by id {im['id']}:", r.json()["results"])
-        print("\nstopping the stack")
+        password = stack.site_user("demo", secrets.token_urlsafe(9))
+        print(f"\nthe site (search, upload, jobs) was at {stack.web_url}/ , API docs at {stack.web_url}/api/docs/")
+        print("stopping the stack")
+    print(f"\nSee it in a browser: `make run`, then open the address it prints and sign in as demo, password "
+          f"{password} (this demo's images are there: same {args.var_dir})")
     return 0
 
 

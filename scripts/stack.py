@@ -94,6 +94,32 @@ class Stack:
             raise RuntimeError(f"manage.py {' '.join(args)} failed ({out.returncode}): {out.stderr or ''}")
         return out.stdout if capture else ""
 
+    def site_user(self, username: str, password: str | None = None, *, staff: bool = False) -> str | None:
+        """Create a user who signs in to the site (``/``) and the admin (staff), or reuse one.
+
+        Args:
+            password: set it (an existing user's too); None: a new user gets a random one and an
+                existing user keeps theirs.
+
+        Returns:
+            The password set, or None when an existing user kept theirs.
+        """
+        import secrets
+
+        fresh = password or secrets.token_urlsafe(12)
+        code = ("import os; from django.contrib.auth import get_user_model; e = os.environ; "
+                "u, new = get_user_model().objects.get_or_create(username=e['SITE_USER']); "
+                "pw = e['SITE_PASSWORD'] if new or e['SITE_SET_PASSWORD'] == '1' else None; "
+                "u.is_staff = u.is_superuser = u.is_staff or e['SITE_STAFF'] == '1'; "
+                "pw and u.set_password(pw); u.save(); print('set' if pw else 'kept')")
+        env = {**self.env, "SITE_USER": username, "SITE_PASSWORD": fresh, "SITE_SET_PASSWORD": "1" if password else "0",
+               "SITE_STAFF": "1" if staff else "0"}
+        out = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", code], env=env, cwd=ROOT,
+                             text=True, capture_output=True)
+        if out.returncode:
+            raise RuntimeError(f"could not create user {username}: {out.stderr}")
+        return fresh if out.stdout.strip().endswith("set") else None
+
     def _spawn(self, name: str, cmd: list[str] | str) -> subprocess.Popen:
         logdir = self.var_dir / "log"
         logdir.mkdir(parents=True, exist_ok=True)
@@ -141,6 +167,9 @@ class Stack:
         self.clear_metrics()
         self.ensure_redis()
         self.manage("migrate", "--noinput")
+        # Static files (admin, API docs, the site) into STATIC_ROOT with gzip copies; WhiteNoise
+        # serves them from the web process (it also finds them in the apps without this step).
+        self.manage("collectstatic", "--noinput", "--verbosity", "0")
         cmds = (processes.shared_commands if self.deployment == "shared" else processes.commands)(self.env)
         for name, cmd in cmds.items():
             if self.only is None or name in self.only:
@@ -412,6 +441,12 @@ def main() -> None:
         stack.start()
         stack.supervise()  # a process that exits by itself is started again, as in production
         print(f"web at {stack.web_url}; logs in {var}/log; Ctrl-C stops", flush=True)
+        password = stack.site_user("admin", staff=True)
+        how = (f"user admin, password {password} (made now; change it with `python manage.py changepassword admin`)"
+               if password else "user admin with the password printed when it was made (forgotten? "
+                                "`python manage.py changepassword admin`)")
+        print(f"sign in at {stack.web_url}/ (search, upload, jobs) and {stack.web_url}/admin/: {how}; "
+              f"API docs at {stack.web_url}/api/docs/", flush=True)
         while True:
             signal.pause()
     except KeyboardInterrupt as exc:

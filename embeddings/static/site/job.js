@@ -97,7 +97,8 @@
       const r = await Site.api("POST", url + action + "/");
       const msg = $("job-message");
       if (r.status === 200) {
-        msg.textContent = "Job " + r.data.status + ".";
+        msg.textContent = { pause: "Paused: running chunks finish, the rest wait.", resume: "Resumed.",
+                            cancel: "Cancelled." }[action];
         data = Object.assign({}, data, { status: r.data.status });
         render(data);  // the refresh loop runs on while the job is live (paused included)
       } else {
