@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
+import time
 
 from celery import shared_task
-from celery.signals import celeryd_init, worker_ready
+from celery.signals import celeryd_init, task_revoked, worker_ready
 from django.conf import settings
 
 from embeddings.services import admission, pipeline
 from project import lanes
+from workers.errors import Reason
 
 log = logging.getLogger(__name__)
 
@@ -33,19 +36,42 @@ def bulk_options(priority: str) -> dict:
     return {"queue": lanes.BULK, "priority": p}
 
 
+def expires_at(deadline_ts: float) -> dt.datetime:
+    """``apply_async(expires=...)`` for a deadline (Unix s): a timezone-aware UTC datetime.
+
+    Celery reads a *number* as seconds from now (``expires=deadline_ts + 60`` meant about the year
+    2082); only an aware datetime is an absolute time. A worker that receives a message after it
+    discards it unrun (state ``REVOKED``, log ``Discarding revoked task``), and checks again just
+    before it runs.
+    """
+    return dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
+
+
 def interactive_options(deadline_ts: float) -> dict:
-    """Options for interactive work: highest priority; the broker drops it a minute after its
-    deadline (the task itself already refuses to compute it once the deadline has passed)."""
-    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": deadline_ts + 60}
+    """Options for interactive work: highest priority; the message expires at its deadline (Unix
+    s), when the person who sent it has had their answer (``deadline_exceeded`` or ``202``), so a
+    worker that comes back after an outage never computes stale work ahead of fresh. The task
+    itself also refuses to compute once the deadline has passed (a message received just before
+    it, then waiting for a thread or for the batcher)."""
+    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": expires_at(deadline_ts)}
 
 
-def vectors_options(*, interactive: bool, priority: str = "background") -> dict:
-    """Options for vector-store work; searches and interactive writes go before bulk writes."""
+def vectors_options(*, interactive: bool, priority: str = "background", deadline_ts: float | None = None) -> dict:
+    """Options for vector-store work; searches and interactive writes go before bulk writes.
+
+    Args:
+        deadline_ts: Unix s after which nobody waits for the result: the message then expires
+            (searches). Never for writes: an interactive upload's outcome is recorded whatever the
+            time (its images end embedded or ``expired``), a bulk chunk has no deadline here.
+    """
     if interactive:
         p = lanes.PRIORITY_INTERACTIVE
     else:
         p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
-    return {"queue": lanes.VECTORS, "priority": p}
+    options = {"queue": lanes.VECTORS, "priority": p}
+    if deadline_ts is not None:
+        options["expires"] = expires_at(deadline_ts)
+    return options
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
@@ -78,18 +104,51 @@ def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
     return out
 
 
-@shared_task(bind=True)
-def embed_query(self, storage_key: str, sha256: str) -> dict:
-    """Embed a query image → ``{"vector": base64}`` or ``{"reason", "detail"}``."""
-    with _in_flight(self, 1):
-        return pipeline.query_embed(storage_key=storage_key, sha256=sha256)
+def _end_if_expired(task, out: dict) -> dict:
+    """A query refused because its deadline passed ends its chain here: the search that would
+    follow is for nobody (its message would be sent already expired)."""
+    if out.get("reason") == Reason.EXPIRED.value:
+        log.info("%s[%s] not computed: %s", task.name, task.request.id, out.get("detail", "deadline passed"))
+        if not task.request.is_eager:  # eager chains run their links themselves
+            task.request.chain = None
+    return out
 
 
 @shared_task(bind=True)
-def encode_text(self, text: str) -> dict:
-    """Embed a text query → ``{"vector": base64}``."""
+def embed_query(self, storage_key: str, sha256: str, deadline_ts: float | None = None) -> dict:
+    """Embed a query image → ``{"vector": base64}`` or ``{"reason", "detail"}``; reason
+    ``expired`` without running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
-        return pipeline.text_embed(text=text)
+        return _end_if_expired(self, pipeline.query_embed(storage_key=storage_key, sha256=sha256,
+                                                          deadline_ts=deadline_ts))
+
+
+@shared_task(bind=True)
+def encode_text(self, text: str, deadline_ts: float | None = None) -> dict:
+    """Embed a text query → ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without
+    running the model once ``deadline_ts`` (Unix s) has passed."""
+    with _in_flight(self, 1):
+        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts))
+
+
+@task_revoked.connect
+def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) -> None:
+    """An ``embed_interactive`` message discarded unrun because it expired in the broker (the worker
+    was down or busy past its deadline): its images are ``expired`` at once, as the task would
+    have recorded them, instead of waiting for the reconciler to find them."""
+    if not expired or getattr(sender, "name", None) != embed_interactive.name or request is None:
+        return
+    args, kwargs = list(request.args or ()), dict(request.kwargs or {})
+    image_ids = list(kwargs.get("image_ids", args[0] if args else ()))
+    deadline_ts = kwargs.get("deadline_ts", args[1] if len(args) > 1 else None)
+    if not image_ids:
+        return
+    from embeddings import metrics
+    from embeddings.services.images import images_mark_failed
+
+    late = f"{time.time() - float(deadline_ts):.1f} s " if deadline_ts is not None else ""
+    images_mark_failed([(i, Reason.EXPIRED.value, f"deadline passed {late}before a worker took it") for i in image_ids])
+    metrics.count_images(lane=lanes.INTERACTIVE, status="expired", n=len(image_ids))
 
 
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None)

@@ -351,20 +351,42 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
 
 # --- queries -------------------------------------------------------------------------------------
 
-def query_embed(*, storage_key: str, sha256: str) -> dict:
-    """Embed a query image (not stored as an Image).
+def _query_expired(deadline_ts: float | None) -> dict | None:
+    """The refusal of a query whose deadline (Unix s; ``None``: none) has passed, else ``None``."""
+    late = time.time() - deadline_ts if deadline_ts is not None else 0.0
+    if late <= 0:
+        return None
+    return {"reason": Reason.EXPIRED.value, "detail": f"deadline passed {late:.3f} s before the model ran"}
+
+
+def query_embed(*, storage_key: str, sha256: str, deadline_ts: float | None = None) -> dict:
+    """Embed a query image (not stored as an Image) through the process's dynamic batcher, shared
+    with interactive uploads. A query whose deadline (Unix s) has passed before decoding, or before
+    the batcher hands it to the model, is not computed: nobody waits for it any more.
 
     Returns:
-        ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded.
+        ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded or the
+        deadline passed (reason ``expired``).
     """
-    result = runtime.batch_runner().run([storage_key], lambda key: runtime.blob_store().read(key, sha256))
-    if result.failed:
-        return {"reason": result.failed[0].reason, "detail": result.failed[0].detail}
-    return {"vector": encode_vector(result.vectors[0])}
+    from workers.batcher import Expired
+
+    if (refused := _query_expired(deadline_ts)) is not None:
+        return refused
+    prepared = runtime.batch_runner().prepare([storage_key], lambda key: runtime.blob_store().read(key, sha256))
+    if prepared.failed:
+        return {"reason": prepared.failed[0].reason, "detail": prepared.failed[0].detail}
+    try:
+        vectors = runtime.dynamic_batcher().embed(prepared.pixels, deadline=deadline_ts)
+    except Expired:
+        return _query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value, "detail": "deadline passed"}
+    return {"vector": encode_vector(vectors[0])}
 
 
-def text_embed(*, text: str) -> dict:
-    """Embed a text query → ``{"vector": base64}``."""
+def text_embed(*, text: str, deadline_ts: float | None = None) -> dict:
+    """Embed a text query → ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without
+    running the model when its deadline (Unix s) has passed."""
+    if (refused := _query_expired(deadline_ts)) is not None:
+        return refused
     return {"vector": encode_vector(runtime.encoder_holder().get().encode_texts([text])[0])}
 
 

@@ -148,12 +148,14 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         raise ApplicationError("no such job", code="not_found", status=404)
     owner_filter = None if user.is_staff else user.id
     deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
-    search_sig = tasks.search_vector.s(owner_filter, k, job_id).set(**tasks.vectors_options(interactive=True))
+    # Every message of a search expires at its deadline: after it nobody waits for the answer.
+    search_sig = tasks.search_vector.s(owner_filter, k, job_id).set(
+        **tasks.vectors_options(interactive=True, deadline_ts=deadline_ts))
     if text is not None:
         if not text.strip():
             raise ApplicationError("text must not be empty", code="invalid_query")
         admission.interactive_admit(deadline_s=deadline_ts - time.time())
-        embed = tasks.encode_text.si(text[:2000]).set(**tasks.interactive_options(deadline_ts))
+        embed = tasks.encode_text.si(text[:2000], deadline_ts).set(**tasks.interactive_options(deadline_ts))
         answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
     elif image is not None:
         f = image.open()
@@ -164,7 +166,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
             raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
         admission.interactive_admit(deadline_s=deadline_ts - time.time())
         key, sha, _ = runtime.blob_store().put(iter_blocks(f))
-        embed = tasks.embed_query.si(key, sha).set(**tasks.interactive_options(deadline_ts))
+        embed = tasks.embed_query.si(key, sha, deadline_ts).set(**tasks.interactive_options(deadline_ts))
         answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
     else:
         im = Image.objects.filter(id=image_id).first()
@@ -173,10 +175,10 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # a skipped duplicate shares the point
             raise ApplicationError(f"image {image_id} is {im.status}, not embedded", code="not_embedded", status=409)
         r = tasks.search_point.apply_async(args=(str(im.point_id), owner_filter, k, job_id),
-                                           **tasks.vectors_options(interactive=True))
+                                           **tasks.vectors_options(interactive=True, deadline_ts=deadline_ts))
         results = _wait(r, deadline_ts)
         answer = None if results is None else {"results": results or []}
-    if answer is None:
+    if answer is None or answer.get("reason") == Reason.EXPIRED.value:  # a task refused it: too late
         raise ApplicationError("the search did not finish in time", code="deadline_exceeded", status=504)
     if "reason" in answer:
         raise ApplicationError(f"{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
