@@ -144,9 +144,10 @@ QDRANT_URL = env("QDRANT_URL", default="")
 VECTOR_STORE = env("VECTOR_STORE", default="server" if QDRANT_URL else "edge")
 #: Folder of the embedded store: one shard folder per collection (edge), or local mode's folder.
 QDRANT_PATH = env("QDRANT_PATH", default=str(VAR_DIR / ("qdrant" if VECTOR_STORE == "local" else "qdrant-edge")))
-#: Edge: flush to disk before a write is acknowledged (survives power loss; off: the WAL append is
-#: the acknowledgement, which survives a killed process). docs/operations.md.
-VECTOR_STORE_FSYNC = env.bool("VECTOR_STORE_FSYNC", default=True)
+#: Edge: a write is acknowledged once it is in the write-ahead log (survives a killed worker, as a
+#: Qdrant server's default does); 1: also flushed (fsync) first, which survives a power loss but costs
+#: 5 ms to 200 ms per write on this machine's disk (docs/operations.md).
+VECTOR_STORE_FSYNC = env.bool("VECTOR_STORE_FSYNC", default=False)
 #: Edge: optimise (build HNSW, merge segments) in the vectors worker after this many seconds with no
 #: store call and at least VECTOR_STORE_OPTIMIZE_MIN_POINTS new points (0: never in the worker).
 VECTOR_STORE_OPTIMIZE_IDLE_S = env.float("VECTOR_STORE_OPTIMIZE_IDLE_S", default=30.0)

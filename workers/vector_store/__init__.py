@@ -144,14 +144,14 @@ class VectorStore(abc.ABC):
 
 
 def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, path: str | None = None,
-               fsync: bool = True) -> VectorStore:
+               fsync: bool = False) -> VectorStore:
     """The :class:`VectorStore` of backend ``kind``, not yet checked (call ``ensure_collection``).
 
     Args:
         kind: ``edge`` (folder ``path``, one shard per collection under it), ``local`` (qdrant-client
             local mode in folder ``path``) or ``server`` (``url``).
-        fsync: edge only: flush to disk before a write returns (survives power loss, not only a
-            killed process; docs/operations.md).
+        fsync: edge only: flush to disk before a write returns (survives a power loss, not only a
+            killed process; docs/operations.md). Off: a write returns after the WAL append.
 
     Raises:
         ValueError: an unknown ``kind``, or the folder / url it needs is missing.
