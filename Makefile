@@ -72,6 +72,16 @@ soak: setup
 bench-load: setup
 	$(PY) -m benchmarks.load $(BENCH_ARGS)
 
+# Issue 10 (docs/benchmarks.md): the embedded stores side by side (qdrant-edge and local mode, same
+# data: upsert points/s, top-10 and filtered top-10 p50/p95, recall@10, memory); and the whole write
+# path without a model (Redis → vectors worker → store → database marks), e.g.
+# make bench-store BENCH_ARGS="--sizes 2000 --queries 20" or make bench-sink BENCH_ARGS="--points 2000".
+bench-store: setup
+	$(PY) -m benchmarks.store $(BENCH_ARGS)
+
+bench-sink: setup
+	$(PY) -m benchmarks.sink $(BENCH_ARGS)
+
 # The Procfile for `honcho start` (the venv's honcho, from requirements-dev.txt). Written to a
 # temporary file first, so a failure never leaves an empty or partial Procfile behind.
 procfile: setup
