@@ -8,10 +8,14 @@ what "load once per worker process, after fork" means for Celery's solo and thre
 from __future__ import annotations
 
 import functools
+import logging
+from pathlib import Path
 
 from django.conf import settings
 
 from embeddings.storage import BlobStore
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -73,6 +77,10 @@ def vector_store():
     store = open_store(settings.VECTOR_STORE, collection=cfg.collection_name, dim=embed_dim(cfg.model_name),
                        url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC)
     store.ensure_collection()
+    old_folder = Path(settings.VAR_DIR) / "qdrant"
+    if store.kind == "edge" and (old_folder / "meta.json").exists() and store.count() == 0:
+        log.warning("the edge vector store is empty but %s holds a local-mode store: stop the vectors worker and run "
+                    "`python manage.py store_migrate` to copy it (the source is kept)", old_folder)
     if store.kind == "edge" and settings.VECTOR_STORE_OPTIMIZE_IDLE_S > 0:
         from workers.vector_store.edge import BackgroundOptimizer
 
