@@ -3,13 +3,17 @@
 Pages show thumbnails, never originals: the web process must not decode anything (it never loads
 OpenCV's decoders on a request's path), so the decode stage hands its upright RGB pixels to a
 callback (``BatchRunner.prepare(..., on_decoded=...)``) that turns them into bytes with
-:func:`thumbnail_bytes`. Plain library: no Django, no Celery.
+:func:`thumbnail_bytes`. Plain library: no Django, no Celery. Import-light (the web process reads
+its constants): OpenCV and torch are imported where they are used.
 """
 from __future__ import annotations
 
-import cv2
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 #: Longest side of a thumbnail (px). 256 fills a 2×-density grid cell of 128 CSS px and keeps a
 #: 50-result grid near 50 × 10-20 KB (the issue's budget: ≤ 1.5 MB for 50).
@@ -43,6 +47,8 @@ def thumbnail_bytes(rgb: np.ndarray, *, long_side: int = LONG_SIDE, quality: int
     Raises:
         ValueError: ``rgb`` is not ``(H, W, 3) uint8``, or the encoder refuses it.
     """
+    import cv2
+
     if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8:
         raise ValueError(f"expected (H, W, 3) uint8 RGB, got {rgb.shape} {rgb.dtype}")
     h, w = rgb.shape[:2]
@@ -55,7 +61,7 @@ def thumbnail_bytes(rgb: np.ndarray, *, long_side: int = LONG_SIDE, quality: int
     return buf.tobytes()
 
 
-def thumbnail_source(chw: torch.Tensor, *, long_side: int = LONG_SIDE) -> np.ndarray:
+def thumbnail_source(chw: "torch.Tensor", *, long_side: int = LONG_SIDE) -> np.ndarray:
     """Pixels for :func:`thumbnail_bytes` from a decoded ``(3, H, W) uint8`` tensor (e.g. on a GPU
     after a device JPEG decode): shrunk on its device first, so only a small image is copied back.
 
@@ -63,6 +69,8 @@ def thumbnail_source(chw: torch.Tensor, *, long_side: int = LONG_SIDE) -> np.nda
         ``(h, w, 3) uint8`` RGB on the CPU, longest side at most ``2 * long_side`` (the final
         area-average resize in :func:`thumbnail_bytes` then sees every pixel of this one).
     """
+    import torch
+
     _, h, w = chw.shape
     tw, th = thumbnail_size(w, h, 2 * long_side)
     if (tw, th) != (w, h):
