@@ -101,28 +101,46 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence]) -> str:
 
 
 def machine() -> dict:
-    """Cores, CPU model, torch and device facts, for the header of every result."""
-    import torch
+    """The machine a figure was measured on, for the header and the saved results of every benchmark.
 
-    from workers.config import available_cores
+    ``cpu`` is ``lscpu``'s model name (``/proc/cpuinfo``), ``cpu_flags`` says for each flag of
+    ``workers.config.BENCHMARK_CPU_FLAGS`` (avx2, avx512f, avx512_bf16, amx_bf16, amx_tile) whether
+    this CPU has it: machines sold as one kind differ, and bf16 is 10x slower than fp32 on one that
+    only emulates it (../shared/NOTES.md). ``precision_auto`` is what ``CLIP_PRECISION=auto``
+    resolves to on its CPU. Also cores, python, torch and the GPU when there is one.
+    """
+    from workers.config import BENCHMARK_CPU_FLAGS, available_cores, detect_hardware, resolve_precision
 
-    cpu = platform.processor() or ""
+    hw = detect_hardware()
+    info = {"cores": available_cores(), "cpu": hw.cpu_model or platform.processor() or "",
+            "cpu_flags": {f: f in hw.cpu_flags for f in BENCHMARK_CPU_FLAGS},
+            "precision_auto": resolve_precision("auto", "cpu", hardware=hw), "python": platform.python_version()}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+        import torch
+    except ImportError:  # a stack benchmark's driver needs no torch
         pass
-    info = {"cores": available_cores(), "cpu": cpu, "python": platform.python_version(),
-            "torch": torch.__version__, "cuda": torch.cuda.is_available()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
+    else:
+        info.update(torch=torch.__version__, cuda=torch.cuda.is_available())
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+            info["gpu_capability"] = "sm_%d%d" % torch.cuda.get_device_capability(0)
     try:
         info["load_average_1m"] = round(os.getloadavg()[0], 2)
     except OSError:
         pass
     return info
+
+
+def machine_line(info: dict) -> str:
+    """One line for a benchmark's header: CPU model, cores, which relevant flags it has and lacks,
+    and what ``auto`` precision picks; plus the GPU when there is one."""
+    has = [f for f, on in info["cpu_flags"].items() if on]
+    lacks = [f for f, on in info["cpu_flags"].items() if not on]
+    line = (f"CPU: {info['cpu'] or 'unknown'}, {info['cores']} cores; flags: {' '.join(has) or '-'}"
+            f"{' (no ' + ', '.join(lacks) + ')' if lacks else ''}; CLIP_PRECISION=auto -> {info['precision_auto']}")
+    if info.get("gpu"):
+        line += f"; GPU: {info['gpu']} ({info.get('gpu_capability', '?')})"
+    return line
 
 
 def write_json(path: Path, obj) -> None:

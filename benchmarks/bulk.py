@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 from benchmarks._common import (
-    ROOT, distinct_photos, hms, machine, make_distinct, markdown_table, min_avg_max, photos, pyplot, write_folder,
+    ROOT, distinct_photos, hms, machine, machine_line, make_distinct, markdown_table, min_avg_max, photos, pyplot, write_folder,
     write_json,
 )
 
@@ -423,7 +423,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--images", type=int, default=1008, help="images in the bulk job (photos repeated)")
     p.add_argument("--batch", type=int, default=64, help="chunk and forward-pass size")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--precision", default=None, help="default: bf16 on the CPU, fp16 on CUDA")
+    p.add_argument("--precision", default=None,
+                   help="fp32/bf16/fp16/auto; default: auto on the CPU (bf16 only where native), fp16 on CUDA")
     p.add_argument("--preprocess", default="cpu", help="cpu, gpu or gpu_decode (the last two need CUDA)")
     p.add_argument("--processes", type=int, default=None, help="bulk worker children (default: PipelineConfig)")
     p.add_argument("--naive-images", type=int, default=84)
@@ -444,10 +445,10 @@ def main(argv: list[str] | None = None) -> dict:
         args.images, args.naive_images, args.cost_images, args.model_seconds = 128, 16, 42, 3.0
     elif args.images < 1000:
         print(f"note: --images {args.images} < 1,000 (the issue's measurement uses at least 1,000)")
-    from workers.config import PipelineConfig
+    from workers.config import PipelineConfig, resolve_precision
 
     cuda = args.device == "cuda"
-    precision = args.precision or ("fp16" if cuda else "bf16")
+    precision = resolve_precision(args.precision or ("fp16" if cuda else "auto"), args.device)
     cfg = PipelineConfig(pretrained="random", device=args.device, precision=precision, preprocess=args.preprocess,
                          batch_size=args.batch,
                          **({"bulk_processes": args.processes} if args.processes else {}))
@@ -456,10 +457,11 @@ def main(argv: list[str] | None = None) -> dict:
                      "preprocess": args.preprocess, "images": args.images, "bulk_processes": cfg.bulk_processes,
                      "threads": dataclasses.asdict(cfg.threads()),
                      "command": "python -m benchmarks.bulk " + " ".join(argv if argv is not None else sys.argv[1:])}
-    print(f"bulk benchmark: {results}", flush=True)
+    print(f"bulk benchmark: {results}\n{machine_line(results['machine'])}", flush=True)
     images = distinct_photos(args.images)
     text = [f"# Bulk throughput ({args.device}, {precision}, batch {args.batch}, {args.images} images)\n",
-            f"Command: `{results['command']}`\n", f"Machine: `{results['machine']}`\n"]
+            f"Command: `{results['command']}`\n", f"{machine_line(results['machine'])}\n",
+            f"Machine: `{results['machine']}`\n"]
 
     def emit(part: str) -> None:
         """Print a section and keep bulk.md current (a run cut short keeps what it measured)."""

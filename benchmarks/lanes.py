@@ -50,7 +50,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import PHOTO_DIRS, pyplot, write_folder  # noqa: E402
+from benchmarks._common import PHOTO_DIRS, machine, machine_line, pyplot, write_folder  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.services.admission.BATCHES_KEY
@@ -363,6 +363,8 @@ def main(argv=None) -> int:
     if args.bulk_processes:
         env["BULK_PROCESSES"] = args.bulk_processes  # sizes the command line (-c) and each child
     penv = process_env(args)
+    hardware = machine()
+    print(machine_line(hardware), flush=True)
     database = scratch_database(args.postgres) if args.postgres else contextlib.nullcontext("")
     print(f"starting the stack ({args.deployment}, {'PostgreSQL' if args.postgres else 'SQLite'}) in {stack_dir} ...",
           flush=True)
@@ -408,6 +410,7 @@ def main(argv=None) -> int:
     share = inter_images / max(1, inter_images + job_b["embedded"])
 
     res = {
+        "machine": hardware,
         "config": {"deployment": args.deployment, "database": "postgresql" if args.postgres else "sqlite",
                    "bulk_images": n, "requests": args.requests, "rate": args.rate,
                    "deadline_s": args.deadline, "cores": os.cpu_count(), "process_env": penv,
@@ -423,7 +426,7 @@ def main(argv=None) -> int:
         "interactive_share": share,
     }
     res["targets"] = targets(res)
-    text = table(res)
+    text = machine_line(hardware) + "\n\n" + table(res)
     print("\n" + text)
     (out / "results.json").write_text(json.dumps(
         {**res, "samples_idle": [dataclasses.asdict(s) for s in idle],

@@ -39,6 +39,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import machine, machine_line
 from scripts.soak import make_jpeg
 from scripts.stack import Stack
 
@@ -201,14 +202,17 @@ def main() -> int:
         raise SystemExit("refusing more than 10,000 requests in one run")
     var = Path(args.var_dir) if args.var_dir else Path(tempfile.mkdtemp(prefix="bench-load-"))
     env = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0"}
+    hardware = machine()
+    print(machine_line(hardware), flush=True)
     with Stack(var, env, private_redis=True, log=lambda *a: None) as stack:
         result = run_load(stack, rate=args.rate, duration=args.duration, files=args.files,
                           max_in_flight=args.max_in_flight)
     checks = verdict(result, max_growth_mb=args.max_growth_mb)
     result["checks"] = checks
+    result["machine"] = hardware
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(table(result, checks))
+    print(machine_line(hardware) + "\n\n" + table(result, checks))
     print(f"(samples and details in {args.out})")
     return 0 if all(checks.values()) else 1
 

@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks._common import ROOT, machine, markdown_table, min_avg_max, photo_dir, pyplot, write_json
+from benchmarks._common import ROOT, machine, machine_line, markdown_table, min_avg_max, photo_dir, pyplot, write_json
 
 STAGES = ("load", "decode", "decode_wait", "preprocess", "embed", "model_wait", "total")
 
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> list[Cell]:
     p.add_argument("--preprocess", default=None,
                    help="comma-separated cpu,gpu,gpu_decode (default: cpu, plus gpu and gpu_decode on CUDA)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--precision", default=None, help="fp32/bf16/fp16 (default: bf16 on the CPU, fp16 on CUDA)")
+    p.add_argument("--precision", default=None,
+                   help="fp32/bf16/fp16/auto (default: auto on the CPU, bf16 only where native; fp16 on CUDA)")
     p.add_argument("--decode-threads", type=int, default=None, help="default: PipelineConfig.threads()")
     p.add_argument("--torch-threads", type=int, default=None, help="default: PipelineConfig.threads()")
     p.add_argument("--timeout-s", type=float, default=60.0, help="a request slower than this counts as a timeout")
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> list[Cell]:
     args = p.parse_args(argv)
     if args.quick:
         args.requests, args.images = 6, "10,20"
-    from workers.config import PipelineConfig
+    from workers.config import PipelineConfig, resolve_precision
     from workers.model import ClipEncoder, EncoderHolder
     from workers.runner import BatchRunner
     from workers.utilisation import Sampler
@@ -213,7 +214,7 @@ def main(argv: list[str] | None = None) -> list[Cell]:
     if not cuda and set(preprocess) - {"cpu"}:
         print(f"no CUDA: skipping preprocess {sorted(set(preprocess) - {'cpu'})}")
         preprocess = ["cpu"]
-    precision = args.precision or ("fp16" if cuda else "bf16")
+    precision = resolve_precision(args.precision or ("fp16" if cuda else "auto"), args.device)
     images_list = [int(x) for x in args.images.split(",")]
     batch_sizes = sorted(int(x) for x in args.batch_sizes.split(","))
     files = sorted(f for f in photo_dir().iterdir() if f.is_file())
@@ -222,11 +223,11 @@ def main(argv: list[str] | None = None) -> list[Cell]:
     args.out.mkdir(parents=True, exist_ok=True)
     info = {**machine(), "device": args.device, "precision": precision, "requests": args.requests,
             "threads": dataclasses.asdict(base.threads()), "photos": str(photo_dir()), "files": len(files)}
-    print(f"matrix on {info}")
+    print(f"matrix on {info}\n{machine_line(info)}")
     encoder = ClipEncoder(base)
     cells: list[Cell] = []
     text = [f"# Experiment matrix ({args.device}, {precision}, {args.requests} concurrent requests)\n",
-            f"Machine: `{info}`\n", "Command: `python -m benchmarks.matrix " + " ".join(sys.argv[1:] if argv is None else argv) + "`\n"]
+            f"{machine_line(info)}\n", f"Machine: `{info}`\n", "Command: `python -m benchmarks.matrix " + " ".join(sys.argv[1:] if argv is None else argv) + "`\n"]
     with Sampler(interval_s=1.0) as sampler:
         for prep in preprocess:
             cfg = base.replace(preprocess=prep)

@@ -212,6 +212,20 @@ def lower_cpu_priority(options=None, **kwargs) -> None:
 
 
 @worker_ready.connect
+def warn_emulated_precision(sender, **kwargs) -> None:
+    """Warn loudly at the start of a bulk worker whose bf16 this hardware only emulates (up to 10x
+    slower than fp32: ``workers.config.emulated_precision_warning``). Its prefork children load the
+    model on their first chunk; an interactive worker gets the same warning from the model load in
+    :func:`warm_model`. Reads ``/proc/cpuinfo`` (and NVML): no torch, no CUDA in the parent."""
+    queues = {q.name for q in sender.task_consumer.queues} if getattr(sender, "task_consumer", None) else set()
+    if lanes.BULK in queues and lanes.INTERACTIVE not in queues:
+        from workers.config import emulated_precision_warning
+
+        if (warning := emulated_precision_warning(settings.PIPELINE)) is not None:
+            log.warning("%s", warning)
+
+
+@worker_ready.connect
 def warm_model(sender, **kwargs) -> None:
     """Load the model as soon as an interactive worker is up, so no waiting person pays for it.
 

@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Literal, Mapping
 
 Precision = Literal["fp32", "bf16", "fp16"]
+#: What ``CLIP_PRECISION`` accepts: a precision, or ``"auto"`` (the service's default), which
+#: :func:`resolve_precision` turns into ``"bf16"`` where the hardware computes bf16 natively and
+#: ``"fp32"`` elsewhere, before the precision names anything (model id, collection, point ids).
+PrecisionChoice = Literal["auto", "fp32", "bf16", "fp16"]
 Device = Literal["cpu", "cuda"]
 #: Where preprocessing runs: ``cpu`` (decode, resize and normalise on the CPU; float32 copied to the
 #: device), ``gpu`` (decode and resize on the CPU; uint8 copied, normalised on the device: the
@@ -37,6 +41,10 @@ class PipelineConfig:
         seed: torch seed used when ``pretrained == "random"``.
         device: ``"cpu"`` or ``"cuda"``.
         precision: weights and activations dtype: ``"fp32"``, ``"bf16"`` or ``"fp16"`` (CUDA only).
+            ``"auto"`` is accepted and resolved at once (:func:`resolve_precision`, this machine's
+            hardware), so the attribute always holds a concrete precision. The constructor's
+            default stays ``"fp32"`` (library use and tests are the same everywhere); the
+            service's default, ``CLIP_PRECISION`` unset, is ``"auto"`` (:meth:`from_env`).
         batch_size: images per bulk chunk and per bulk forward pass.
         preprocess: ``"cpu"``, ``"gpu"`` or ``"gpu_decode"`` (the last two need ``device="cuda"``);
             see :data:`Preprocess`.
@@ -75,10 +83,12 @@ class PipelineConfig:
     decode_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
-        if self.precision not in ("fp32", "bf16", "fp16"):
-            raise ValueError(f"precision must be fp32, bf16 or fp16, not {self.precision!r}")
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda, not {self.device!r}")
+        if self.precision == "auto":  # frozen: resolved once, here, before anything is named after it
+            object.__setattr__(self, "precision", resolve_precision("auto", self.device))
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision must be auto, fp32, bf16 or fp16, not {self.precision!r}")
         if self.precision == "fp16" and self.device == "cpu":
             raise ValueError("precision fp16 needs device cuda; use bf16 on the CPU")
         if self.batch_size < 1 or self.interactive_max_batch_size < 1:
@@ -97,8 +107,12 @@ class PipelineConfig:
                 raise ValueError(f"{name} must be >= 1 or None (automatic), not {value}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> "PipelineConfig":
+    def from_env(cls, env: Mapping[str, str] | None = None, *, hardware: "Hardware | None" = None
+                 ) -> "PipelineConfig":
         """Build from ``CLIP_*`` / ``PIPELINE_*`` variables (see README's configuration table).
+
+        ``CLIP_PRECISION`` defaults to ``"auto"``, resolved here by :func:`resolve_precision`
+        against ``hardware`` (default: this machine, :func:`detect_hardware`).
 
         Raises:
             ValueError: a variable does not parse or is out of range.
@@ -117,12 +131,13 @@ class PipelineConfig:
 
         threads = get("TORCH_THREADS", None, int)
         decode_threads = get("DECODE_THREADS", None, int)
+        device = get("CLIP_DEVICE", d.device)
         return cls(
             model_name=get("CLIP_MODEL", d.model_name),
             pretrained=get("CLIP_PRETRAINED", d.pretrained),
             seed=get("CLIP_SEED", d.seed, int),
-            device=get("CLIP_DEVICE", d.device),
-            precision=get("CLIP_PRECISION", d.precision),
+            device=device,
+            precision=resolve_precision(get("CLIP_PRECISION", "auto"), device, hardware=hardware),
             batch_size=get("BULK_BATCH_SIZE", d.batch_size, int),
             preprocess=get("PREPROCESS", d.preprocess),
             bulk_processes=get("BULK_PROCESSES", d.bulk_processes, int),
@@ -251,3 +266,136 @@ def _file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+# --- the hardware a precision runs on --------------------------------------------------------------
+
+#: ``/proc/cpuinfo`` flags of CPUs that compute bf16 natively: AVX-512 BF16 (``vdpbf16ps``: Intel
+#: Cooper Lake and later, AMD Zen 4 and later) and AMX (Intel Sapphire Rapids and later). Elsewhere
+#: torch emulates bf16 through fp32: a ViT-B/32 image tower at batch 64 measured 1.1 images/s in
+#: bf16 against 10.6 in fp32 on an AVX2-only EPYC, and twice fp32's rate on an AVX-512-BF16 one
+#: (../shared/NOTES.md, 2026-11-29 and 2026-11-30).
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+#: The CPU flags every benchmark prints with its figures: the vector widths and bf16 units that
+#: decide what the model's matmuls cost (``benchmarks._common.machine``).
+BENCHMARK_CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+#: CUDA compute capability from which bf16 runs natively (Ampere, sm_80: bf16 tensor cores); older
+#: GPUs emulate it (torch's ``torch.cuda.is_bf16_supported(including_emulation=False)`` uses the
+#: same bound).
+CUDA_NATIVE_BF16_CAPABILITY = (8, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    """What decides whether bf16 is native here. Read without torch (:func:`detect_hardware`),
+    so the web process, which names the collection after the precision too, resolves ``auto``
+    exactly as the workers on the same machine do.
+
+    Attributes:
+        cpu_model: ``model name`` of ``/proc/cpuinfo`` (``""`` where there is none).
+        cpu_flags: the CPU's feature flags (lower case, as ``/proc/cpuinfo`` spells them).
+        cuda_capabilities: ``(major, minor)`` compute capability of each GPU NVML sees; empty
+            when there is no GPU or NVML cannot be read.
+    """
+
+    cpu_model: str = ""
+    cpu_flags: frozenset[str] = dataclasses.field(default=frozenset(), repr=False)  # ~100 names
+    cuda_capabilities: tuple[tuple[int, int], ...] = ()
+
+    def native_bf16(self, device: str) -> bool:
+        """Whether ``device`` (``"cpu"``/``"cuda"``) computes bf16 natively: a CPU flag of
+        :data:`NATIVE_BF16_CPU_FLAGS`, or every GPU at :data:`CUDA_NATIVE_BF16_CAPABILITY` or
+        later (NVML's order need not be CUDA's, so a mixed machine counts as not native)."""
+        if device == "cuda":
+            return bool(self.cuda_capabilities) and min(self.cuda_capabilities) >= CUDA_NATIVE_BF16_CAPABILITY
+        return any(f in self.cpu_flags for f in NATIVE_BF16_CPU_FLAGS)
+
+    def describe(self, device: str) -> str:
+        """One line for logs: the CPU model and its relevant flags, or the GPUs' capabilities."""
+        if device == "cuda":
+            caps = ", ".join(f"sm_{a}{b}" for a, b in self.cuda_capabilities) or "unknown (NVML unavailable)"
+            return f"CUDA compute capability {caps}"
+        flags = " ".join(f for f in BENCHMARK_CPU_FLAGS if f in self.cpu_flags) or "none of " + "/".join(
+            BENCHMARK_CPU_FLAGS)
+        return f"CPU {self.cpu_model or 'unknown'} (flags: {flags})"
+
+
+def read_cpuinfo(path: str | Path = "/proc/cpuinfo") -> tuple[str, frozenset[str]]:
+    """``(model name, flags)`` of the first processor in ``path``; ``("", frozenset())`` where the
+    file does not exist (not Linux) or cannot be read."""
+    model, flags = "", frozenset()
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return model, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key in ("flags", "Features") and not flags:  # x86 / ARM
+            flags = frozenset(value.lower().split())
+        if model and flags:
+            break
+    return model, flags
+
+
+def cuda_capabilities() -> tuple[tuple[int, int], ...]:
+    """Compute capability of every GPU, read through NVML (``nvidia-ml-py``), never through torch:
+    initialising CUDA in the web process or a Celery parent before it forks breaks the children
+    (celery/celery#3402). Empty when there is no GPU, no driver or no NVML."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no driver, no library: no GPU as far as we can tell
+        return ()
+    try:
+        return tuple(tuple(pynvml.nvmlDeviceGetCudaComputeCapability(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                     for i in range(pynvml.nvmlDeviceGetCount()))
+    except Exception:  # noqa: BLE001
+        return ()
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+@functools.cache
+def detect_hardware(*, cuda: bool = False) -> Hardware:
+    """This machine's :class:`Hardware` (cached per process); GPUs are asked about only with ``cuda``."""
+    model, flags = read_cpuinfo()
+    return Hardware(cpu_model=model, cpu_flags=flags, cuda_capabilities=cuda_capabilities() if cuda else ())
+
+
+def resolve_precision(requested: str, device: str, *, hardware: Hardware | None = None) -> Precision:
+    """The concrete precision for ``CLIP_PRECISION=requested`` on ``device``.
+
+    ``"auto"``: ``"bf16"`` where ``hardware`` computes it natively (:meth:`Hardware.native_bf16`),
+    ``"fp32"`` otherwise (fp16 is never chosen: it needs care a default should not take). Any other
+    value is returned unchanged and validated by :class:`PipelineConfig`.
+
+    Args:
+        hardware: what to decide on (tests inject it); default :func:`detect_hardware`.
+    """
+    if requested != "auto":
+        return requested  # type: ignore[return-value]
+    hardware = hardware or detect_hardware(cuda=device == "cuda")
+    return "bf16" if hardware.native_bf16(device) else "fp32"
+
+
+def emulated_precision_warning(config: PipelineConfig, *, hardware: Hardware | None = None) -> str | None:
+    """A warning when ``config`` asks for bf16 on hardware that only emulates it, else ``None``.
+
+    Args:
+        hardware: default :func:`detect_hardware` for the config's device.
+    """
+    if config.precision != "bf16":
+        return None
+    hardware = hardware or detect_hardware(cuda=config.device == "cuda")
+    if hardware.native_bf16(config.device):
+        return None
+    return (f"CLIP_PRECISION=bf16 on hardware without native bf16 ({hardware.describe(config.device)}): "
+            f"torch emulates it, measured up to 10x SLOWER than fp32 (../shared/NOTES.md); "
+            f"set CLIP_PRECISION=auto or fp32 unless this is meant")

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import torch
 
-from workers.config import RANDOM_WEIGHTS, PipelineConfig
+from workers.config import RANDOM_WEIGHTS, PipelineConfig, emulated_precision_warning
 from workers.preprocess import PreprocessConfig
 
 log = logging.getLogger(__name__)
@@ -37,8 +37,19 @@ class ClipEncoder:
     """
 
     def __init__(self, config: PipelineConfig) -> None:
+        """Build the model of ``config`` (see the class docstring).
+
+        Logs a WARNING when ``config.precision`` is bf16 on hardware that only emulates it
+        (``workers.config.emulated_precision_warning``: up to 10x slower than fp32).
+
+        Raises:
+            WeightsUnavailable: the weights cannot be loaded.
+            FileNotFoundError: ``pretrained`` names a checkpoint file that does not exist.
+        """
         import open_clip  # heavy; only worker processes get here
 
+        if (warning := emulated_precision_warning(config)) is not None:
+            log.warning("%s", warning)
         #: torch intra-op threads of this encoder (``PipelineConfig.threads``: never more than
         #: this process's share of the cores unless set explicitly).
         self.torch_threads = config.threads().torch

@@ -116,3 +116,27 @@ def test_an_upload_message_discarded_as_expired_marks_its_images_expired(service
     got = {str(i): (s, r, d) for i, s, r, d in Image.objects.values_list("id", "status", "reason", "reason_detail")}
     assert {(s, r) for s, r, _ in got.values()} == {(ImageStatus.EXPIRED, "expired")} and set(got) == set(ids)
     assert all(d.startswith("deadline passed 3.") and d.endswith("before a worker took it") for *_, d in got.values())
+
+
+def test_a_bulk_worker_warns_at_start_when_its_bf16_is_emulated(settings, monkeypatch, caplog):
+    """Issue 9 (6): the bulk worker's children load the model lazily, so its parent says it at start
+    (from /proc/cpuinfo, without torch); an interactive worker says it when it loads the model."""
+    from types import SimpleNamespace
+
+    from workers import config as config_module
+
+    def worker(*queues):
+        return SimpleNamespace(task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=q) for q in queues]))
+
+    monkeypatch.setattr(config_module, "detect_hardware", lambda cuda=False: config_module.Hardware(
+        cpu_model="AMD EPYC 7B13", cpu_flags=frozenset({"avx2"})))
+    settings.PIPELINE = config_module.PipelineConfig(pretrained="random", precision="bf16")
+    with caplog.at_level("WARNING", logger="embeddings.tasks"):
+        tasks.warn_emulated_precision(worker(lanes.BULK))
+        tasks.warn_emulated_precision(worker(lanes.VECTORS))
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "CLIP_PRECISION=bf16" in caplog.records[0].getMessage() and "AMD EPYC 7B13" in caplog.text
+    caplog.clear()
+    settings.PIPELINE = settings.PIPELINE.replace(precision="fp32")
+    tasks.warn_emulated_precision(worker(lanes.BULK))
+    assert caplog.records == []

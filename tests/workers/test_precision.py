@@ -167,3 +167,26 @@ def test_cuda_options_are_within_the_bound(random_config, reference, photos, pre
     assert [m.key for m in result.metas] == list(photos)
     cos = cosines(fp32, result.vectors)
     assert cos.min() >= MIN_COSINE, (precision, preprocess, sorted(cos)[:3])
+
+
+def test_explicit_bf16_where_the_cpu_only_emulates_it_warns_loudly_when_the_model_loads(
+        random_config, monkeypatch, caplog):
+    """Issue 9 (6): 10x slower, silently, is not acceptable; the model still loads as asked."""
+    from workers import config as config_module
+
+    avx2_only = config_module.Hardware(cpu_model="AMD EPYC 7B13", cpu_flags=frozenset({"avx", "avx2", "fma"}))
+    monkeypatch.setattr(config_module, "detect_hardware", lambda cuda=False: avx2_only)
+    with caplog.at_level("WARNING", logger="workers.model"):
+        bf16 = ClipEncoder(random_config.replace(precision="bf16"))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and r.name == "workers.model"]
+    assert len(warnings) == 1, caplog.text
+    message = warnings[0].getMessage()
+    assert "CLIP_PRECISION=bf16" in message and "AMD EPYC 7B13" in message and "10x SLOWER" in message
+    assert bf16.dtype == torch.bfloat16  # warned, not overruled
+
+    caplog.clear()
+    native = config_module.Hardware(cpu_model="AMD EPYC 9B14", cpu_flags=frozenset({"avx512f", "avx512_bf16"}))
+    monkeypatch.setattr(config_module, "detect_hardware", lambda cuda=False: native)
+    with caplog.at_level("WARNING", logger="workers.model"):
+        ClipEncoder(random_config.replace(precision="bf16"))
+    assert not [r for r in caplog.records if r.levelname == "WARNING" and r.name == "workers.model"], caplog.text
