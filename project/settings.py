@@ -127,6 +127,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "embeddings.api.errors.exception_handler",
+    # No multipart part vanishes, and an unparseable Content-Type is a 400 (embeddings/api/parsers.py)
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "embeddings.api.parsers.DrfMultiPartParser",
+    ],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "embeddings.api.parsers.ContentNegotiation",
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "CLIP embeddings", "VERSION": "1.0.0",

@@ -6,11 +6,13 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api.errors import as_application_error
+from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
+from embeddings.api.parsers import content_type_error
 from embeddings.api.serializers import (
     ImageSerializer,
     JobCreateSerializer,
@@ -27,7 +29,11 @@ from embeddings.services.sources import from_folder, from_uploads, from_zip
 
 
 def _parsed(request):
-    """``(data, files)`` of the request; Django's upload limits become a 4xx naming the limit."""
+    """``(data, files)`` of the request; Django's upload limits become a 4xx naming the limit, an
+    unparseable Content-Type a 400 ``malformed_request`` (also when the body is empty)."""
+    error = content_type_error(request)
+    if error is not None:
+        raise error
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.UPLOAD_MAX_REQUEST_BYTES:
         raise ApplicationError(
@@ -45,10 +51,36 @@ def _parsed(request):
 
 
 def _files(files, *names: str) -> list:
+    """The uploaded files of fields ``names``, in the order their parts came in the body."""
     out = []
     for name in names:
         out.extend(files.getlist(name))
-    return out
+    return sorted(out, key=lambda f: getattr(f, "part", 0))
+
+
+def _check_parts(data, files, *, file_fields: tuple[str, ...]) -> None:
+    """Every part sent must be read: a file in a field this endpoint does not read, or a text value
+    (a part without ``filename``) in one of its file fields, would otherwise vanish unanswered.
+
+    Raises:
+        ApplicationError: ``unexpected_parts`` (400), ``extra.parts`` listing each such part.
+    """
+    stray = [{"part": getattr(f, "part", None), "field": field, "filename": f.name,
+              "reason": f"a file in a field this endpoint does not read ({', '.join(file_fields)})"}
+             for field, fs in files.lists() if field not in file_fields for f in fs]
+    if hasattr(data, "getlist"):
+        stray += [{"part": None, "field": field, "filename": None,
+                   "reason": "a text value (no filename in its Content-Disposition) in a file field"}
+                  for field in file_fields for v in data.getlist(field) if isinstance(v, str)]
+    if stray:
+        raise ApplicationError(f"{len(stray)} part(s) of the request cannot be used: "
+                               + "; ".join(f"field {p['field']!r}: {p['reason']}" for p in stray),
+                               code="unexpected_parts", extra={"parts": stray})
+
+
+def _renamed(sources) -> list[dict]:
+    """``[{"name", "raw_name"}]`` of the sources whose display name is not the name sent."""
+    return [{"name": s.name, "raw_name": s.raw_name} for s in sources if s.raw_name is not None]
 
 
 class ImageUploadView(APIView):
@@ -59,6 +91,7 @@ class ImageUploadView(APIView):
     @extend_schema(operation_id="images_upload", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         data, files = _parsed(request)
+        _check_parts(data, files, file_fields=("files", "file", "image"))
         uploads = _files(files, "files", "file", "image")
         if not uploads:
             raise ApplicationError("send one or more image files in the 'files' field", code="no_files")
@@ -71,10 +104,14 @@ class ImageUploadView(APIView):
         q = UploadQuerySerializer(data=data)
         q.is_valid(raise_exception=True)
         deadline_s = request_services.deadline_for(q.validated_data.get("deadline"))
+        sources = from_uploads(uploads)
         outcome = request_services.images_upload(
-            owner=request.user, sources=from_uploads(uploads), deadline_s=deadline_s, k=q.validated_data["k"]
+            owner=request.user, sources=sources, deadline_s=deadline_s, k=q.validated_data["k"]
         )
-        return Response({"images": outcome.images, "deadline_s": deadline_s}, status=outcome.status)
+        # images_upload answers one entry per source, in order: a replaced name is shown as sent
+        images = [im if src.raw_name is None else {**im, "raw_name": src.raw_name}
+                  for im, src in zip(outcome.images, sources)]
+        return Response({"images": images, "deadline_s": deadline_s}, status=outcome.status)
 
     @extend_schema(operation_id="images_list", responses=ImageSerializer(many=True))
     def get(self, request):
@@ -105,6 +142,7 @@ class JobListView(APIView):
     @extend_schema(operation_id="jobs_create", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses={202: OpenApiTypes.OBJECT})
     def post(self, request):
         data, files = _parsed(request)
+        _check_parts(data, files, file_fields=("files", "file", "zip"))
         s = JobCreateSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data
@@ -120,8 +158,8 @@ class JobListView(APIView):
             raise ApplicationError("send files, a zip, or (staff) a folder", code="no_files")
         job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
                                       deadline=v["deadline"])
-        return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/"},
-                        status=status.HTTP_202_ACCEPTED)
+        return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
+                         "renamed": _renamed(sources)}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
     def get(self, request):
@@ -159,7 +197,8 @@ class SearchView(APIView):
 
     @extend_schema(operation_id="search", request=SearchSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        data, _ = _parsed(request)
+        data, files = _parsed(request)
+        _check_parts({}, files, file_fields=("image",))
         s = SearchSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data

@@ -4,6 +4,12 @@ Zip archives are read entry by entry without extracting to disk by name; entries
 paths or ``..`` are refused (zip slip), and the entry count and total uncompressed size are bounded
 before anything is read (zip bombs). Folders are confined to ``settings.INGEST_ROOTS`` unless the
 caller is the server's own command line; symlinks that leave the folder are refused.
+
+Every uploaded file and every zip entry that is not a directory becomes one source, whatever its
+name: the display name is :func:`safe_name` of the name sent, and a name with nothing usable left
+(empty, ``.``, ``..``, ending in ``/``, only control characters) is replaced by a fallback that
+says where the file was: ``upload-N`` (N-th part of the request body) or ``entry-N`` (N-th record
+of the zip). ``SourceFile.raw_name`` keeps the name as sent when the display name differs.
 """
 from __future__ import annotations
 
@@ -21,28 +27,79 @@ from embeddings.services.errors import ApplicationError
 class SourceFile:
     """One file to ingest: a display ``name``, its ``size`` in bytes, and how to ``open`` it.
 
-    ``in_place`` is set for server-side files that are embedded where they are (not copied).
+    ``in_place`` is set for server-side files that are embedded where they are (not copied);
+    ``raw_name`` is the name as sent when ``name`` differs from it (see :func:`safe_name`).
     """
 
     name: str
     size: int
     open: Callable[[], BinaryIO]
     in_place: Path | None = None
+    raw_name: str | None = None
+
+
+#: Longest display name, in characters (``Image.original_name`` is a ``CharField(max_length=255)``).
+MAX_NAME_CHARS = 255
+
+
+def _clean(segment: str) -> str:
+    # str.isprintable() is False for control (Cc), format (Cf: e.g. U+202E, right-to-left
+    # override, a classic extension spoof), separator and unassigned characters, except " ".
+    return "".join(ch for ch in segment if ch.isprintable()).strip()
+
+
+def safe_name(raw: str | None, *, fallback: str, keep_dirs: bool = False) -> str:
+    """A display name for a file from an untrusted name: never empty, no control characters.
+
+    Backslashes count as path separators; each segment loses its non-printable characters and
+    outer spaces. The name is the last segment (``keep_dirs``: the cleaned path, without empty,
+    ``.`` or ``..`` segments), at most :data:`MAX_NAME_CHARS` characters, extension kept.
+
+    Returns:
+        ``fallback`` when ``raw`` is None or its last segment is empty, ``.`` or ``..`` once
+        cleaned (``""``, ``"holiday.png/"``, ``".."``, a tab), else the cleaned name.
+    """
+    if raw is None:
+        return fallback
+    segments = [_clean(s) for s in raw.replace("\\", "/").split("/")]
+    base = segments[-1]
+    if base in ("", ".", ".."):
+        return fallback
+    name = "/".join([s for s in segments[:-1] if s not in ("", ".", "..")] + [base]) if keep_dirs else base
+    if len(name) > MAX_NAME_CHARS:
+        name = base
+    if len(name) > MAX_NAME_CHARS:
+        stem, ext = os.path.splitext(name)
+        ext = ext if len(ext) <= 16 else ""
+        name = stem[: MAX_NAME_CHARS - len(ext)] + ext
+    return name
 
 
 def from_uploads(files) -> list[SourceFile]:
-    """Django ``UploadedFile`` objects → sources."""
+    """Django ``UploadedFile`` objects → sources, one per file, in order.
+
+    The name is :func:`safe_name` of ``raw_name`` (set by :mod:`embeddings.api.parsers`: the name
+    as sent) or of ``name``; the fallback is ``upload-N``, N the file's ``part`` (its position in
+    the request body) or its 1-based position in ``files``.
+    """
     out = []
-    for f in files:
+    for i, f in enumerate(files, start=1):
         def _open(f=f):
             f.seek(0)
             return f
-        out.append(SourceFile(name=os.path.basename(f.name or "upload"), size=f.size, open=_open))
+        raw = getattr(f, "raw_name", None)
+        raw = f.name if raw is None else raw
+        name = safe_name(raw, fallback=f"upload-{getattr(f, 'part', i)}")
+        out.append(SourceFile(name=name, size=f.size, open=_open, raw_name=None if raw == name else raw))
     return out
 
 
 def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceFile]:
     """Entries of a zip archive (directories skipped) → sources.
+
+    A directory is an entry whose name ends in ``/`` and that holds no bytes; an entry with bytes
+    is a file whatever its name, named by :func:`safe_name` (directories kept) with the fallback
+    ``entry-N`` (N: its 1-based position in the archive's central directory).
 
     Entries are read lazily, never more than their declared size; one whose data turns out damaged
     (bad CRC, broken deflate stream) raises :class:`~workers.errors.ImageRejected` ``corrupt`` when
@@ -55,7 +112,7 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceF
     """
     try:
         archive = zipfile.ZipFile(upload)
-        infos = [i for i in archive.infolist() if not i.is_dir()]
+        infos = [(n, i) for n, i in enumerate(archive.infolist(), start=1) if not (i.is_dir() and i.file_size == 0)]
     except (zipfile.BadZipFile, OSError) as e:
         raise ApplicationError(f"not a readable zip archive: {e}", code="zip_invalid") from e
     if len(infos) > max_entries:
@@ -63,14 +120,14 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceF
             f"zip has {len(infos)} entries; the limit is {max_entries}", code="zip_too_many_entries", status=413,
             extra={"limit": max_entries, "entries": len(infos)},
         )
-    total = sum(i.file_size for i in infos)
+    total = sum(i.file_size for _, i in infos)
     if total > max_uncompressed:
         raise ApplicationError(
             f"zip expands to {total} bytes; the limit is {max_uncompressed}", code="zip_too_large", status=413,
             extra={"limit": max_uncompressed, "uncompressed_bytes": total},
         )
     out = []
-    for info in infos:
+    for n, info in infos:
         p = PurePosixPath(info.filename.replace("\\", "/"))
         if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
             raise ApplicationError(
@@ -82,7 +139,9 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceF
                 f"zip entry {info.filename!r} is encrypted or uses an unsupported compression method "
                 f"({info.compress_type})", code="zip_unsupported", extra={"entry": info.filename},
             )
-        out.append(SourceFile(name=str(p), size=info.file_size, open=lambda info=info: _BoundedEntry(archive, info)))
+        name = safe_name(info.filename, fallback=f"entry-{n}", keep_dirs=True)
+        out.append(SourceFile(name=name, size=info.file_size, open=lambda info=info: _BoundedEntry(archive, info),
+                              raw_name=None if name == info.filename else info.filename))
     return out
 
 
