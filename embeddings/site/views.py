@@ -22,6 +22,7 @@ from embeddings.services.errors import ApplicationError
 from embeddings.services.images import image_delete
 from embeddings.services.sources import from_uploads
 from embeddings.site.words import REASON_WORDS, reason_words
+from workers.thumbnail import LONG_SIDE, thumbnail_size
 
 #: Results on the search page: a 50-image grid is the size the page is measured at (docs/ui.md).
 SEARCH_K = 50
@@ -112,8 +113,10 @@ def image_detail(request, image_id):
         except ApplicationError as e:
             error = _error(e)
     view = request_services.image_view(image)
+    thumb_size = thumbnail_size(image.width, image.height) if image.width and image.height else (LONG_SIDE, LONG_SIDE)
     return render(request, "site/image.html", {"image": image, "view": view, "neighbours": neighbours,
-                                               "error": error, "reason": reason_words(image.reason)})
+                                               "error": error, "reason": reason_words(image.reason),
+                                               "thumb_size": thumb_size})
 
 
 @login_required

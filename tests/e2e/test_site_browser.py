@@ -148,13 +148,16 @@ def test_upload_three_photos_each_embedded_with_a_thumbnail(alice, browser, stac
     check_page(alice, "upload", browser, stack, "/upload/")
 
 
-def test_a_refused_file_shows_its_reason_in_words(alice):
+def test_a_refused_file_dropped_on_the_page_shows_its_reason_in_words(alice):
     page = alice.page
     page.goto("/upload/")
     # the API answers 415 for a single refused file; the browser logs that response as an error
     alice.expected.append("status of 415")
-    page.set_input_files("#files", files=[{"name": "notes.jpg", "mimeType": "image/jpeg",
-                                           "buffer": b"meeting notes, definitely not a JPEG\n"}])
+    # dropped on the zone, as a person drags a file from their desktop
+    dropped = page.evaluate_handle("""() => { const dt = new DataTransfer();
+        dt.items.add(new File(["meeting notes, definitely not a JPEG\\n"], "notes.jpg", {type: "image/jpeg"}));
+        return dt; }""")
+    page.dispatch_event("#upload", "drop", {"dataTransfer": dropped})
     refused = page.locator("#upload-list li.refused")
     refused.wait_for(timeout=60_000)
     assert "Refused: This file is not an image." in refused.inner_text()
