@@ -149,7 +149,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     import redis
 
-    from benchmarks._common import machine
+    from benchmarks._common import machine, machine_line
     from scripts.stack import Stack
 
     env = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0", "VECTOR_STORE": a.store, "RECONCILE_INTERVAL_S": "0",
@@ -179,7 +179,7 @@ def main(argv=None) -> None:
                              result["redis_commands_per_point"], result["sql_per_point"],
                              result["store_calls_per_point"],
                              f"{trips['chunk_ms']:.0f} / {trips['chunk_sql_ms']:.0f} / {trips['chunk_store_ms']:.0f}"]])
-    print(f"machine: {info}\n{table}")
+    print(f"{machine_line(info)}\nmachine: {info}\n{table}")
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / f"sink-{a.store}.json", result)
     (a.out / f"sink-{a.store}.md").write_text(table + "\n")

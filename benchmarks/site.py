@@ -117,7 +117,7 @@ def main() -> int:
 
     import requests
 
-    from benchmarks._common import machine, markdown_table, write_json
+    from benchmarks._common import machine, machine_line, markdown_table, write_json
     from scripts.stack import Stack
 
     state = args.out / f"state-{int(time.time())}"
@@ -152,7 +152,7 @@ def main() -> int:
     result["pass"] = {"p95": max(result["text_search_page_ms"]["p95"], result["more_like_this_page_ms"]["p95"]) <= TARGET_P95_MS,
                       "grid_bytes": sum(sizes) <= TARGET_GRID_BYTES}
     write_json(args.out / "result.json", result)
-    print(f"\n{result['machine']['cpu']}, {result['machine']['cores']} cores; {args.images} images, "
+    print(f"\n{machine_line(result['machine'])}\n{args.images} images, "
           f"{args.requests} requests per page kind")
     print(markdown_table(["page", "p50 ms", "p95 ms", "p99 ms", "max ms"], [
         [k, v["p50"], v["p95"], v["p99"], v["max"]] for k, v in

@@ -156,10 +156,10 @@ def main(argv=None) -> None:
     if a.one:
         print(json.dumps(run_one(a.one[0], int(a.one[1]), a.owners, a.queries, a.local_queries)))
         return
-    from benchmarks._common import machine
+    from benchmarks._common import machine, machine_line
 
     info = machine()
-    print(f"machine: {info}", flush=True)
+    print(f"{machine_line(info)}\nmachine: {info}", flush=True)
     results = []
     for n in a.sizes:
         for engine in a.engines:
