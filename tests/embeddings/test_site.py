@@ -4,8 +4,12 @@ pages' permissions (a user sees their own, staff all) and CSRF, static files and
 from __future__ import annotations
 
 import re
+from io import StringIO
 
+import cv2
+import numpy as np
 import pytest
+from django.core.management import call_command
 from django.test import Client
 
 from embeddings import runtime
@@ -178,3 +182,18 @@ def test_static_files_and_api_docs_are_served_without_a_cdn(service, user):
     assert c.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js").status_code == 200
     redoc = c.get("/api/redoc/").content.decode()
     assert "/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js" in redoc
+
+
+def test_the_thumbnails_command_draws_only_what_is_missing(service, api):
+    a = uploaded(api, "a.jpg", jpeg_bytes(60, size=(300, 500)))
+    uploaded(api, "b.jpg", jpeg_bytes(61))
+    store = runtime.blob_store()
+    thumbnail_path(store, a["sha256"]).unlink()  # as for an image embedded before thumbnails existed
+    out = StringIO()
+    call_command("thumbnails", stdout=out)
+    assert out.getvalue().strip() == "1 thumbnails drawn, 1 already there, 0 without a readable original"
+    drawn = cv2.imdecode(np.frombuffer(thumbnail_path(store, a["sha256"]).read_bytes(), np.uint8), cv2.IMREAD_COLOR)
+    assert drawn.shape[:2] == (154, 256)  # 500 × 300 → 256 on the long side
+    out = StringIO()
+    call_command("thumbnails", stdout=out)
+    assert out.getvalue().strip() == "0 thumbnails drawn, 2 already there, 0 without a readable original"
