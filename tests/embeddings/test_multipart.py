@@ -203,6 +203,15 @@ def test_jobs_count_every_file_part_and_list_the_renamed(wsgi):
     j = r.json()
     assert j["total"] == 5
     assert j["renamed"] == [{"name": f, "raw_name": n} for f, n in zip(FALLBACKS[1:], NAMELESS[1:])]
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name in ("dir/", "ok.png", "holiday.png/", "sub/\t"):
+            z.writestr(name, b"" if name == "dir/" else b"not an image")
+    data = body("b3", [file_part("a.zip", buf.getvalue(), field="zip")])
+    r = wsgi.request("POST", "/api/jobs/", data, "multipart/form-data; boundary=b3")
+    assert r.status == 202, r.body[:300]
+    assert (r.json()["total"], r.json()["renamed"]) == (
+        3, [{"name": "entry-3", "raw_name": "holiday.png/"}, {"name": "entry-4", "raw_name": "sub/\t"}])
 
 
 def test_zip_entries_with_unusable_names_are_entries_too():
