@@ -1,5 +1,6 @@
 """Django admin: jobs with progress and failures, images with status, reason and thumbnail, and an
-action that retries failed images."""
+action that retries failed images. Deleting (one object or "delete selected") goes through the
+services, so points, blobs and duplicates are settled as for the API (``image_deleted``)."""
 from __future__ import annotations
 
 from django.contrib import admin, messages
@@ -10,7 +11,7 @@ from django.utils.html import format_html
 from embeddings import runtime
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services import jobs as job_services
-from embeddings.services.images import images_retry
+from embeddings.services.images import image_delete, images_delete, images_retry
 
 
 class ImageInline(admin.TabularInline):
@@ -73,6 +74,13 @@ class JobAdmin(admin.ModelAdmin):
     def cancel(self, request, queryset):
         self._transition(request, queryset, JobStatus.CANCELLED)
 
+    def delete_model(self, request, obj):
+        job_services.job_delete(job=obj)
+
+    def delete_queryset(self, request, queryset):
+        for job in queryset:
+            job_services.job_delete(job=job)
+
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
@@ -119,6 +127,12 @@ class ImageAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def delete_model(self, request, obj):
+        image_delete(image=obj)
+
+    def delete_queryset(self, request, queryset):
+        images_delete(images=queryset)
 
 
 @admin.register(BatchStat)

@@ -6,6 +6,8 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 
 
 class Lane(models.TextChoices):
@@ -51,6 +53,12 @@ TERMINAL_IMAGE_STATUSES = (
     ImageStatus.CANCELLED,
 )
 
+#: Statuses of a row that holds (or is getting) its bytes' vector. Among the rows of one owner,
+#: model and sha256, at most one in these statuses has no ``duplicate_of``: the *original*; every
+#: other upload of those bytes is ``skipped`` and points at it. The database holds this
+#: (``image_one_original``), so two concurrent uploads cannot both be embedded.
+LIVE_ORIGINAL_STATUSES = (ImageStatus.QUEUED, ImageStatus.EMBEDDED)
+
 
 class Job(models.Model):
     """A bulk embedding job: many images, split into chunks of ``chunk_size`` image ids."""
@@ -87,6 +95,12 @@ class Image(models.Model):
     ``storage_key`` names the bytes (``blob/…`` in our store, or ``file:/abs/path`` for staff
     folder ingestion); messages carry image ids, never bytes. ``point_id`` = uuid5(model_id,
     sha256), so the same bytes under the same model share one Qdrant point.
+
+    A ``skipped`` row is another upload of its ``duplicate_of``'s bytes (same owner and model): it
+    carries the original's width, height and format (filled when the original is embedded) and is
+    searched through the original's point. Whenever a row goes (deleted by the API, the admin, or a
+    cascade from its job or owner: :func:`_image_deleted`), its vector, blob and duplicates are
+    settled by ``services.images.image_deleted``.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -118,9 +132,28 @@ class Image(models.Model):
             models.Index(fields=["job", "status"]),
             models.Index(fields=["point_id"]),
         ]
+        constraints = [
+            # One original per owner, model and bytes (issue 9: a check-then-insert let concurrent
+            # uploads both be embedded). Partial unique indexes work on SQLite and PostgreSQL.
+            models.UniqueConstraint(
+                fields=["owner", "model_id", "sha256"],
+                condition=models.Q(duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES),
+                name="image_one_original",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.original_name or self.id} ({self.status})"
+
+
+@receiver(post_delete, sender=Image, dispatch_uid="embeddings.image_deleted")
+def _image_deleted(sender, instance: Image, origin=None, **kwargs) -> None:
+    """Every deleted row, however it goes (``image_delete``, the admin's bulk delete, the cascade
+    from deleting its job or its owner), is settled by the one service: duplicates promoted, vector
+    and blob forgotten after commit."""
+    from embeddings.services.images import image_deleted
+
+    image_deleted(image=instance, single=isinstance(origin, Image))
 
 
 class BatchStat(models.Model):

@@ -3,6 +3,7 @@
 Keys are what messages and the database carry, never the bytes:
 - ``blob/<aa>/<bb>/<sha256>``: a file under ``BLOB_ROOT`` written once, atomically.
 - ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only).
+- ``tmp/<uuid>``: a query image, kept only while its search runs (``put_temporary``), never shared.
 
 ``read`` checks the sha256 again, so a file changed on disk after ingestion is refused
 (``source_changed``) rather than embedded under the wrong id.
@@ -12,12 +13,14 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import uuid
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
 from workers.errors import ImageRejected, Reason
 
 _FILE_PREFIX = "file:"
+_TMP_PREFIX = "tmp/"
 
 
 class BlobStore:
@@ -56,6 +59,24 @@ class BlobStore:
                 os.unlink(tmp)
             raise
 
+    def put_temporary(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
+        """Write bytes under a fresh ``tmp/<uuid>`` key that no image shares (a query image): the
+        caller deletes it when done. Returns ``(key, sha256 hex, size in bytes)``."""
+        key = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+        dest = self.path(key)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        h, size = hashlib.sha256(), 0
+        try:
+            with open(dest, "xb") as f:
+                for chunk in chunks:
+                    h.update(chunk)
+                    size += len(chunk)
+                    f.write(chunk)
+        except BaseException:
+            dest.unlink(missing_ok=True)
+            raise
+        return key, h.hexdigest(), size
+
     def put_file(self, f: BinaryIO) -> tuple[str, str, int]:
         """``put`` from an open binary file, read in 1 MiB blocks."""
         return self.put(iter(lambda: f.read(1 << 20), b""))
@@ -66,6 +87,8 @@ class BlobStore:
             return Path(key[len(_FILE_PREFIX):])
         if key.startswith("blob/") and ".." not in key:
             return self.root / key.removeprefix("blob/")
+        if key.startswith(_TMP_PREFIX) and key[len(_TMP_PREFIX):].isalnum():
+            return self.root / key
         raise ValueError(f"malformed storage key {key!r}")
 
     def read(self, key: str, sha256: str) -> bytes:
@@ -83,8 +106,9 @@ class BlobStore:
         return data
 
     def delete(self, key: str) -> None:
-        """Remove a blob (in-place files are never deleted). Missing blobs are ignored."""
-        if key.startswith("blob/"):
+        """Remove a blob or a temporary file (in-place files are never deleted). Missing ones are
+        ignored."""
+        if key.startswith(("blob/", _TMP_PREFIX)):
             self.path(key).unlink(missing_ok=True)
 
 

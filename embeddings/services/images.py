@@ -8,14 +8,14 @@ import logging
 from typing import Iterable, Sequence
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from embeddings import runtime
-from embeddings.models import Image, ImageStatus, Job
+from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.sources import SourceFile, iter_blocks
-from embeddings.storage import file_key
+from embeddings.storage import file_key, thumbnail_path
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
 from workers.ids import point_id
@@ -89,12 +89,16 @@ def images_create(
     - Obvious non-images (empty, too large, unknown magic bytes) are created ``failed`` with the
       reason and never queued.
     - Bytes this owner already has queued or embedded under the same model are created ``skipped``
-      with ``duplicate_of`` (also within the same request).
+      with ``duplicate_of`` (also within the same request), carrying the original's width, height
+      and format (empty until the original is embedded: :func:`images_mark_embedded` fills them).
     - Everything else is ``queued``; the caller dispatches it after the transaction commits.
+
+    The database decides who is the original (constraint ``image_one_original``), not a look-up:
+    a row that loses a concurrent insert of the same bytes (another request, another process)
+    becomes a ``skipped`` duplicate of the winner (:func:`_insert_originals`).
     """
     model_id = runtime.model_id()
     rows: list[Image] = []
-    seen: dict[str, Image] = {}
     stored, unreadable = [], {}
     for src in sources:
         try:
@@ -103,46 +107,181 @@ def images_create(
             sha = hashlib.sha256(f"unreadable:{src.name}".encode()).hexdigest()
             unreadable[len(stored)] = e
             stored.append((src, "", sha, src.size, b""))
-    existing = {
-        im.sha256: im
-        for im in Image.objects.filter(
-            owner=owner, model_id=model_id, sha256__in={s[2] for s in stored},
-            status__in=(ImageStatus.QUEUED, ImageStatus.EMBEDDED),
-        ).order_by("-created_at")
-    }
-    for n, (src, key, sha, size, head) in enumerate(stored):
-        im = Image(
-            owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
-            original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id), deadline=deadline,
-        )
-        rejected = unreadable.get(n) or quick_check(head, size)
-        original = seen.get(sha) or existing.get(sha)
-        if rejected is not None:
-            im.status, im.reason, im.reason_detail = ImageStatus.FAILED, rejected.reason.value, rejected.detail
-        elif original is not None:
-            im.status, im.duplicate_of = ImageStatus.SKIPPED, original
-            im.width, im.height, im.format = original.width, original.height, original.format
-        else:
-            seen[sha] = im
-        rows.append(im)
     with transaction.atomic():
-        Image.objects.bulk_create(rows, batch_size=500)
+        # Locked until commit: a concurrent delete of an original waits, then sees these duplicates.
+        existing = {
+            im.sha256: im
+            for im in Image.objects.select_for_update().filter(
+                owner=owner, model_id=model_id, sha256__in={s[2] for s in stored},
+                status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True,
+            )
+        }
+        seen: dict[str, Image] = {}
+        for n, (src, key, sha, size, head) in enumerate(stored):
+            im = Image(
+                owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
+                original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id),
+                deadline=deadline,
+            )
+            rejected = unreadable.get(n) or quick_check(head, size)
+            original = seen.get(sha) or existing.get(sha)
+            if rejected is not None:
+                im.status, im.reason, im.reason_detail = ImageStatus.FAILED, rejected.reason.value, rejected.detail
+            elif original is not None:
+                _make_duplicate(im, original)
+            else:
+                seen[sha] = im
+            rows.append(im)
+        _insert_originals(list(seen.values()))
+        for im in rows:  # in-request duplicates of a row that lost its insert follow it to the winner
+            if im.status == ImageStatus.SKIPPED and im.duplicate_of.duplicate_of_id is not None:
+                _make_duplicate(im, im.duplicate_of.duplicate_of)
+        Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
+                                  batch_size=500)
     return rows
+
+
+def _make_duplicate(im: Image, original: Image) -> None:
+    """Turn an unsaved row into a ``skipped`` duplicate of ``original`` with its facts."""
+    im.status, im.duplicate_of, im.reason, im.reason_detail = ImageStatus.SKIPPED, original, "", ""
+    im.width, im.height, im.format = original.width, original.height, original.format
+
+
+def _insert_originals(candidates: list[Image]) -> None:
+    """Insert rows meant to be originals; a row whose bytes already have an original (another
+    request committed first) becomes a ``skipped`` duplicate of that winner instead.
+
+    One ``INSERT`` for all when nothing conflicts; otherwise one savepoint per row. Rows go in
+    sha256 order, so two requests sharing several files lock the index entries in the same order
+    (no deadlock on PostgreSQL, where the second insert waits for the first transaction).
+    """
+    candidates = sorted(candidates, key=lambda im: im.sha256)
+    try:
+        with transaction.atomic():
+            Image.objects.bulk_create(candidates, batch_size=500)
+        return
+    except IntegrityError:
+        for im in candidates:
+            im._state.adding = True
+    for im in candidates:
+        for _ in range(5):  # the winner may itself go (deleted) between our insert and our look-up
+            try:
+                with transaction.atomic():
+                    im.save(force_insert=True)
+                break
+            except IntegrityError:
+                winner = Image.objects.select_for_update().filter(
+                    owner_id=im.owner_id, model_id=im.model_id, sha256=im.sha256,
+                    status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True,
+                ).first()
+                if winner is not None:
+                    _make_duplicate(im, winner)
+                    break
+        else:
+            raise IntegrityError(f"could not insert image {im.id}: its original kept changing")
 
 
 def images_mark_failed(failures: Sequence[tuple[str, str, str]]) -> None:
     """Record ``(image id, reason code, detail)`` for images that will not be embedded.
 
-    Images already embedded are left alone (a redelivered task must not undo a success).
+    Images already embedded are left alone (a redelivered task must not undo a success). When an
+    original leaves the queue this way its skipped duplicates follow (:func:`_original_gone`): the
+    same bytes fail the same way; an expired or cancelled request takes its own duplicates along,
+    and a copy uploaded separately takes the original's place.
     """
     for image_id, reason, detail in failures:
         status = {
             Reason.EXPIRED.value: ImageStatus.EXPIRED,
             Reason.CANCELLED.value: ImageStatus.CANCELLED,
         }.get(reason, ImageStatus.FAILED)
-        Image.objects.filter(id=image_id).exclude(status=ImageStatus.EMBEDDED).update(
-            status=status, reason=reason, reason_detail=detail[:2000]
-        )
+        with transaction.atomic():
+            was = Image.objects.select_for_update().filter(id=image_id).exclude(status=ImageStatus.EMBEDDED).first()
+            if was is None or not Image.objects.filter(id=image_id).exclude(status=ImageStatus.EMBEDDED).update(
+                status=status, reason=reason, reason_detail=detail[:2000]
+            ):
+                continue
+            if was.status == ImageStatus.QUEUED and was.duplicate_of_id is None:
+                _original_gone(was, status=status, reason=reason, detail=detail)
+
+
+def _same_request(original: Image) -> Q:
+    """Rows created with ``original`` by one request: its job, or (interactive) its deadline."""
+    if original.job_id is not None:
+        return Q(job_id=original.job_id)
+    return Q(job__isnull=True, deadline=original.deadline)
+
+
+def _original_gone(original: Image, *, status: str, reason: str, detail: str) -> None:
+    """A queued original became ``status`` (failed, expired, cancelled): settle its duplicates.
+
+    - ``failed``: every duplicate fails with the same reason (same bytes, same decoder).
+    - ``expired`` / ``cancelled``: duplicates from the same request (job, or interactive deadline)
+      share the outcome; the oldest other duplicate becomes the original (:func:`_settle`).
+    """
+    dups = Image.objects.filter(duplicate_of=original, status=ImageStatus.SKIPPED)
+    if status == ImageStatus.FAILED:
+        dups.update(status=ImageStatus.FAILED, reason=reason,
+                    reason_detail=f"same bytes as image {original.id}: {detail}"[:2000])
+        return
+    dups.filter(_same_request(original)).update(
+        status=status, reason=reason, reason_detail=f"with image {original.id}, whose bytes it shares: {detail}"[:2000])
+    _settle(owner_id=original.owner_id, model_id=original.model_id, sha256=original.sha256, gone=original)
+
+
+def _settle(*, owner_id, model_id: str, sha256: str, gone: Image) -> Image | None:
+    """After ``gone``, the original of these bytes, left (deleted, expired, cancelled), give the
+    owner's remaining skipped copies an original again, so each stays searchable.
+
+    The oldest skipped copy becomes the original: ``embedded`` with ``gone``'s facts when ``gone``
+    was embedded (the point is the same: uuid5(model, sha256)), else ``queued`` again on the bulk
+    lane (:func:`_requeue`). The other copies point at it. When another original exists already
+    (a concurrent upload won), the copies point at that one.
+
+    Returns:
+        The original the copies now point at, or None when no copy is left.
+    """
+    group = Image.objects.filter(owner_id=owner_id, model_id=model_id, sha256=sha256)
+    for _ in range(5):
+        original = group.select_for_update().filter(status__in=LIVE_ORIGINAL_STATUSES,
+                                                    duplicate_of__isnull=True).first()
+        copies = group.filter(status=ImageStatus.SKIPPED)
+        if original is not None:
+            copies.exclude(duplicate_of=original).update(duplicate_of=original)
+            return original
+        heir = copies.select_for_update().order_by("created_at", "id").first()
+        if heir is None:
+            return None
+        try:
+            with transaction.atomic():
+                if gone.status == ImageStatus.EMBEDDED:
+                    Image.objects.filter(id=heir.id).update(
+                        status=ImageStatus.EMBEDDED, duplicate_of=None, reason="", reason_detail="",
+                        width=gone.width, height=gone.height, format=gone.format,
+                        embedded_at=gone.embedded_at or timezone.now())
+                else:
+                    _requeue(heir)
+        except IntegrityError:
+            continue  # another upload of these bytes became the original meanwhile: point at it
+        copies.exclude(id=heir.id).update(duplicate_of=heir)
+        return heir
+    raise IntegrityError(f"could not settle the copies of {sha256}: their original kept changing")
+
+
+def _requeue(heir: Image) -> None:
+    """Queue a skipped copy as the original on the bulk lane: in its own job (reopened when done),
+    or, with no job or a cancelled one, in a new job named "re-queued copies"; dispatched on commit."""
+    from embeddings.services.jobs import job_dispatch
+
+    job = heir.job
+    if job is None or job.status == JobStatus.CANCELLED:
+        job = Job.objects.create(owner_id=heir.owner_id, name="re-queued copies", model_id=heir.model_id,
+                                 chunk_size=settings.PIPELINE.batch_size, total=1)
+    elif job.status == JobStatus.DONE:
+        Job.objects.filter(id=job.id).update(status=JobStatus.RUNNING, finished_at=None)
+    Image.objects.filter(id=heir.id).update(
+        status=ImageStatus.QUEUED, duplicate_of=None, lane=Lane.BULK, job=job, deadline=None, attempts=0,
+        reason="", reason_detail="")
+    transaction.on_commit(lambda: job_dispatch(job=job, image_ids=[str(heir.id)]))
 
 
 def images_still_queued(image_ids: Iterable[str]) -> set[str]:
@@ -155,7 +294,8 @@ def images_still_queued(image_ids: Iterable[str]) -> set[str]:
 def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     """Mark images embedded after their points are written, each only if it is still ``queued``:
     a job cancelled (or an interactive request expired) while its vectors were being written keeps
-    its decision. ``items``: ``{"id", "width", "height", "format"}`` dicts.
+    its decision. Their skipped duplicates get the same width, height and format.
+    ``items``: ``{"id", "width", "height", "format"}`` dicts.
 
     Returns:
         The ids marked embedded now.
@@ -169,6 +309,9 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
                 height=it["height"], format=it["format"], embedded_at=now,
             ):
                 marked.add(str(it["id"]))
+                # its skipped copies carry its facts (they were created while it was queued)
+                Image.objects.filter(duplicate_of_id=it["id"], status=ImageStatus.SKIPPED).update(
+                    width=it["width"], height=it["height"], format=it["format"])
     return marked
 
 
@@ -192,27 +335,65 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
 
 
 def image_delete(*, image: Image) -> None:
-    """Delete an image row, then its vector (or its share of a vector other rows still use) and
-    its blob when nothing else references it."""
+    """Delete one image (``DELETE /api/images/{id}/``, the admin's delete): see :func:`image_deleted`.
+
+    Raises:
+        ApplicationError: 503 (``vectors_unavailable``, ...) when the vectors worker does not confirm
+            the point's removal; the row is gone by then (its point is no longer found by anyone).
+    """
+    image.delete()
+
+
+def images_delete(*, images: QuerySet[Image]) -> int:
+    """Delete many images (the admin's bulk delete) through the same path as one. Returns the count."""
+    return images.delete()[1].get(Image._meta.label, 0)
+
+
+def image_deleted(*, image: Image, single: bool = True) -> None:
+    """What follows the deletion of a row, however it went: ``image_delete``, the admin, or the
+    cascade from deleting its job or owner (the ``post_delete`` signal in ``embeddings.models``).
+
+    In the deleting transaction: when it was the original of its bytes, the owner's skipped copies
+    get a new original (:func:`_settle`), so they stay searchable. After commit: its point is
+    forgotten (deleted, or its payload recomputed while other rows hold those bytes), its blob
+    deleted when no row names it any more, and its thumbnail when no row has those bytes.
+
+    Args:
+        single: one row deleted on its own: the point is forgotten synchronously (``vectors_call``,
+            a 503 when the vectors worker does not answer); otherwise (a cascade, a bulk delete) one
+            message per point at bulk priority, so a large delete never holds up searches.
+    """
+    if image.duplicate_of_id is None and image.status in LIVE_ORIGINAL_STATUSES:
+        _settle(owner_id=image.owner_id, model_id=image.model_id, sha256=image.sha256, gone=image)
+    was_embedded = image.status == ImageStatus.EMBEDDED
+    transaction.on_commit(lambda: _forget(image, was_embedded=was_embedded, single=single))
+
+
+def _forget(image: Image, *, was_embedded: bool, single: bool) -> None:
+    """After a deletion committed: forget its point, delete its blob when no row names it."""
     from embeddings import tasks  # the vectors worker owns the store
     from embeddings.services.calls import vectors_call
 
-    key, was_embedded = image.storage_key, image.status == ImageStatus.EMBEDDED
-    pid, sha = image.point_id, image.sha256
-    image.delete()
-    if was_embedded:
-        vectors_call(tasks.forget_point, str(pid), sha)
-    if not Image.objects.filter(storage_key=key).exists():
-        runtime.blob_store().delete(key)
-
-
+    try:
+        if was_embedded and single:
+            vectors_call(tasks.forget_point, str(image.point_id), image.sha256)
+        elif was_embedded:
+            tasks.forget_point.apply_async(args=(str(image.point_id), image.sha256),
+                                           **tasks.vectors_options(interactive=False))
+    finally:
+        key, store = image.storage_key, runtime.blob_store()
+        if key and not Image.objects.filter(storage_key=key).exists():
+            store.delete(key)
+        if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
+            thumbnail_path(store, image.sha256).unlink(missing_ok=True)
 
 
 def images_retry(*, images) -> int:
     """Queue failed images again on the bulk lane (their job, or a new "retry" job for interactive
-    uploads). Returns how many were queued."""
-    from embeddings.models import Job, JobStatus
-    from embeddings.services.jobs import job_dispatch
+    uploads). A failed image whose bytes have an original meanwhile (the owner uploaded them again)
+    becomes its ``skipped`` duplicate instead (constraint ``image_one_original``). Returns how many
+    were queued."""
+    from embeddings.services.jobs import job_dispatch, job_refresh
 
     by_job: dict = {}
     for im in images.filter(status=ImageStatus.FAILED):
@@ -226,8 +407,47 @@ def images_retry(*, images) -> int:
             else:
                 job = Job.objects.get(id=job_id)
                 Job.objects.filter(id=job_id).update(status=JobStatus.RUNNING, finished_at=None)
-            ids = [im.id for im in group]
-            Image.objects.filter(id__in=ids).update(status=ImageStatus.QUEUED, reason="", reason_detail="", job=job)
+            ids = [im.id for im in sorted(group, key=lambda im: im.sha256) if _requeue_failed(im, job)]
+            if not ids:
+                job_refresh(job_id=job.id)
         transaction.on_commit(lambda job=job, ids=ids: job_dispatch(job=job, image_ids=[str(i) for i in ids]))
-        n += len(group)
+        n += len(ids)
+    return n
+
+
+def _requeue_failed(im: Image, job: Job) -> bool:
+    """Queue one failed image in ``job`` as an original; if its bytes have one, skip it instead.
+    Returns True when queued."""
+    try:
+        with transaction.atomic():
+            Image.objects.filter(id=im.id).update(status=ImageStatus.QUEUED, reason="", reason_detail="", job=job,
+                                                  duplicate_of=None)
+        return True
+    except IntegrityError:
+        winner = Image.objects.filter(owner_id=im.owner_id, model_id=im.model_id, sha256=im.sha256,
+                                      status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True).first()
+        if winner is None:  # gone meanwhile: nothing to point at; it stays failed for another retry
+            return False
+        Image.objects.filter(id=im.id).update(status=ImageStatus.SKIPPED, reason="", reason_detail="", job=job,
+                                              duplicate_of=winner, width=winner.width, height=winner.height,
+                                              format=winner.format)
+        return False
+
+
+def images_cancelled(*, job: Job) -> int:
+    """After ``job``'s queued images were cancelled (in the same transaction): its skipped duplicates
+    of them are cancelled too; skipped copies in other requests get a new original (:func:`_settle`).
+
+    Returns:
+        The number of byte groups settled.
+    """
+    cancelled = Image.objects.filter(job=job, status=ImageStatus.CANCELLED, duplicate_of__isnull=True)
+    Image.objects.filter(job=job, status=ImageStatus.SKIPPED, duplicate_of__in=cancelled).update(
+        status=ImageStatus.CANCELLED, reason="cancelled", reason_detail="the job was cancelled")
+    groups = (Image.objects.filter(status=ImageStatus.SKIPPED, duplicate_of__in=cancelled)
+              .values_list("duplicate_of_id", flat=True).distinct())
+    n = 0
+    for gone in Image.objects.filter(id__in=list(groups)):
+        _settle(owner_id=gone.owner_id, model_id=gone.model_id, sha256=gone.sha256, gone=gone)
+        n += 1
     return n

@@ -16,7 +16,7 @@ from django.utils import timezone
 from embeddings import runtime
 from embeddings.models import TERMINAL_IMAGE_STATUSES, BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.services.errors import ApplicationError
-from embeddings.services.images import images_create
+from embeddings.services.images import images_cancelled, images_create
 from embeddings.services.sources import SourceFile
 from workers.timing import STAGES
 
@@ -57,6 +57,12 @@ def job_create(
     if not queued:
         job_refresh(job_id=job.id)
     return job
+
+
+def job_delete(*, job: Job) -> None:
+    """Delete a job and its images (the admin's delete): each image goes through
+    ``images.image_deleted`` (points, blobs and copies elsewhere settled), as for any deletion."""
+    job.delete()
 
 
 def job_dispatch(*, job: Job, image_ids: list[str]) -> int:
@@ -132,7 +138,9 @@ def job_transition(*, job: Job, to: str) -> Job:
     Pause lets running chunks finish and parks the others when they reach a worker
     (:func:`job_chunk_park`). Resume dispatches the parked images again, in chunks, at the back of
     the job's priority queue; chunks still in the queue simply run. Cancel marks every queued image
-    ``cancelled`` (its chunks then do nothing when they run).
+    ``cancelled`` (its chunks then do nothing when they run); the job's own skipped duplicates of
+    them are cancelled too, and copies of those bytes uploaded elsewhere take the original's place
+    (``images_cancelled``), so they stay searchable.
 
     Raises:
         ApplicationError: ``invalid_transition`` (409).
@@ -150,6 +158,7 @@ def job_transition(*, job: Job, to: str) -> Job:
             Image.objects.filter(job=job, status=ImageStatus.QUEUED).update(
                 status=ImageStatus.CANCELLED, reason="cancelled", reason_detail="the job was cancelled"
             )
+            images_cancelled(job=job)
         elif to in (JobStatus.QUEUED, JobStatus.RUNNING):  # resumed
             parked = Image.objects.filter(job=job, status=ImageStatus.QUEUED, reason=PARKED)
             ids = [str(i) for i in parked.order_by("created_at").values_list("id", flat=True)]

@@ -139,7 +139,9 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         ApplicationError: ``invalid_query`` (400), ``not_found`` (404: an image or a job the caller
             may not see, or none), a refused query image (400/413/415 with its reason code),
             ``overloaded`` (429: a text or image query whose embedding would wait longer than the
-            deadline), ``deadline_exceeded`` (504), ``worker_error`` (503).
+            deadline), ``not_embedded`` (409: an image, or the original of a skipped copy, with no
+            vector yet), ``vector_missing`` (409: its vector is not in the store), ``deadline_exceeded``
+            (504), ``worker_error`` (503).
     """
     given = [x is not None for x in (text, image, image_id)]
     if sum(given) != 1:
@@ -165,18 +167,30 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         if refused is not None:
             raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
         admission.interactive_admit(deadline_s=deadline_ts - time.time())
-        key, sha, _ = runtime.blob_store().put(iter_blocks(f))
-        embed = tasks.embed_query.si(key, sha, deadline_ts).set(**tasks.interactive_options(deadline_ts))
-        answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+        # a query image is not an Image: its own temporary key, gone when the search is answered
+        store = runtime.blob_store()
+        key, sha, _ = store.put_temporary(iter_blocks(f))
+        try:
+            embed = tasks.embed_query.si(key, sha, deadline_ts).set(**tasks.interactive_options(deadline_ts))
+            answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+        finally:
+            store.delete(key)
     else:
         im = Image.objects.filter(id=image_id).first()
         if im is None or (not user.is_staff and im.owner_id != user.id):
             raise ApplicationError("no such image", code="not_found", status=404)
         if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # a skipped duplicate shares the point
             raise ApplicationError(f"image {image_id} is {im.status}, not embedded", code="not_embedded", status=409)
+        original = im.duplicate_of if im.status == ImageStatus.SKIPPED else im
+        if original is None or original.status != ImageStatus.EMBEDDED:  # its original's vector is not written yet
+            raise ApplicationError(f"image {image_id} is a copy of an image that is "
+                                   f"{original.status if original else 'gone'}, not embedded yet",
+                                   code="not_embedded", status=409)
         r = tasks.search_point.apply_async(args=(str(im.point_id), owner_filter, k, job_id),
                                            **tasks.vectors_options(interactive=True, deadline_ts=deadline_ts))
         results = _wait(r, deadline_ts)
+        if results is None and r.ready():  # the vectors worker answered: no such point
+            raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)
         answer = None if results is None else {"results": results or []}
     if answer is None or answer.get("reason") == Reason.EXPIRED.value:  # a task refused it: too late
         raise ApplicationError("the search did not finish in time", code="deadline_exceeded", status=504)
