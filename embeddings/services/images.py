@@ -175,6 +175,8 @@ def _insert_originals(candidates: list[Image]) -> None:
                     status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True,
                 ).first()
                 if winner is not None:
+                    log.info("image %s: %s was inserted by another request first (image %s); skipped",
+                             im.id, im.sha256[:12], winner.id)
                     _make_duplicate(im, winner)
                     break
         else:

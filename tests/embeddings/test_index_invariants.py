@@ -22,7 +22,7 @@ import pytest
 from django.test import Client
 
 from embeddings import runtime, tasks
-from embeddings.models import Image, ImageStatus, Job
+from embeddings.models import Image, ImageStatus, Job, Lane
 from tests.embeddings.conftest import client_for
 from tests.embeddings.test_api import jpeg_bytes, upload
 
@@ -230,3 +230,26 @@ def test_random_sequences_keep_the_index_whole(seed, service, user, other_user, 
     check_index()
     assert Image.objects.filter(status=ImageStatus.QUEUED).count() == 0
     assert {"step_upload", "step_job", "step_cancel", "step_delete"} <= set(seen)
+
+
+def test_an_expired_original_takes_its_own_requests_copies_and_another_copy_takes_its_place(
+        service, api, user, monkeypatch):
+    """The reconciler expires an interactive original that no worker holds: the copy uploaded in the
+    same request expires with it; a copy uploaded later is queued again and becomes searchable."""
+    from embeddings.services import images as image_services
+    from tests.embeddings.test_services import src
+
+    broker = Broker(monkeypatch)
+    data = jpeg_bytes(860)
+    a, same_request = image_services.images_create(owner=user, lane=Lane.INTERACTIVE,
+                                                   sources=[src("a.jpg", data), src("a2.jpg", data)])
+    later = api.post("/api/images/", {"files": [upload("b.jpg", data)]}, format="multipart").json()["images"][0]
+    assert (a.status, same_request.status, later["status"]) == ("queued", "skipped", "skipped")
+    image_services.images_mark_failed([(str(a.id), "expired", "its deadline passed and no worker holds it")])
+    same_request.refresh_from_db()
+    assert (same_request.status, same_request.reason) == (ImageStatus.EXPIRED, "expired")
+    assert Image.objects.get(id=later["id"]).status == ImageStatus.QUEUED
+    assert broker.deliver() == 1
+    r = api.post("/api/search/", {"image_id": later["id"], "k": 1}, format="json")
+    assert r.status_code == 200 and [h["image_id"] for h in r.json()["results"]] == [later["id"]]
+    check_index()
