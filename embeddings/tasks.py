@@ -104,13 +104,20 @@ def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
     return out
 
 
-def _end_if_expired(task, out: dict) -> dict:
-    """A query refused because its deadline passed ends its chain here: the search that would
-    follow is for nobody (its message would be sent already expired)."""
-    if out.get("reason") == Reason.EXPIRED.value:
+def _end_if_expired(task, out: dict, deadline_ts: float | None) -> dict:
+    """A query refused because its deadline passed, or finished after it, ends its chain here:
+    the search that would follow is for nobody (its message would be sent already expired, which
+    Celery also warns about at length)."""
+    refused = out.get("reason") == Reason.EXPIRED.value
+    if refused:
         log.info("%s[%s] not computed: %s", task.name, task.request.id, out.get("detail", "deadline passed"))
-        if not task.request.is_eager:  # eager chains run their links themselves
-            task.request.chain = None
+    elif deadline_ts is not None and time.time() > deadline_ts:
+        log.info("%s[%s] finished %.3f s after its deadline: its search is not sent", task.name, task.request.id,
+                 time.time() - deadline_ts)
+    else:
+        return out
+    if not task.request.is_eager:  # eager chains run their links themselves
+        task.request.chain = None
     return out
 
 
@@ -120,7 +127,7 @@ def embed_query(self, storage_key: str, sha256: str, deadline_ts: float | None =
     ``expired`` without running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
         return _end_if_expired(self, pipeline.query_embed(storage_key=storage_key, sha256=sha256,
-                                                          deadline_ts=deadline_ts))
+                                                          deadline_ts=deadline_ts), deadline_ts)
 
 
 @shared_task(bind=True)
@@ -128,7 +135,7 @@ def encode_text(self, text: str, deadline_ts: float | None = None) -> dict:
     """Embed a text query → ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without
     running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
-        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts))
+        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts), deadline_ts)
 
 
 @task_revoked.connect

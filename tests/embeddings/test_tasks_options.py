@@ -140,3 +140,55 @@ def test_a_bulk_worker_warns_at_start_when_its_bf16_is_emulated(settings, monkey
     settings.PIPELINE = settings.PIPELINE.replace(precision="fp32")
     tasks.warn_emulated_precision(worker(lanes.BULK))
     assert caplog.records == []
+
+
+CHAIN_PROBE = """
+import os, sys, time
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+os.environ.setdefault("DJANGO_SECRET_KEY", "chain-probe")
+import django
+django.setup()
+from project.celery import app
+app.conf.broker_url, app.conf.result_backend = "memory://", "cache+memory://"  # kombu's in-memory transport
+from celery.app.trace import build_tracer
+from celery.signals import before_task_publish
+from embeddings import tasks
+from embeddings.services import pipeline
+
+sent = []
+before_task_publish.connect(lambda sender=None, **kw: sent.append(sender), weak=False)
+search = dict(tasks.search_vector.s(None, 3, None).set(**tasks.vectors_options(interactive=True,
+                                                                              deadline_ts=time.time() + 600)))
+real = pipeline.text_embed
+slow = {"s": 0.0}
+pipeline.text_embed = lambda **kw: (real(**kw), time.sleep(slow["s"]))[0]  # the real model, then a stall
+for case, in_s, stall in (("live", 600, 0.0), ("refused", -1, 0.0), ("late", 1.0, 1.5), ("no deadline", None, 0.0)):
+    sent.clear()
+    slow["s"] = stall
+    deadline = None if in_s is None else time.time() + in_s  # the model is loaded by the first case
+    trace = build_tracer(tasks.encode_text.name, tasks.encode_text, eager=False, propagate=True, app=app)
+    request = {"id": "t-" + case, "chain": [search], "delivery_info": {}}
+    out = trace(request["id"], ("a dog",) if deadline is None else ("a dog", deadline), {}, request).retval
+    print(case, sorted(out), ",".join(sent))
+"""
+
+
+def test_a_query_refused_or_finished_after_its_deadline_sends_no_search(tmp_path):
+    """Through Celery's own task tracer and an in-memory broker: the next link of the chain is
+    published only for a query that finished in time (or has no deadline: an old message)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "CLIP_PRETRAINED": "random", "VAR_DIR": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", CHAIN_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == [
+        "live ['vector'] embeddings.tasks.search_vector",
+        "refused ['detail', 'reason'] ",
+        "late ['vector'] ",
+        "no deadline ['vector'] embeddings.tasks.search_vector",
+    ], out.stdout + out.stderr[-2000:]
