@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import os
 import struct
 import threading
 
@@ -111,6 +112,7 @@ _PILLOW_FORMATS: dict[str, tuple[str, ...]] = {
     "avif": ("AVIF",),
     "heif": ("HEIF",),
     "pnm": ("PPM",),
+    "png": ("PNG",),  # only for sides beyond OpenCV's limit (see _CV_MAX_SIDE)
 }
 
 #: What Pillow plugins (and pillow-heif, libavif) raise for bad input.
@@ -124,6 +126,18 @@ _CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 _CV_UNCHANGED = cv2.IMREAD_UNCHANGED  # UNCHANGED never rotates
 _CV_REDUCE = {1: 0, 2: cv2.IMREAD_REDUCED_COLOR_2 & ~cv2.IMREAD_COLOR,
               4: cv2.IMREAD_REDUCED_COLOR_4 & ~cv2.IMREAD_COLOR, 8: cv2.IMREAD_REDUCED_COLOR_8 & ~cv2.IMREAD_COLOR}
+
+
+#: OpenCV refuses to decode an image with a side longer than this (``CV_IO_MAX_IMAGE_WIDTH`` /
+#: ``_HEIGHT`` in opencv/modules/imgcodecs/src/loadsave.cpp: 1 << 20 unless these environment
+#: variables say otherwise), whatever its pixel count: a valid 1 × 2,000,000 PNG is 6 MB of pixels.
+_CV_MAX_SIDE = (int(os.environ.get("OPENCV_IO_MAX_IMAGE_WIDTH", 1 << 20)),
+                int(os.environ.get("OPENCV_IO_MAX_IMAGE_HEIGHT", 1 << 20)))
+
+
+def _cv_fits(width: int, height: int) -> bool:
+    """Whether OpenCV's per-side limit lets ``imdecode`` read a ``width × height`` image."""
+    return width <= _CV_MAX_SIDE[0] and height <= _CV_MAX_SIDE[1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +315,10 @@ def _decode_jpeg(data: bytes, max_pixels: int, min_side: int | None) -> DecodedI
 def _decode_png(data: bytes, max_pixels: int) -> DecodedImage:
     info = walk_png(data)
     check_pixels(info.width, info.height, max_pixels)
+    if not _cv_fits(info.width, info.height):
+        # A line-shaped PNG (1 × 2,000,000) within the pixel cap: libpng through Pillow has no
+        # per-side limit. Pillow does not verify IDAT CRCs and reduces 16-bit RGB by v >> 8.
+        return _decode_pillow(data, "png", max_pixels)
     # The common case (8-bit or less, opaque) decodes straight to RGB; alpha, tRNS and 16-bit need
     # the raw samples so that we composite and scale by our rules rather than libpng's defaults.
     plain = info.color_type in (0, 2, 3) and not info.trns and info.depth <= 8
@@ -385,6 +403,11 @@ def _decode_pillow(data: bytes, fmt: str, max_pixels: int) -> DecodedImage:
         raise _pillow_error(fmt, e) from e
     with im:
         check_pixels(im.width, im.height, max_pixels)
+        # ImageFile.load feeds the decoder 64 KB reads and re-joins what it has not consumed
+        # (``b = b + s``); a row decoder consumes nothing until a whole row is there, so a 48 MB
+        # row (a 16,000,000 × 1 BMP) cost 17 GB of copying and 30 s. The bytes are in memory
+        # already: hand them over in one read.
+        im.decodermaxblock = max(im.decodermaxblock, len(data))
         try:
             # The frame Pillow opens on is the picture: first frame of GIF/APNG/WebP/AVIF, first
             # TIFF page, the PSD composite, the largest ICO entry, the HEIF primary image.
@@ -471,6 +494,10 @@ def _decode_tiff_opencv(data: bytes, max_pixels: int, cause: Exception) -> Decod
 
 def _decode_opencv(data: bytes, fmt: str, width: int, height: int, orientation: int, what: str) -> DecodedImage:
     """Decode with OpenCV to RGB; the caller has already checked ``width × height``."""
+    if not _cv_fits(width, height):
+        raise ImageRejected(
+            Reason.UNSUPPORTED_FORMAT, f"{what}: {width}x{height} has a side longer than OpenCV decodes ({_CV_MAX_SIDE})"
+        )
     try:
         rgb = cv2.imdecode(np.frombuffer(data, np.uint8), _CV_RGB)
     except cv2.error as e:

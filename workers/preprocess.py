@@ -5,14 +5,25 @@ Normalize(mean, std)``), with every parameter read from the model's preprocess c
 (``open_clip.get_model_preprocess_cfg``), not hard-coded. The resize runs on a tensor with
 torchvision's antialiased bicubic kernel, which reproduces PIL's filter; the test suite checks the
 cosine between our embeddings and open_clip's PIL pipeline is >= 0.999 on every photo.
+
+**Bounded cost, whatever the shape** (``docs/decoding.md``, "Extreme aspect ratios"): resizing the
+short side of a 1 × 60000 line to 224 first would make a 224 × 13,440,000 image (9 GB) of which the
+crop keeps 224 × 224. When the resized image would be more than :data:`MAX_DIRECT_RATIO` times the
+output, ``"shortest"`` crops first: it cuts from the source only the window the kept output pixels
+read (the crop's box in source coordinates plus the filter's support) and resamples that box with
+PIL, the reference's own resampler, with the same box and scale, so the result is open_clip's up to
+float rounding. ``"squash"`` resizes the long axis first; ``"longest"`` only ever shrinks the long
+side. Every path then allocates at most a small multiple of the source plus the output.
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
@@ -21,6 +32,23 @@ _INTERPOLATION = {
     "bilinear": InterpolationMode.BILINEAR,
     "nearest": InterpolationMode.NEAREST,
 }
+_PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
+                 "nearest": Image.Resampling.NEAREST}
+#: Half-width of each filter in output-pixel units at scale 1 (Pillow's ``Resample.c``: bicubic 2,
+#: bilinear 1, nearest 0.5); times ``max(scale, 1)`` when antialiasing a downscale.
+_SUPPORT = {"bicubic": 2.0, "bilinear": 1.0, "nearest": 0.5}
+
+#: ``"shortest"`` resizes the whole image and then crops only while the resized image has at most
+#: this many times the output's pixels (an aspect ratio up to about 4:1: every ordinary photo and
+#: most panoramas, which keep the fast tensor path). Beyond it the crop comes first. Chosen here,
+#: not from a source: the direct path's resized image is then at most 4 × 224 × 224 × 3 bytes (600 KB).
+MAX_DIRECT_RATIO = 4
+
+#: An axis longer than this (pixels) is shrunk :data:`SLICE` output pixels at a time: one call
+#: would build a filter table of about 4 entries per source pixel (16 MB of doubles here, 600 MB
+#: and 9 s for a 16,000,000-pixel line). Chosen here; below it one call costs < 0.2 s.
+SLICE_OVER = 1 << 18
+SLICE = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +110,11 @@ def resize_and_crop(rgb: np.ndarray, cfg: PreprocessConfig) -> torch.Tensor:
     Returns:
         ``(3, S_h, S_w) uint8`` tensor.
     """
+    if cfg.resize_mode == "shortest":
+        window = crop_window(rgb.shape[0], rgb.shape[1], cfg)
+        if window is not None:  # before any copy: only the window is read
+            (r0, r1), (c0, c1) = window.rows, window.cols
+            return _crop_first(rgb[r0:r1, c0:c1], window, cfg)
     if not rgb.flags.writeable:  # torch.from_numpy needs a writable buffer (Pillow's are read-only)
         rgb = rgb.copy()
     return resize_and_crop_tensor(torch.from_numpy(rgb).permute(2, 0, 1), cfg)
@@ -96,6 +129,10 @@ def resize_and_crop_tensor(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
     Returns:
         ``(3, S_h, S_w) uint8`` tensor on ``x.device``.
     """
+    window = crop_window(x.shape[-2], x.shape[-1], cfg) if cfg.resize_mode == "shortest" else None
+    if window is not None:  # crop first (on a device: before the source is widened to float)
+        (r0, r1), (c0, c1) = window.rows, window.cols
+        return _crop_first(x[:, r0:r1, c0:c1].permute(1, 2, 0).cpu().numpy(), window, cfg).to(x.device)
     if x.device.type != "cpu":
         out = _resize_and_crop(x.to(torch.float32), cfg)
         return out.round_().clamp_(0, 255).to(torch.uint8)
@@ -126,17 +163,156 @@ def orient_tensor(x: torch.Tensor, orientation: int) -> torch.Tensor:
 def _resize_and_crop(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
     interp = _INTERPOLATION[cfg.interpolation]
     h, w = cfg.size
-    if cfg.resize_mode == "shortest":
+    if cfg.resize_mode == "shortest":  # (the crop-first case is decided by the callers)
         x = F.resize(x, [min(h, w)], interpolation=interp, antialias=True)
         return F.center_crop(x, [h, w])
     if cfg.resize_mode == "squash":
-        return F.resize(x, [h, w], interpolation=interp, antialias=True)
+        return _resize_long_axis_first(x, (h, w), cfg)
     # "longest": scale the long side to the target, then pad to a square with fill_color.
     scale = max(h, w) / max(x.shape[-2:])
-    new = [max(1, round(x.shape[-2] * scale)), max(1, round(x.shape[-1] * scale))]
-    x = F.resize(x, new, interpolation=interp, antialias=True)
+    new = (max(1, round(x.shape[-2] * scale)), max(1, round(x.shape[-1] * scale)))
+    x = _resize_long_axis_first(x, new, cfg)
     pad_h, pad_w = h - new[0], w - new[1]
     return F.pad(x, [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2], fill=cfg.fill_color)
+
+
+def _resize_long_axis_first(x: torch.Tensor, size: tuple[int, int], cfg: PreprocessConfig) -> torch.Tensor:
+    """Antialiased resize of ``(3, H, W)`` to ``size = (h, w)``, one axis at a time, long axis first.
+
+    In one call, torchvision (like Pillow) runs the horizontal pass first, so squashing a
+    1,000,000 × 3 line made a 1,000,000 × 224 intermediate (670 MB, 5 s); long axis first, the
+    intermediate is ``S × short side``. The filter is separable: only the uint8 rounding between
+    the passes can differ from a one-call resize.
+    """
+    axes = (-2, -1) if x.shape[-2] >= x.shape[-1] else (-1, -2)
+    for axis in axes:
+        x = _resize_axis(x, axis, size[axis], cfg)
+    return x
+
+
+def _resize_axis(x: torch.Tensor, axis: int, n: int, cfg: PreprocessConfig) -> torch.Tensor:
+    """Resize one axis (``-2`` rows, ``-1`` columns) of ``(3, H, W)`` to ``n``, antialiased."""
+    if x.shape[axis] == n:
+        return x
+    if x.shape[axis] > SLICE_OVER and x.device.type == "cpu" and x.dtype == torch.uint8:
+        return _shrink_in_slices(x, axis, n, cfg.interpolation)
+    size = [n, x.shape[-1]] if axis == -2 else [x.shape[-2], n]
+    return F.resize(x, size, interpolation=_INTERPOLATION[cfg.interpolation], antialias=True)
+
+
+def _shrink_in_slices(x: torch.Tensor, axis: int, n: int, interpolation: str) -> torch.Tensor:
+    """:func:`_resize_axis` for a very long axis: :data:`SLICE` outputs at a time.
+
+    Shrinking an axis of length L to n, torchvision and Pillow both build a filter table of
+    ``n × (4 · L / n)`` entries up front (bicubic): for a 16,000,000-pixel line, 600 MB and 9 s.
+    Each slice of outputs is instead a Pillow resize of the box those outputs cover (same scale,
+    same centres, same weights), cut from only the source span that its filter reads.
+    """
+    length = x.shape[axis]
+    scale = length / n
+    resample = _PIL_RESAMPLE[interpolation]
+    parts = []
+    for a in range(0, n, SLICE):
+        b = min(n, a + SLICE)
+        lo, hi = _window(a * scale, b * scale, b - a, length, interpolation)
+        seg = Image.fromarray(np.ascontiguousarray(x.narrow(axis, lo, hi - lo).permute(1, 2, 0).numpy()), "RGB")
+        start, stop = a * scale - lo, b * scale - lo
+        if axis == -2:
+            out = seg.resize((seg.width, b - a), resample, box=(0, start, seg.width, stop))
+        else:
+            out = seg.resize((b - a, seg.height), resample, box=(start, 0, stop, seg.height))
+        parts.append(torch.from_numpy(np.array(out)).permute(2, 0, 1))
+    return torch.cat(parts, dim=axis)
+
+
+@dataclasses.dataclass(frozen=True)
+class CropWindow:
+    """Where the ``"shortest"`` output comes from in the source, for the crop-first path.
+
+    Attributes:
+        rows: source rows ``[start, stop)`` that any kept output pixel's filter reads (plus 1 px).
+        cols: source columns ``[start, stop)``, likewise.
+        box: ``(left, top, right, bottom)`` in source pixels (floats), relative to the window:
+            the region that open_clip's ``Resize(S)`` + ``CenterCrop(S)`` maps onto the output.
+        vertical_first: the pass order Pillow picks for the reference's whole-image resize
+            (it rounds to uint8 between passes, so the order decides the last bit).
+    """
+
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+    box: tuple[float, float, float, float]
+    vertical_first: bool
+
+
+def crop_window(height: int, width: int, cfg: PreprocessConfig) -> CropWindow | None:
+    """The crop-first plan for a ``height × width`` source in ``"shortest"`` mode, or ``None``.
+
+    ``None`` when the direct path (resize all, then crop) is cheap: its resized image has at most
+    :data:`MAX_DIRECT_RATIO` times the output's pixels, or the crop does not fit inside it (a
+    non-square ``size`` with a near-square image: the reference pads).
+
+    The geometry is torchvision's, which open_clip's transform runs: the short side becomes
+    ``min(size)``, the long side ``int(min(size) · long / short)``, and ``CenterCrop`` keeps rows
+    from ``int(round((new_h − S_h) / 2))``. Those output pixels cover the source box
+    ``[top · H / new_h, (top + S_h) · H / new_h)`` (and likewise across); a resample of exactly that
+    box to ``S_h × S_w`` uses the same scale and the same sample centres, hence the same weights.
+    """
+    h_out, w_out = cfg.size
+    short = min(h_out, w_out)
+    if width <= height:
+        new_w, new_h = short, int(short * height / width)
+    else:
+        new_h, new_w = short, int(short * width / height)
+    if new_h * new_w <= MAX_DIRECT_RATIO * h_out * w_out or new_h < h_out or new_w < w_out:
+        return None
+    top = int(round((new_h - h_out) / 2.0))
+    left = int(round((new_w - w_out) / 2.0))
+    y0, y1 = top * height / new_h, min((top + h_out) * height / new_h, float(height))
+    x0, x1 = left * width / new_w, min((left + w_out) * width / new_w, float(width))
+    rows = _window(y0, y1, h_out, height, cfg.interpolation)
+    cols = _window(x0, x1, w_out, width, cfg.interpolation)
+    # Pillow 13 (libImaging/Resample.c, ImagingResampleInner) runs the vertical pass first "if
+    # height is being scaled down more than twice the amount the width is"; judged, as in the
+    # reference, on the whole image's resize (height → new_h, width → new_w).
+    vertical_first = 0 < height - new_h and height - new_h > (width - new_w) * 2
+    return CropWindow(rows=rows, cols=cols, box=(x0 - cols[0], y0 - rows[0], x1 - cols[0], y1 - rows[0]),
+                      vertical_first=vertical_first)
+
+
+def _window(start: float, stop: float, out: int, size: int, interpolation: str) -> tuple[int, int]:
+    """Source pixels ``[a, b)`` read when ``[start, stop)`` is resampled to ``out`` pixels.
+
+    Pillow's taps for output ``i`` are ``[int(c − s + 0.5), int(c + s + 0.5))`` with centre
+    ``c = start + (i + 0.5) · scale`` and support ``s = support · max(scale, 1)``; one more pixel
+    each side absorbs float rounding (a pixel outside the taps gets no weight).
+    """
+    support = _SUPPORT[interpolation] * max((stop - start) / out, 1.0)
+    return max(0, math.floor(start - support) - 1), min(size, math.ceil(stop + support) + 1)
+
+
+def _crop_first(rgb: np.ndarray, window: CropWindow, cfg: PreprocessConfig) -> torch.Tensor:
+    """Resample ``window.box`` of ``rgb`` to a ``(3, S_h, S_w) uint8`` CPU tensor.
+
+    Args:
+        rgb: ``source[window.rows, window.cols]``, ``(h, w, 3) uint8``.
+
+    Pillow is what open_clip's transform calls (``Image.resize``); given the box it computes the
+    reference's own weights for just the kept pixels. The window is at most about
+    ``(short side + 2 · support)²`` pixels, so the copy to the CPU (for device tensors) is small.
+    The two passes run as two one-axis resizes in the reference's order, so that the uint8
+    rounding between them is the reference's too.
+    """
+    src = Image.fromarray(np.ascontiguousarray(rgb), "RGB")
+    h_out, w_out = cfg.size
+    resample = _PIL_RESAMPLE[cfg.interpolation]
+    left, top, right, bottom = window.box
+    if window.vertical_first:
+        tmp = src.resize((src.width, h_out), resample, box=(0, top, src.width, bottom))
+        out = tmp.resize((w_out, h_out), resample, box=(left, 0, right, h_out))
+    else:
+        tmp = src.resize((w_out, src.height), resample, box=(left, 0, right, src.height))
+        out = tmp.resize((w_out, h_out), resample, box=(0, top, w_out, bottom))
+    return torch.from_numpy(np.array(out)).permute(2, 0, 1)
 
 
 def normalize(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
