@@ -343,7 +343,9 @@ def image_delete(*, image: Image) -> None:
         ApplicationError: 503 (``vectors_unavailable``, ...) when the vectors worker does not confirm
             the point's removal; the row is gone by then (its point is no longer found by anyone).
     """
-    image.delete()
+    fresh = Image.objects.filter(id=image.id).first()  # its status now, not when the request read it
+    if fresh is not None:
+        fresh.delete()
 
 
 def images_delete(*, images: QuerySet[Image]) -> int:
@@ -367,19 +369,20 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
     """
     if image.duplicate_of_id is None and image.status in LIVE_ORIGINAL_STATUSES:
         _settle(owner_id=image.owner_id, model_id=image.model_id, sha256=image.sha256, gone=image)
-    was_embedded = image.status == ImageStatus.EMBEDDED
-    transaction.on_commit(lambda: _forget(image, was_embedded=was_embedded, single=single))
+    # a queued row's point may have been written a moment ago (its vectors were on their way)
+    has_point = image.status in LIVE_ORIGINAL_STATUSES
+    transaction.on_commit(lambda: _forget(image, has_point=has_point, single=single))
 
 
-def _forget(image: Image, *, was_embedded: bool, single: bool) -> None:
+def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     """After a deletion committed: forget its point, delete its blob when no row names it."""
     from embeddings import tasks  # the vectors worker owns the store
     from embeddings.services.calls import vectors_call
 
     try:
-        if was_embedded and single:
+        if has_point and single:
             vectors_call(tasks.forget_point, str(image.point_id), image.sha256)
-        elif was_embedded:
+        elif has_point:
             tasks.forget_point.apply_async(args=(str(image.point_id), image.sha256),
                                            **tasks.vectors_options(interactive=False))
     finally:
