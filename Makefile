@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,11 @@ bench-store: setup
 
 bench-sink: setup
 	$(PY) -m benchmarks.sink $(BENCH_ARGS)
+
+# The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
+# run after any API change and commit docs/openapi.yaml with it.
+schema: setup
+	$(PY) manage.py spectacular --file docs/openapi.yaml --validate --fail-on-warn
 
 # The Procfile for `honcho start` (the venv's honcho, from requirements-dev.txt). Written to a
 # temporary file first, so a failure never leaves an empty or partial Procfile behind.

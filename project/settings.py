@@ -139,6 +139,15 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "CLIP embeddings", "VERSION": "1.0.0",
     # Swagger UI and Redoc from drf-spectacular-sidecar's pinned copies, through our static files
     "SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR", "REDOC_DIST": "SIDECAR",
+    # The schema is versioned in docs/openapi.yaml (make schema); the file names no server, so a
+    # generated client is given its base URL.
+    "DESCRIPTION": "CLIP image embeddings: interactive uploads, bulk jobs, similarity search (README.md).",
+    "COMPONENT_SPLIT_REQUEST": True,  # request and response shapes as their own components
+    "ENUM_NAME_OVERRIDES": {"ImageStatusEnum": "embeddings.models.ImageStatus",
+                            "JobStatusEnum": "embeddings.models.JobStatus"},
+    # 401 on every secured operation and 404 on every one with a path parameter (embeddings/api/schema.py)
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "embeddings.api.schema.postprocess"],
 }
 
 # --- The pipeline -------------------------------------------------------------------------------

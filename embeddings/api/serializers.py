@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.validators import RegexValidator
+from drf_spectacular.utils import PolymorphicProxySerializer
 from rest_framework import serializers
 
 from embeddings.models import Image, ImageStatus, Job, JobPriority
@@ -58,3 +60,170 @@ class JobSerializer(serializers.ModelSerializer):
         fields = ("id", "name", "status", "priority", "deadline", "model_id", "chunk_size", "total",
                   "created_at", "started_at", "finished_at")
         read_only_fields = fields
+
+
+# --- Request bodies as the schema shows them (the views read the multipart parts themselves) -------
+# Limits come from the settings the views enforce, so the schema cannot drift from the service.
+
+class ImageUploadSerializer(UploadQuerySerializer):
+    """``POST /api/images/`` (multipart): 1..``INTERACTIVE_MAX_FILES`` image files in ``files``."""
+
+    files = serializers.ListField(
+        child=serializers.FileField(), min_length=1, max_length=settings.INTERACTIVE_MAX_FILES,
+        help_text=f"image files, one part each (at most INTERACTIVE_MAX_FILES = {settings.INTERACTIVE_MAX_FILES})")
+    # not positive: 400 invalid_deadline (services.requests.deadline_for); longer than the default: the default
+    deadline = serializers.FloatField(required=False, min_value=0.001,
+                                      help_text="seconds; may shorten the default, not lengthen it")
+
+
+class JobSubmitSerializer(JobCreateSerializer):
+    """``POST /api/jobs/`` (multipart): image files, zip archives, or (staff) a server folder; at
+    least one of the three."""
+
+    files = serializers.ListField(
+        child=serializers.FileField(), required=False, max_length=settings.DATA_UPLOAD_MAX_NUMBER_FILES,
+        help_text=f"image files (at most UPLOAD_MAX_FILES = {settings.DATA_UPLOAD_MAX_NUMBER_FILES} parts)")
+    zip = serializers.ListField(
+        child=serializers.FileField(), required=False, max_length=settings.DATA_UPLOAD_MAX_NUMBER_FILES,
+        help_text=f"zip archives of images (at most ZIP_MAX_ENTRIES = {settings.ZIP_MAX_ENTRIES} entries each)")
+
+
+#: A text query: not blank, no NUL character (a CharField refuses both).
+TEXT_QUERY = RegexValidator(r"^[^\x00]*[^\s\x00][^\x00]*$", "text must not be blank or hold NUL characters")
+
+
+class _SearchScope(serializers.Serializer):
+    k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
+    job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
+
+
+class SearchTextSerializer(_SearchScope):
+    """``POST /api/search/`` by text (JSON)."""
+
+    text = serializers.CharField(max_length=2000, validators=[TEXT_QUERY])
+
+
+class SearchImageIdSerializer(_SearchScope):
+    """``POST /api/search/`` by a stored image (JSON): embedded, one of the caller's (staff: any)."""
+
+    image_id = serializers.UUIDField()
+
+
+class SearchImageSerializer(_SearchScope):
+    """``POST /api/search/`` by an uploaded image (multipart)."""
+
+    image = serializers.FileField()
+
+
+#: Exactly one of ``text`` or ``image_id`` in a JSON search (both, or neither: 400 ``invalid_query``).
+SearchQuerySerializer = PolymorphicProxySerializer(
+    component_name="SearchQuery", serializers=[SearchTextSerializer, SearchImageIdSerializer],
+    resource_type_field_name=None)
+
+
+# --- Responses ------------------------------------------------------------------------------------
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape (``embeddings.api.errors``): a stable ``code`` and facts in ``extra``."""
+
+    message = serializers.CharField()
+    code = serializers.CharField(help_text="stable reason code: not_found, invalid, overloaded, ...")
+    extra = serializers.DictField(help_text="facts of the refusal (limit names and values, fields)")
+
+
+class NeighbourSerializer(serializers.Serializer):
+    """One search hit (``embeddings.selectors``): cosine score in [-1, 1]."""
+
+    image_id = serializers.UUIDField()
+    score = serializers.FloatField()
+    sha256 = serializers.CharField()
+    original_name = serializers.CharField(allow_blank=True)
+    job_id = serializers.UUIDField(allow_null=True)
+    thumbnail_url = serializers.CharField(allow_null=True)
+
+
+class UploadedImageSerializer(serializers.Serializer):
+    """One entry of an upload's answer (``services.requests.image_view``)."""
+
+    id = serializers.UUIDField()
+    status = serializers.ChoiceField(choices=ImageStatus.choices)
+    reason = serializers.CharField(allow_null=True, help_text="reason code when refused (workers/errors.py)")
+    detail = serializers.CharField(allow_null=True)
+    sha256 = serializers.CharField()
+    width = serializers.IntegerField(allow_null=True)
+    height = serializers.IntegerField(allow_null=True)
+    original_name = serializers.CharField(allow_blank=True)
+    raw_name = serializers.CharField(required=False, help_text="the file name as sent, when it was replaced")
+    job_id = serializers.UUIDField(allow_null=True)
+    url = serializers.CharField(help_text="GET it for the status")
+    thumbnail_url = serializers.CharField(allow_null=True)
+    neighbours = NeighbourSerializer(many=True, required=False,
+                                     help_text="top-k among the caller's images; absent when not embedded in time")
+
+
+class UploadResponseSerializer(serializers.Serializer):
+    """``POST /api/images/``: one entry per file part, in order."""
+
+    images = UploadedImageSerializer(many=True)
+    deadline_s = serializers.FloatField(help_text="the deadline applied, seconds")
+
+
+class RenamedSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    raw_name = serializers.CharField(allow_blank=True)
+
+
+class JobCreatedSerializer(serializers.Serializer):
+    """``POST /api/jobs/`` (202): follow ``url``."""
+
+    id = serializers.UUIDField()
+    total = serializers.IntegerField(min_value=1)
+    url = serializers.CharField()
+    renamed = RenamedSerializer(many=True, help_text="files whose name was replaced")
+
+
+class FailureSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    original_name = serializers.CharField(allow_blank=True)
+    reason = serializers.CharField(allow_blank=True)
+    reason_detail = serializers.CharField(allow_blank=True)
+
+
+class JobProgressSerializer(JobSerializer):
+    """``GET /api/jobs/{id}/`` (``services.jobs.job_progress``)."""
+
+    counts = serializers.DictField(child=serializers.IntegerField(), help_text="images per status")
+    embedded = serializers.IntegerField()
+    skipped = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    finished = serializers.IntegerField()
+    elapsed_s = serializers.FloatField()
+    throughput_images_per_s = serializers.FloatField(allow_null=True, help_text="images/s")
+    eta = serializers.DateTimeField(allow_null=True)
+    at_risk = serializers.BooleanField(help_text="the ETA is past the deadline")
+    failures = FailureSerializer(many=True)
+    timings_ms = serializers.DictField(help_text="per stage: min / avg / max / p95 / per_image_avg, ms")
+    batches = serializers.IntegerField()
+    utilisation = serializers.DictField(help_text="CPU % / GPU % / GPU MiB while its chunks ran")
+    pipeline = serializers.DictField(help_text="the settings it ran with")
+
+    class Meta(JobSerializer.Meta):
+        fields = JobSerializer.Meta.fields + (
+            "counts", "embedded", "skipped", "failed", "finished", "elapsed_s", "throughput_images_per_s", "eta",
+            "at_risk", "failures", "timings_ms", "batches", "utilisation", "pipeline")
+        read_only_fields = fields
+
+
+class SearchResponseSerializer(serializers.Serializer):
+    results = NeighbourSerializer(many=True)
+    k = serializers.IntegerField()
+
+
+class StatsSerializer(serializers.Serializer):
+    """``GET /api/stats/`` (staff); the store adds its own facts next to ``points``."""
+
+    images = serializers.DictField(child=serializers.IntegerField(), help_text="images per status")
+    distinct_embedded = serializers.IntegerField()
+    collection = serializers.CharField(help_text="the vector store collection of this model and precision")
+    points = serializers.IntegerField(help_text="points in the collection")
+    lanes = serializers.DictField(help_text="per lane: stage min / avg / max / p95 over its last batches")

@@ -1,10 +1,9 @@
 from django.urls import path
-from rest_framework.authtoken.views import obtain_auth_token
 
 from embeddings.api import views
 
 urlpatterns = [
-    path("auth/token/", obtain_auth_token, name="api-token"),
+    path("auth/token/", views.TokenView.as_view(), name="api-token"),
     path("images/", views.ImageUploadView.as_view(), name="images"),
     path("images/<uuid:image_id>/", views.ImageDetailView.as_view(), name="image-detail"),
     path("jobs/", views.JobListView.as_view(), name="jobs"),

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
+from rest_framework.generics import GenericAPIView
+from rest_framework.authtoken.serializers import AuthTokenSerializer
+from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import FormParser, JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -13,12 +16,23 @@ from rest_framework.views import APIView
 from embeddings.api.errors import as_application_error
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import content_type_error
+from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
 from embeddings.api.serializers import (
+    ErrorSerializer,
     ImageSerializer,
+    ImageUploadSerializer,
+    JobCreatedSerializer,
+    JobSubmitSerializer,
     JobCreateSerializer,
+    JobProgressSerializer,
     JobSerializer,
+    SearchImageSerializer,
+    SearchQuerySerializer,
+    SearchResponseSerializer,
     SearchSerializer,
+    StatsSerializer,
     UploadQuerySerializer,
+    UploadResponseSerializer,
 )
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services import jobs as job_services
@@ -78,17 +92,57 @@ def _check_parts(data, files, *, file_fields: tuple[str, ...]) -> None:
                                code="unexpected_parts", extra={"parts": stray})
 
 
+class NewestFirst(CursorPagination):
+    """Lists newest first, ``page_size`` (100) per page; ``next`` / ``previous`` are URLs with an
+    opaque ``cursor`` (stable while new rows arrive; a cursor that is not one: 404 ``not_found``)."""
+
+    ordering = ("-created_at", "-id")
+    page_size = 100
+
+
+#: A single refused file answers the upload's own shape with its reason's status; a request refused
+#: as a whole answers the error shape (README "API").
+UPLOAD_REFUSAL = PolymorphicProxySerializer(
+    component_name="UploadRefusal", serializers=[UploadResponseSerializer, ErrorSerializer],
+    resource_type_field_name=None)
+
+
+def _upload_refusal(status_code: int) -> OpenApiResponse:
+    return OpenApiResponse(UPLOAD_REFUSAL, description=f"the only file refused ({status_code} by its reason, in "
+                                                       f"the upload's shape), or: {ERROR_STATUS[status_code]}")
+
+
+class TokenView(ObtainAuthToken):
+    """``POST /api/auth/token/``: a user's token for a username and password (no authentication)."""
+
+    @extend_schema(operation_id="auth_token", auth=[], request=AuthTokenSerializer,
+                   responses={200: AuthTokenSerializer, **errors(400)})
+    def post(self, request, *args, **kwargs):
+        return super().post(request, *args, **kwargs)
+
+
 def _renamed(sources) -> list[dict]:
     """``[{"name", "raw_name"}]`` of the sources whose display name is not the name sent."""
     return [{"name": s.name, "raw_name": s.raw_name} for s in sources if s.raw_name is not None]
 
 
-class ImageUploadView(APIView):
+class ImageUploadView(GenericAPIView):
     """``POST /api/images/``: 1..N images on the interactive lane; ``GET``: the caller's images."""
 
     parser_classes = (MultiPartParser, FormParser)
+    pagination_class = NewestFirst
+    serializer_class = ImageSerializer
 
-    @extend_schema(operation_id="images_upload", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        operation_id="images_upload", request={"multipart/form-data": ImageUploadSerializer},
+        parameters=[RETRY_AFTER],
+        description="Embed 1..INTERACTIVE_MAX_FILES images and answer each one's neighbours within the deadline. "
+                    "When the only file is refused the status follows its reason (400/413/415) in the same shape; "
+                    "a request refused as a whole answers the error shape.",
+        responses={200: UploadResponseSerializer,
+                   202: OpenApiResponse(UploadResponseSerializer,
+                                        description="the deadline passed: the work continues, poll each image's url"),
+                   400: _upload_refusal(400), 413: _upload_refusal(413), 415: _upload_refusal(415), **errors(429, 503)})
     def post(self, request):
         data, files = _parsed(request)
         _check_parts(data, files, file_fields=("files", "file", "image"))
@@ -113,33 +167,41 @@ class ImageUploadView(APIView):
                   for im, src in zip(outcome.images, sources)]
         return Response({"images": images, "deadline_s": deadline_s}, status=outcome.status)
 
-    @extend_schema(operation_id="images_list", responses=ImageSerializer(many=True))
+    @extend_schema(operation_id="images_list", responses={200: ImageSerializer(many=True), **errors(404)},
+                   description="The caller's images (staff: all), newest first, a page at a time.")
     def get(self, request):
-        qs = images_visible_to(request.user).order_by("-created_at")[:500]
-        return Response({"images": ImageSerializer(qs, many=True).data})
+        page = self.paginate_queryset(images_visible_to(request.user))
+        return self.get_paginated_response(ImageSerializer(page, many=True).data)
 
 
 class ImageDetailView(APIView):
     """``GET`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
 
-    @extend_schema(operation_id="images_retrieve", responses=ImageSerializer)
+    @extend_schema(operation_id="images_retrieve", responses={200: ImageSerializer, **errors(404)})
     def get(self, request, image_id):
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
         return Response(ImageSerializer(im).data)
 
-    @extend_schema(operation_id="images_destroy", responses={204: None})
+    @extend_schema(operation_id="images_destroy", responses={204: None, **errors(404, 503)}, parameters=[RETRY_AFTER])
     def delete(self, request, image_id):
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
         image_delete(image=im)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
-class JobListView(APIView):
+class JobListView(GenericAPIView):
     """``POST /api/jobs/``: a bulk job from files, a zip, or (staff) a server folder; ``GET``: jobs."""
 
     parser_classes = (MultiPartParser, FormParser, JSONParser)
+    pagination_class = NewestFirst
+    serializer_class = JobSerializer
 
-    @extend_schema(operation_id="jobs_create", request={"multipart/form-data": OpenApiTypes.OBJECT}, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(
+        operation_id="jobs_create",
+        request={"multipart/form-data": JobSubmitSerializer, "application/json": JobSubmitSerializer},
+        description="A bulk job from image files, zip archives and (staff only) a server folder under "
+                    "INGEST_ROOTS; never refused for load. Follow `url` for progress.",
+        responses={202: JobCreatedSerializer, **errors(400, 403, 413, 415)})
     def post(self, request):
         data, files = _parsed(request)
         _check_parts(data, files, file_fields=("files", "file", "zip"))
@@ -161,16 +223,17 @@ class JobListView(APIView):
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
                          "renamed": _renamed(sources)}, status=status.HTTP_202_ACCEPTED)
 
-    @extend_schema(operation_id="jobs_list", responses=JobSerializer(many=True))
+    @extend_schema(operation_id="jobs_list", responses={200: JobSerializer(many=True), **errors(404)},
+                   description="The caller's jobs (staff: all), newest first, a page at a time.")
     def get(self, request):
-        qs = jobs_visible_to(request.user)[:200]
-        return Response({"jobs": JobSerializer(qs, many=True).data})
+        page = self.paginate_queryset(jobs_visible_to(request.user))
+        return self.get_paginated_response(JobSerializer(page, many=True).data)
 
 
 class JobDetailView(APIView):
     """``GET /api/jobs/{id}/``: status, counts, throughput, ETA, failures, stage timings."""
 
-    @extend_schema(operation_id="jobs_retrieve", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="jobs_retrieve", responses={200: JobProgressSerializer, **errors(404)})
     def get(self, request, job_id):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
         return Response({**JobSerializer(job).data, **job_services.job_progress(job)})
@@ -181,7 +244,8 @@ class JobActionView(APIView):
 
     targets = {"pause": "paused", "resume": "queued", "cancel": "cancelled"}
 
-    @extend_schema(operation_id="jobs_transition", request=None, responses=JobSerializer)
+    @extend_schema(operation_id="jobs_transition", request=None, responses={200: JobSerializer, **errors(404, 409)},
+                   parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH, enum=sorted(targets))])
     def post(self, request, job_id, action):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
         if action not in self.targets:
@@ -195,7 +259,13 @@ class SearchView(APIView):
 
     parser_classes = (MultiPartParser, FormParser, JSONParser)
 
-    @extend_schema(operation_id="search", request=SearchSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        operation_id="search",
+        request={"application/json": SearchQuerySerializer, "multipart/form-data": SearchImageSerializer},
+        parameters=[RETRY_AFTER],
+        description="Top-k of the caller's images (staff: all) by exactly one of a text, an uploaded image "
+                    "(multipart) or a stored image's id.",
+        responses={200: SearchResponseSerializer, **errors(400, 404, 409, 413, 415, 429, 503, 504)})
     def post(self, request):
         data, files = _parsed(request)
         _check_parts({}, files, file_fields=("image",))
@@ -214,7 +284,9 @@ class StatsView(APIView):
     """``GET /api/stats/`` (staff): images per status in the database, points in the collection, and
     stage timings per lane."""
 
-    @extend_schema(operation_id="stats", responses=OpenApiTypes.OBJECT)
+    @extend_schema(operation_id="stats", responses={200: StatsSerializer, **errors(403, 503)},
+                   parameters=[RETRY_AFTER], description="**Staff only** (403 `forbidden` for other users).",
+                   extensions={"x-staff-only": True})
     def get(self, request):
         from django.db.models import Count
 

@@ -71,7 +71,7 @@ def test_interactive_uploads_and_counts_match(stack, api, first_job):
 
 
 def test_each_image_is_its_own_nearest_neighbour(api, first_job):
-    ids = [im["id"] for im in api.get("/api/images/").json()["images"] if im["status"] == "embedded"]
+    ids = [im["id"] for im in api.get("/api/images/").json()["results"] if im["status"] == "embedded"]
     assert len(ids) >= 80
     for image_id in ids:
         res = api.post("/api/search/", json={"image_id": image_id, "k": 3}).json()["results"]

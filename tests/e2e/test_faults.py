@@ -108,7 +108,12 @@ def log_text(stack, name: str) -> str:
 
 
 def job_images(api, job_id: str) -> list[dict]:
-    return [im for im in api.get("/api/images/").json()["images"] if im["job"] == job_id]
+    out, page = [], api.get("/api/images/").json()  # every page (cursor pagination, newest first)
+    while True:
+        out += [im for im in page["results"] if im["job"] == job_id]
+        if not page["next"]:
+            return out
+        page = api.s.get(page["next"], timeout=60).json()
 
 
 def test_bulk_pool_child_killed_mid_chunk_runs_the_chunk_again(stack, api):

@@ -98,7 +98,7 @@ def test_jobs_and_images_of_others_are_invisible(service, api, other_user):
     for method, url in (("get", f"/api/jobs/{job_id}/"), ("post", f"/api/jobs/{job_id}/cancel/"),
                         ("get", f"/api/images/{image_id}/"), ("delete", f"/api/images/{image_id}/")):
         assert getattr(bob, method)(url).status_code == 404, url
-    assert bob.get("/api/jobs/").json()["jobs"] == [] and bob.get("/api/images/").json()["images"] == []
+    assert bob.get("/api/jobs/").json()["results"] == [] and bob.get("/api/images/").json()["results"] == []
     r = bob.post("/api/search/", {"text": "x", "job_id": job_id}, format="json")
     assert (r.status_code, r.json()["code"]) == (404, "not_found")
 

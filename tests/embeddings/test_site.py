@@ -164,7 +164,7 @@ def test_delete_needs_the_owner_and_a_csrf_token(service, api, user, other_user)
     r = strict.post(f"/images/{a['id']}/delete/", {"csrfmiddlewaretoken": token})
     assert r.status_code == 302 and r["Location"] == "/search/"
     assert not Image.objects.filter(id=a["id"]).exists()
-    assert strict.get("/api/images/", HTTP_ACCEPT="application/json").json()["images"] == []
+    assert strict.get("/api/images/", HTTP_ACCEPT="application/json").json()["results"] == []
 
 
 def test_upload_page_carries_the_limit_and_reasons_in_words(service, user):

@@ -1,0 +1,68 @@
+"""What the OpenAPI schema says beyond the serializers: the error responses each endpoint can give
+(one component, ``Error``), ``Retry-After`` on 429/503, and the statuses every operation shares.
+
+Views declare their own statuses with :func:`errors`; :func:`postprocess` (a drf-spectacular
+postprocessing hook, ``SPECTACULAR_SETTINGS``) adds the ones that follow from the URL and the
+authentication alone, for views this module does not own too (the thumbnail): 401 on every
+operation that needs a token or a session, 404 on every operation with a path parameter.
+"""
+from __future__ import annotations
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+
+from embeddings.api.serializers import ErrorSerializer
+
+#: What each error status means in this service (README "API"); the ``code`` values are stable.
+ERROR_STATUS = {
+    400: "the request is invalid (code: invalid, invalid_query, no_files, too_many_files, malformed_request, "
+         "malformed_multipart, unexpected_parts, a refused query image's reason ...)",
+    401: "no or a wrong token / session (code: not_authenticated, authentication_failed)",
+    403: "staff only (code: forbidden, permission_denied)",
+    404: "no such resource, or one the caller may not see (code: not_found)",
+    409: "the resource is not in a state that allows it (code: invalid_transition, not_embedded, vector_missing)",
+    413: "a request or an image over a limit; extra names the limit (code: request_too_large, too_large, "
+         "too_many_pixels)",
+    415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
+    429: "the interactive lane is overloaded: retry after Retry-After seconds (code: overloaded)",
+    503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
+         "(code: vectors_unavailable, worker_error)",
+    504: "the search did not finish in time (code: deadline_exceeded)",
+}
+
+#: ``Retry-After`` (whole seconds) on the statuses that carry it (services.admission, services.calls).
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After", OpenApiTypes.INT, location=OpenApiParameter.HEADER, response=[429, 503], required=True,
+    description="seconds to wait before retrying",
+)
+
+
+def errors(*statuses: int) -> dict[int, OpenApiResponse]:
+    """``{status: OpenApiResponse(Error)}`` for ``statuses`` (keys of :data:`ERROR_STATUS`), for
+    ``extend_schema(responses={...})``.
+
+    Raises:
+        KeyError: a status this service never answers with the error shape.
+    """
+    return {s: OpenApiResponse(ErrorSerializer, description=ERROR_STATUS[s]) for s in statuses}
+
+
+def _error_ref() -> dict:
+    return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def postprocess(result: dict, generator, request, public) -> dict:
+    """drf-spectacular postprocessing hook: 401 on every secured operation and 404 on every
+    operation with a path parameter, in the ``Error`` shape, where the view did not say."""
+    for path, item in result.get("paths", {}).items():
+        for method, op in item.items():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            responses = op["responses"]
+            # drf-spectacular lists ``{}`` among the requirements when no authentication is needed
+            secured = bool(op.get("security")) and all(op["security"])
+            if secured and "401" not in responses:
+                responses["401"] = {"description": ERROR_STATUS[401], **_error_ref()}
+            if "{" in path and "404" not in responses:
+                responses["404"] = {"description": ERROR_STATUS[404], **_error_ref()}
+    return result

@@ -1,0 +1,104 @@
+"""The OpenAPI schema: versioned in docs/openapi.yaml (``make schema``) and describing the service:
+typed bodies, limits, error statuses in one component, Retry-After, pagination, staff-only marks."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from django.conf import settings
+
+pytestmark = pytest.mark.django_db
+
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+
+
+@pytest.fixture(scope="module")
+def served(django_db_blocker):
+    from rest_framework.test import APIClient
+
+    with django_db_blocker.unblock():
+        r = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi")
+    assert r.status_code == 200
+    return yaml.safe_load(r.content)
+
+
+def _op(schema, path, method):
+    return schema["paths"][path][method]
+
+
+def _ref(schema, ref: str) -> dict:
+    return schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+
+
+def test_the_served_schema_is_the_versioned_file(served):
+    # An API change shows up in review: regenerate with `make schema` and commit docs/openapi.yaml.
+    assert served == yaml.safe_load(SCHEMA_FILE.read_text()), "docs/openapi.yaml is stale: run `make schema`"
+
+
+def test_lists_are_cursor_paginated_objects(served):
+    for path, item in (("/api/images/", "Image"), ("/api/jobs/", "Job")):
+        op = _op(served, path, "get")
+        assert [p["name"] for p in op["parameters"]] == ["cursor"]
+        page = _ref(served, op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"])
+        assert page["type"] == "object" and page["required"] == ["results"]
+        assert set(page["properties"]) == {"next", "previous", "results"}
+        assert page["properties"]["results"]["items"]["$ref"] == f"#/components/schemas/{item}"
+
+
+def test_upload_fields_types_and_limits(served):
+    body = _op(served, "/api/images/", "post")["requestBody"]["content"]["multipart/form-data"]["schema"]
+    upload = _ref(served, body["$ref"])
+    assert upload["required"] == ["files"]
+    files = upload["properties"]["files"]
+    assert (files["minItems"], files["maxItems"]) == (1, settings.INTERACTIVE_MAX_FILES)
+    assert files["items"] == {"type": "string", "format": "binary"}
+    assert (upload["properties"]["k"]["minimum"], upload["properties"]["k"]["maximum"]) == (0, settings.SEARCH_MAX_K)
+    assert upload["properties"]["deadline"]["minimum"] == 0.001
+
+
+def test_each_error_status_uses_the_error_component_and_retry_after(served):
+    error = served["components"]["schemas"]["Error"]
+    assert error["required"] == ["code", "extra", "message"]
+    responses = _op(served, "/api/search/", "post")["responses"]
+    assert sorted(responses) == ["200", "400", "401", "404", "409", "413", "415", "429", "503", "504"]
+    for status in ("401", "404", "409", "429", "503", "504"):
+        assert responses[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
+    for status in ("429", "503"):
+        assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    upload = _op(served, "/api/images/", "post")["responses"]
+    assert sorted(upload) == ["200", "202", "400", "401", "413", "415", "429", "503"]
+    refusal = _ref(served, upload["415"]["content"]["application/json"]["schema"]["$ref"])
+    assert refusal == {"oneOf": [{"$ref": "#/components/schemas/UploadResponse"},
+                                 {"$ref": "#/components/schemas/Error"}]}
+
+
+def test_every_secured_operation_documents_401_and_every_id_404(served):
+    ops = [(path, method, op) for path, item in served["paths"].items() for method, op in item.items()]
+    assert len(ops) == 13
+    for path, method, op in ops:
+        secured = op.get("security") and all(op["security"])
+        assert ("401" in op["responses"]) == bool(secured), (path, method)
+        if "{" in path:
+            assert "404" in op["responses"], (path, method)
+    assert "security" not in _op(served, "/api/auth/token/", "post")  # no authentication: no 401
+
+
+def test_search_json_is_exactly_one_of_text_or_image_id(served):
+    content = _op(served, "/api/search/", "post")["requestBody"]["content"]
+    one_of = _ref(served, content["application/json"]["schema"]["$ref"])["oneOf"]
+    required = [_ref(served, s["$ref"])["required"] for s in one_of]
+    assert required == [["text"], ["image_id"]]
+    assert _ref(served, content["multipart/form-data"]["schema"]["$ref"])["required"] == ["image"]
+
+
+def test_stats_is_marked_staff_only(served):
+    op = _op(served, "/api/stats/", "get")
+    assert op["x-staff-only"] is True and "403" in op["responses"]
+    staff = [(p, m) for p, item in served["paths"].items() for m, op in item.items() if op.get("x-staff-only")]
+    assert staff == [("/api/stats/", "get")]
+
+
+def test_job_actions_are_an_enum(served):
+    params = {p["name"]: p for p in _op(served, "/api/jobs/{job_id}/{action}/", "post")["parameters"]}
+    assert params["action"]["schema"]["enum"] == ["cancel", "pause", "resume"]
