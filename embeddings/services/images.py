@@ -8,7 +8,7 @@ import logging
 from typing import Iterable, Sequence
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -108,6 +108,12 @@ def images_create(
             unreadable[len(stored)] = e
             stored.append((src, "", sha, src.size, b""))
     with transaction.atomic():
+        # A deletion may have removed a blob we found already stored, before our rows name it:
+        # under the bytes' lock (the one _forget deletes under) store it again where it is missing.
+        _lock_bytes(sha for _, key, sha, _, _ in stored if key.startswith("blob/"))
+        for src, key, sha, _, _ in stored:
+            if key.startswith("blob/") and not runtime.blob_store().path(key).exists():
+                _store(src)
         # Locked until commit: a concurrent delete of an original waits, then sees these duplicates.
         existing = {
             im.sha256: im
@@ -139,6 +145,18 @@ def images_create(
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
     return rows
+
+
+def _lock_bytes(shas: Iterable[str]) -> None:
+    """Serialise, per sha256, "rows come to name this blob" (:func:`images_create` committing) with
+    "no row names this blob: delete it" (:func:`_forget`), so a blob is never deleted under an
+    upload of the same bytes. PostgreSQL: transaction-level advisory locks, taken in sha order (no
+    deadlock); SQLite: every write transaction is exclusive already (``BEGIN IMMEDIATE``)."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for sha in sorted(set(shas)):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha[:15], 16)])  # 60 bits: a bigint
 
 
 def _make_duplicate(im: Image, original: Image) -> None:
@@ -387,10 +405,12 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
                                            **tasks.vectors_options(interactive=False))
     finally:
         key, store = image.storage_key, runtime.blob_store()
-        if key and not Image.objects.filter(storage_key=key).exists():
-            store.delete(key)
-        if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
-            thumbnail_path(store, image.sha256).unlink(missing_ok=True)
+        with transaction.atomic():
+            _lock_bytes([image.sha256])
+            if key and not Image.objects.filter(storage_key=key).exists():
+                store.delete(key)
+            if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
+                thumbnail_path(store, image.sha256).unlink(missing_ok=True)
 
 
 def images_retry(*, images) -> int:

@@ -118,3 +118,25 @@ def test_the_migration_resolves_duplicates_made_before_the_constraint(user):
     assert (rows[queued.id].status, rows[queued.id].duplicate_of_id) == ("skipped", embedded.id)
     assert rows[lagging.id].duplicate_of_id == embedded.id  # copies of the demoted row follow it
     assert (rows[queued.id].width, rows[queued.id].height) == (7, 5)
+
+
+def test_a_blob_deleted_between_storing_and_inserting_is_stored_again(service, user, monkeypatch):
+    """A deletion of the last row naming some bytes removes their blob; an upload of the same bytes
+    that found the blob already there (so wrote nothing) before that must not end up naming a
+    missing file: under the bytes' lock it stores them again."""
+    from embeddings import runtime
+
+    png = b"\x89PNG\r\n\x1a\n" + b"\x01" * 40
+    store = runtime.blob_store()
+    put, lost = store.put, []
+
+    def put_then_lose(chunks):
+        key, sha, size = put(chunks)
+        if not lost:  # once: what a concurrent delete of the last row with these bytes does
+            store.delete(key)
+            lost.append(key)
+        return key, sha, size
+
+    monkeypatch.setattr(store, "put", put_then_lose)
+    im = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", png)])[0]
+    assert lost == [im.storage_key] and store.read(im.storage_key, im.sha256) == png
