@@ -9,7 +9,7 @@ from typing import Iterable, Sequence
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from embeddings import runtime
@@ -287,15 +287,23 @@ def _settle(*, owner_id, model_id: str, sha256: str, gone: Image) -> Image | Non
     raise IntegrityError(f"could not settle the copies of {sha256}: their original kept changing")
 
 
+#: Name of the job that takes a skipped copy queued again when it has no job, or a cancelled one.
+REQUEUED_JOB = "re-queued copies"
+
+
 def _requeue(heir: Image) -> None:
     """Queue a skipped copy as the original on the bulk lane: in its own job (reopened when done),
-    or, with no job or a cancelled one, in a new job named "re-queued copies"; dispatched on commit."""
+    or, with no job or a cancelled one, in the owner's open :data:`REQUEUED_JOB` job (created when
+    none is open); dispatched on commit."""
     from embeddings.services.jobs import job_dispatch
 
     job = heir.job
     if job is None or job.status == JobStatus.CANCELLED:
-        job = Job.objects.create(owner_id=heir.owner_id, name="re-queued copies", model_id=heir.model_id,
-                                 chunk_size=settings.PIPELINE.batch_size, total=1)
+        job = (Job.objects.filter(owner_id=heir.owner_id, name=REQUEUED_JOB, model_id=heir.model_id,
+                                  status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).first()
+               or Job.objects.create(owner_id=heir.owner_id, name=REQUEUED_JOB, model_id=heir.model_id,
+                                     chunk_size=settings.PIPELINE.batch_size))
+        Job.objects.filter(id=job.id).update(total=F("total") + 1)
     elif job.status == JobStatus.DONE:
         Job.objects.filter(id=job.id).update(status=JobStatus.RUNNING, finished_at=None)
     Image.objects.filter(id=heir.id).update(

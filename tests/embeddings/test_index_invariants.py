@@ -124,6 +124,23 @@ def test_cancelling_the_originals_job_while_it_is_queued_keeps_the_copy_searchab
     check_index()
 
 
+def test_copies_queued_again_share_one_open_job(service, api, monkeypatch):
+    broker = Broker(monkeypatch)
+    jobs, copies = [], []
+    for i in range(2):
+        data = jpeg_bytes(804 + i)
+        jobs.append(api.post("/api/jobs/", {"files": [upload("a.jpg", data)]}, format="multipart").json()["id"])
+        copies.append(api.post("/api/images/", {"files": [upload("b.jpg", data)]}, format="multipart")
+                      .json()["images"][0]["id"])
+    for job_id in jobs:
+        assert api.post(f"/api/jobs/{job_id}/cancel/").status_code == 200
+    requeued = Job.objects.get(name="re-queued copies")
+    assert requeued.total == 2 and set(requeued.images.values_list("status", flat=True)) == {"queued"}
+    broker.deliver()
+    assert Job.objects.get(id=requeued.id).status == "done"
+    check_index()
+
+
 def test_a_missing_point_is_a_409_with_a_code_not_a_timeout(service, api):
     im = api.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(802))]}, format="multipart").json()["images"][0]
     runtime.vector_store().delete([Image.objects.get(id=im["id"]).point_id])  # lost behind the service's back
