@@ -100,7 +100,9 @@ def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
     if not self.request.is_eager:
         from embeddings import runtime
 
-        admission.interactive_report(runtime.dynamic_batcher().records)
+        # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies
+        admission.interactive_report(runtime.dynamic_batcher().records, worker=self.request.hostname or "",
+                                     heartbeat=True)
     return out
 
 

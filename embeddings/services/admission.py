@@ -3,32 +3,46 @@
 Three parts, all reading or writing the broker's Redis (kombu's Redis transport, ``REDIS_URL``):
 
 1. **Web side, interactive lane** (:func:`interactive_admit`). A request is refused at once with
-   429 and ``Retry-After`` when the predicted wait before its images reach the model is longer than
+   429 and ``Retry-After`` when the predicted wait for its answer (plus a margin) is longer than
    its deadline: such work would only expire in the queue (the batcher drops it unseen), after
    having cost a database row, a blob and a queue slot, and after having pushed every later
-   request further back. The prediction is::
+   request further back. The prediction is the whole admitted→answered time::
 
-       wait_s = (queued messages × images per request + images in flight) × service s per image
+       work_s = (queued messages × images per request + images in flight + its own images)
+                / Σ capacity of the live interactive workers (images/s)
+       wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline)
 
    - *queued messages*: ``LLEN`` of the interactive queue's lists in Redis. kombu keeps one list per
      priority step: ``interactive`` for step 0 and ``interactive\\x06\\x16{3,6,9}`` for the others
      (``Channel._q_for_pri``, separator ``Channel.sep``).
    - *images in flight*: images of interactive tasks that a worker has started and not finished, a
-     hash the worker keeps (:func:`interactive_in_flight`). Entries older than a stale bound are
+     hash the workers keep (:func:`interactive_in_flight`). Entries older than a stale bound are
      ignored, so a killed worker cannot block admission forever.
-   - *service time per image* and *images per request*: means over the interactive worker's last
-     :data:`WINDOW` dynamic-batcher batches (forward-pass ms / images; images / requests), written
-     by that worker after every task (:func:`interactive_report`). They are measured under whatever
-     else shares the machine (a bulk lane on the same CPU or GPU makes them larger), so the
-     prediction follows contention without knowing about it.
+   - *capacity*: each interactive worker measures what it really drains: images of the tasks it
+     finished over the last :data:`DRAIN_WINDOW_S` s divided by the time it was busy with them
+     (:func:`drain_rate`: decode, batching window, forward passes at whatever batch sizes the load
+     formed, and whatever else steals its cores). Each writes its own entry, keyed by its hostname,
+     in :data:`WORKERS_KEY` and refreshes it every :data:`HEARTBEAT_S` s; the web sums the entries
+     younger than :data:`WORKER_TTL_S`. Two workers therefore admit twice the backlog of one at the
+     same predicted wait, and a killed worker stops counting within seconds (issue 11).
+   - *overhead, scale, margin*: the web records every admitted request's answer (admitted and
+     answered times, its ``work_s`` at admission, 200 or not) in a capped list
+     (:func:`interactive_answered`, :data:`ANSWERS_KEY`), and fits ``wait = overhead + scale ×
+     work`` on the last :data:`FIT_WINDOW_S` s of them, weighted with a :data:`FIT_HALF_LIFE_S` s
+     half-life (:func:`fit_wait`). ``scale`` absorbs what the workers' figure misses (the vectors
+     hop, the web), ``overhead`` what every request pays, ``margin`` the spread (the 95th
+     percentile of the residuals). A slower machine shows both in the workers' drain rate and in
+     the answers within seconds.
 
-   With no measurement yet (no interactive work since the Redis started) every request is admitted:
-   there is nothing to predict with. A Redis error admits too (the enqueue that follows reports the
-   outage). Eager Celery (tests) queues nothing, so admission is skipped there.
+   Everything above is read in one Redis round trip (a pipeline) per request. With no worker
+   measurement yet every request is admitted: there is nothing to predict with. A Redis error
+   admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
+   so admission is skipped there. A refused request's ``Retry-After`` is its predicted wait in
+   whole seconds: by then the work ahead of it now has drained.
 
-2. **Worker side, interactive lane**: the in-flight hash and the batch reports above; the reports
-   are also appended to a capped list (:data:`BATCHES_KEY`) that ``benchmarks/lanes.py`` reads to
-   show the batch sizes formed and the queue delays.
+2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries above and the
+   dynamic batcher's batch records, appended to a capped list (:data:`BATCHES_KEY`) that
+   ``benchmarks/lanes.py`` reads to show the batch sizes formed and the queue delays.
 
 3. **Worker side, one worker for both lanes** (deployment (b)): the worker holds at most
    :data:`BULK_HELD` bulk messages (:class:`LaneGateCycle`: while it holds them, its ``BRPOP`` asks
@@ -41,12 +55,14 @@ Bulk work is never refused: it yields (priorities, the gate above, pause).
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import json
 import logging
 import math
+import statistics
 import threading
 import time
 from typing import Iterator, Sequence
@@ -61,13 +77,38 @@ log = logging.getLogger(__name__)
 
 #: Batches of the interactive worker's dynamic batcher that the service-time means cover.
 WINDOW = 32
-#: Hash written by the interactive worker: the window means (see :func:`interactive_report`).
-SERVICE_KEY = f"lanes:{lanes.INTERACTIVE}:service"
 #: Hash ``{task id: "images started_unix_s"}`` of interactive tasks running now.
 INFLIGHT_KEY = f"lanes:{lanes.INTERACTIVE}:inflight"
 #: Capped list of JSON batch records (newest last), for benchmarks and diagnosis.
 BATCHES_KEY = f"lanes:{lanes.INTERACTIVE}:batches"
 BATCHES_KEPT = 20_000
+#: Hash ``{worker hostname: JSON}`` written by every interactive worker: its measured capacity
+#: (images/s), service figures and when it last reported (:func:`interactive_report`, heartbeat).
+WORKERS_KEY = f"lanes:{lanes.INTERACTIVE}:workers"
+#: A worker whose entry is older than this (s) is gone: its capacity no longer counts. Three missed
+#: heartbeats (:data:`HEARTBEAT_S`), so a killed worker stops counting within 15 s.
+WORKER_TTL_S = 15.0
+HEARTBEAT_S = 5.0
+#: A worker's capacity is the images it finished over the last this-many seconds divided by the
+#: time it was busy in them (s): short enough to follow a machine that slows within seconds.
+DRAIN_WINDOW_S = 10.0
+#: Capped list of JSON records of answered interactive requests, newest last (:func:`interactive_answered`).
+ANSWERS_KEY = f"lanes:{lanes.INTERACTIVE}:answers"
+ANSWERS_KEPT = 5_000
+#: Newest answers the web reads on each admission (the fit only uses those of :data:`FIT_WINDOW_S`).
+ANSWERS_READ = 128
+#: The wait model is fitted on answers of the last this-many seconds, each weighted by
+#: ``0.5 ** (age / FIT_HALF_LIFE_S)``: a machine that slows shows in the fit within a few answers.
+FIT_WINDOW_S = 30.0
+FIT_HALF_LIFE_S = 5.0
+#: A request answered 202 waited *at least* its deadline; it enters the fit as this × its wait.
+CENSORED_FACTOR = 1.25
+#: Ridge pull of the fitted scale towards 1 (s²): with few or tightly bunched answers the workers'
+#: own capacity figure is trusted; ~ one answer with 0.7 s of work ahead.
+PRIOR_WEIGHT = 0.5
+#: The admission margin is this quantile of the recent residuals (actual − predicted wait): the
+#: issue asks that ≥ 95 % of admitted requests answer within their deadline.
+MARGIN_QUANTILE = 0.95
 
 
 @functools.cache
@@ -113,6 +154,120 @@ def vectors_interactive_waiting(client=None) -> int:
         return 0
 
 
+# --- the wait model (pure) -----------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class WaitFit:
+    """``wait_s = overhead_s + scale × work_s``, fitted on recent answered requests (:func:`fit_wait`).
+
+    Attributes:
+        overhead_s: seconds every request waits whatever the backlog (decode, batching window, the
+            vectors hop, the web's own round trips).
+        scale: actual drain time / the workers' own capacity figure (1.0: the workers are right).
+        margin_s: the :data:`MARGIN_QUANTILE` of recent residuals (actual − predicted, s, ≥ 0).
+        samples: answers the fit used (0: the prior ``overhead 0, scale 1, margin 0``).
+    """
+
+    overhead_s: float = 0.0
+    scale: float = 1.0
+    margin_s: float = 0.0
+    samples: int = 0
+
+    def predict(self, work_s: float) -> float:
+        """Predicted admitted→answered seconds for a request with ``work_s`` seconds of work ahead
+        (its own images included) at the workers' measured capacity."""
+        return self.overhead_s + self.scale * work_s
+
+
+def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """Weighted least squares of ``y ≈ a + c·x`` over ``(x, y, w)`` with a ridge pull of ``c`` to 1
+    (:data:`PRIOR_WEIGHT`) and ``a ≥ 0``; returns ``(a, c)``, ``c`` clamped to [0.25, 20]."""
+    lam = PRIOR_WEIGHT
+    sw = sum(w for _, _, w in rows)
+    sx = sum(w * x for x, _, w in rows)
+    sy = sum(w * y for _, y, w in rows)
+    sxx = sum(w * x * x for x, _, w in rows)
+    sxy = sum(w * x * y for x, y, w in rows)
+    det = sw * (sxx + lam) - sx * sx  # > 0: Cauchy–Schwarz gives sw·sxx ≥ sx², and lam > 0
+    a = (sy * (sxx + lam) - sx * (sxy + lam)) / det
+    c = (sw * (sxy + lam) - sx * sy) / det
+    if a < 0:  # no negative overhead: refit the slope through the origin
+        a, c = 0.0, (sxy + lam) / (sxx + lam)
+    return a, min(20.0, max(0.25, c))
+
+
+def _weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
+    pairs = sorted(zip(values, weights))
+    total, acc = sum(weights), 0.0
+    for v, w in pairs:
+        acc += w
+        if acc >= q * total:
+            return v
+    return pairs[-1][0]
+
+
+def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
+    """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
+
+    Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``, weighted by recency
+    (half-life :data:`FIT_HALF_LIFE_S`); ``y`` is the admitted→answered time (s), × :data:`CENSORED_FACTOR`
+    for a 202 (it waited at least that long). No answer is dropped as an outlier: after a change of
+    regime (a process stealing cores) the first slow answers *are* the new truth; they move the
+    margin at once (a weighted quantile) and the fit within a few half-lives.
+
+    Args:
+        answers: dicts with ``admitted``, ``answered`` (Unix s), ``work_s`` (s) and ``status``.
+        now: Unix s.
+
+    Returns:
+        The fit; ``WaitFit()`` (the prior) when no answer qualifies.
+    """
+    rows = []
+    for r in answers:
+        if r.get("work_s") is None or not (now - FIT_WINDOW_S <= r["answered"] <= now + 1):
+            continue
+        y = r["answered"] - r["admitted"]
+        if r.get("status") != 200:
+            y *= CENSORED_FACTOR
+        rows.append((float(r["work_s"]), y, 0.5 ** (max(0.0, now - r["answered"]) / FIT_HALF_LIFE_S)))
+    if not rows:
+        return WaitFit()
+    a, c = _solve(rows)
+    res = [y - a - c * x for x, y, _ in rows]
+    margin = max(0.0, _weighted_quantile(res, [w for *_, w in rows], MARGIN_QUANTILE)) if len(rows) >= 3 else 0.0
+    return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=len(rows))
+
+
+def drain_rate(tasks: Sequence[tuple[float, float, int]], *, now: float,
+               window_s: float = DRAIN_WINDOW_S) -> float | None:
+    """Images per second a worker drains while busy. Pure.
+
+    Args:
+        tasks: ``(started, ended, images)`` of finished interactive tasks (Unix s).
+        now: Unix s; only tasks that ended in ``(now − window_s, now]`` count.
+
+    Returns:
+        Their images divided by the union of their run intervals (clipped to the window): the rate
+        at whatever batch sizes the load formed, decode and batching window included; ``None``
+        when no task ended in the window or they were busy for under 50 ms.
+    """
+    start = now - window_s
+    spans = sorted((max(s, start), e, n) for s, e, n in tasks if start < e <= now)
+    if not spans:
+        return None
+    busy, images, cur_s, cur_e = 0.0, 0, None, None
+    for s, e, n in spans:
+        images += n
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return images / busy if busy >= 0.05 else None
+
+
 @dataclasses.dataclass(frozen=True)
 class LaneLoad:
     """What the interactive lane holds now and how fast it drains.
@@ -120,50 +275,89 @@ class LaneLoad:
     Attributes:
         queued_messages: messages waiting in Redis (every priority step).
         inflight_images: images of tasks a worker has started and not finished.
-        ms_per_image: measured forward-pass time per image (ms); ``None`` before any measurement.
+        capacity_ips: images/s the live interactive workers drain, summed over workers (each one's
+            own measurement, :func:`drain_rate`); ``None`` before any measurement.
         images_per_request: measured mean images per request (1.0 before any measurement).
+        fit: the wait model fitted on recent answers (:func:`fit_wait`).
+        workers: live interactive workers counted in ``capacity_ips``.
     """
 
     queued_messages: int
     inflight_images: int
-    ms_per_image: float | None
+    capacity_ips: float | None
     images_per_request: float = 1.0
+    fit: WaitFit = WaitFit()
+    workers: int = 0
 
     @property
     def backlog_images(self) -> float:
         """Images ahead of a request arriving now."""
         return self.queued_messages * self.images_per_request + self.inflight_images
 
-    @property
-    def predicted_wait_s(self) -> float | None:
-        """Seconds before a request arriving now reaches the model; ``None`` when unknown."""
-        if self.ms_per_image is None:
+    def work_s(self, images: int = 1) -> float | None:
+        """Seconds of work ahead of (and including) a request of ``images`` arriving now, at the
+        workers' measured capacity; ``None`` when unknown."""
+        if not self.capacity_ips:
             return None
-        return self.backlog_images * self.ms_per_image / 1000
+        return (self.backlog_images + images) / self.capacity_ips
+
+    def predicted_wait_s(self, images: int = 1) -> float | None:
+        """Admitted→answered seconds predicted for a request of ``images`` arriving now; ``None`` when unknown."""
+        work = self.work_s(images)
+        return None if work is None else self.fit.predict(work)
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """``admitted``, the ``predicted_wait_s`` it was based on (``None``: unknown), and when refused
-    ``retry_after_s``: whole seconds until the backlog has drained enough to fit the deadline."""
+    """``admitted``; the ``predicted_wait_s`` it was based on (``None``: unknown); when refused,
+    ``retry_after_s``: whole seconds for the work ahead now to drain (what a request admitted now
+    would wait). ``work_s`` and ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
 
     admitted: bool
     predicted_wait_s: float | None
     retry_after_s: int | None = None
+    work_s: float | None = None
+    admitted_at: float | None = None
 
 
-def decide(load: LaneLoad, *, deadline_s: float) -> Decision:
-    """Admit unless the predicted wait is longer than ``deadline_s`` (s). Pure: no I/O."""
-    wait = load.predicted_wait_s
-    if wait is None or wait <= deadline_s:
-        return Decision(True, wait)
-    return Decision(False, wait, max(1, math.ceil(wait - deadline_s)))
+def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
+    """Admit unless the predicted wait plus the fit's margin is longer than ``deadline_s`` (s). Pure.
+
+    ``Retry-After`` is the predicted wait rounded to whole seconds (≥ 1): by then the work ahead
+    now has drained. Not "until it fits the deadline", which under sustained overload is a fraction
+    of a second, always rounded up to 1 s, and brings the client back into the same full queue.
+    """
+    wait = load.predicted_wait_s(images)
+    work = load.work_s(images)
+    if wait is None or wait + load.fit.margin_s <= deadline_s:
+        return Decision(True, wait, work_s=work)
+    return Decision(False, wait, max(1, math.floor(wait + 0.5)), work_s=work)
 
 
 def _stale_after_s() -> float:
     # An interactive task ends within its deadline (the batcher drops it after) plus decode time;
     # anything much older belongs to a worker that died.
     return 2 * settings.INTERACTIVE_DEADLINE_S + 30
+
+
+def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
+              answers: Sequence[str], now: float) -> LaneLoad:
+    """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values). Pure.
+
+    Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
+    request is their capacity-weighted mean.
+    """
+    live = []
+    for raw in workers.values():
+        w = json.loads(raw)
+        if now - w["updated"] <= WORKER_TTL_S and w.get("capacity_ips"):
+            live.append(w)
+    capacity = sum(w["capacity_ips"] for w in live) or None
+    per_request = (sum(w["capacity_ips"] * w.get("images_per_request", 1.0) for w in live) / capacity
+                   if capacity else 1.0)
+    fit = fit_wait([json.loads(a) for a in answers], now=now)
+    return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
+                    images_per_request=per_request, fit=fit, workers=len(live))
 
 
 def interactive_load(client=None) -> LaneLoad:
@@ -178,8 +372,9 @@ def interactive_load(client=None) -> LaneLoad:
         for k in keys:
             pipe.llen(k)
         pipe.hgetall(INFLIGHT_KEY)
-        pipe.hgetall(SERVICE_KEY)
-        *lengths, inflight, service = pipe.execute()
+        pipe.hgetall(WORKERS_KEY)
+        pipe.lrange(ANSWERS_KEY, -ANSWERS_READ, -1)
+        *lengths, inflight, workers, answers = pipe.execute()
     now, stale = time.time(), _stale_after_s()
     inflight_images, dead = 0, []
     for task_id, value in inflight.items():
@@ -190,21 +385,19 @@ def interactive_load(client=None) -> LaneLoad:
             inflight_images += int(images)
     if dead:
         client.hdel(INFLIGHT_KEY, *dead)
-    ms = float(service["ms_per_image"]) if "ms_per_image" in service else None
-    per_request = float(service.get("images_per_request", 1.0))
-    return LaneLoad(queued_messages=sum(lengths), inflight_images=inflight_images, ms_per_image=ms,
-                    images_per_request=per_request)
+    return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
+                     answers=answers, now=now)
 
 
-def interactive_admit(*, deadline_s: float) -> Decision:
-    """Admit a request with ``deadline_s`` to the interactive lane, or refuse it.
+def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
+    """Admit a request of ``images`` with ``deadline_s`` to the interactive lane, or refuse it.
 
     Returns:
-        The :class:`Decision` (admitted).
+        The :class:`Decision` (admitted; ``admitted_at`` set unless admission is off or eager).
 
     Raises:
         ApplicationError: ``overloaded`` (429) with a ``Retry-After`` header (s) when the predicted
-            wait exceeds the deadline; ``extra`` carries the numbers the decision used.
+            wait plus margin exceeds the deadline; ``extra`` carries the numbers the decision used.
     """
     from project.celery import app
 
@@ -215,7 +408,7 @@ def interactive_admit(*, deadline_s: float) -> Decision:
     except Exception as e:  # Redis down: admit; the enqueue that follows reports the outage
         log.warning("admission skipped, Redis unreadable: %s", e)
         return Decision(True, None)
-    decision = decide(load, deadline_s=deadline_s)
+    decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s is longer "
@@ -223,24 +416,90 @@ def interactive_admit(*, deadline_s: float) -> Decision:
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
                    "retry_after_s": decision.retry_after_s, "queued_messages": load.queued_messages,
-                   "inflight_images": load.inflight_images, "ms_per_image": round(load.ms_per_image, 2)},
+                   "inflight_images": load.inflight_images, "capacity_ips": round(load.capacity_ips, 2),
+                   "workers": load.workers, "overhead_s": round(load.fit.overhead_s, 3),
+                   "scale": round(load.fit.scale, 3), "margin_s": round(load.fit.margin_s, 3)},
         )
-    return decision
+    return dataclasses.replace(decision, admitted_at=time.time())
+
+
+def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:
+    """Record an admitted request's answer for the wait model (web side; never raises).
+
+    Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status"}`` to
+    :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`). ``status`` 200: answered within the
+    deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
+    that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
+    """
+    if decision.admitted_at is None or images <= 0:
+        return
+    record = {"admitted": round(decision.admitted_at, 4), "answered": round(answered_at or time.time(), 4),
+              "images": images, "status": status,
+              "work_s": None if decision.work_s is None else round(decision.work_s, 4),
+              "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4)}
+    try:
+        with redis_client().pipeline(transaction=False) as pipe:
+            pipe.rpush(ANSWERS_KEY, json.dumps(record))
+            pipe.ltrim(ANSWERS_KEY, -ANSWERS_KEPT, -1)
+            pipe.execute()
+    except Exception as e:
+        log.warning("could not record an interactive answer: %s", e)
+
+
+def answer_records(client=None, *, since: float = 0.0) -> list[dict]:
+    """Answers (:func:`interactive_answered`) recorded at or after ``since`` (Unix s), oldest first."""
+    client = client or redis_client()
+    rows = [json.loads(x) for x in client.lrange(ANSWERS_KEY, 0, -1)]
+    return [r for r in rows if r["answered"] >= since]
 
 
 # --- worker side ---------------------------------------------------------------------------------
 
+class _Tracker:
+    """Per worker process: finished interactive tasks (for :func:`drain_rate`), the last batch record
+    sent, the last entry written to :data:`WORKERS_KEY`, and the heartbeat thread that keeps it live."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.tasks: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=2_000)
+        self.last_record = None
+        self.entry: dict | None = None
+        self.worker: str | None = None
+        self.heartbeat: threading.Thread | None = None
+        self.heartbeat_stop = threading.Event()
+
+    def finished(self, started: float, ended: float, images: int) -> None:
+        with self.lock:
+            self.tasks.append((started, ended, images))
+
+    def beat(self, client) -> None:
+        while not self.heartbeat_stop.wait(HEARTBEAT_S):
+            with self.lock:
+                entry, worker = self.entry, self.worker
+            if entry is not None:
+                with contextlib.suppress(Exception):
+                    client.hset(WORKERS_KEY, worker, json.dumps({**entry, "updated": time.time()}))
+
+
+@functools.cache
+def _tracker() -> _Tracker:
+    return _Tracker()
+
+
 @contextlib.contextmanager
 def interactive_in_flight(task_id: str, images: int) -> Iterator[None]:
-    """Count ``images`` of task ``task_id`` as in flight while the block runs (never raises)."""
+    """Count ``images`` of task ``task_id`` as in flight while the block runs, and as drained by this
+    process when it ends (:func:`drain_rate`); never raises."""
     client = redis_client()
+    started = time.time()
     try:
-        client.hset(INFLIGHT_KEY, task_id, f"{images} {time.time():.3f}")
+        client.hset(INFLIGHT_KEY, task_id, f"{images} {started:.3f}")
     except Exception as e:
         log.warning("could not record in-flight work: %s", e)
     try:
         yield
     finally:
+        _tracker().finished(started, time.time(), images)
         with contextlib.suppress(Exception):
             client.hdel(INFLIGHT_KEY, task_id)
 
@@ -271,62 +530,89 @@ def window_stats(records: Sequence) -> dict[str, float] | None:
     }
 
 
-class _Reporter:
-    """Sends the batcher's new records to Redis; remembers the last one sent (per process)."""
+def worker_entry(stats: dict | None, tasks: Sequence[tuple[float, float, int]], *, now: float,
+                 previous: dict | None = None) -> dict | None:
+    """A worker's :data:`WORKERS_KEY` entry. Pure.
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._last = None
+    ``capacity_ips`` is :func:`drain_rate` over ``tasks``; with no task in the window, the previous
+    entry's figure (an idle worker keeps its last measurement); with none, the forward pass alone
+    (``1000 / ms_per_image``, an over-estimate the web's fitted scale then corrects).
 
-    def report(self, records) -> int:
-        with self._lock:
-            for _ in range(3):  # the model thread may append while we copy
-                try:
-                    snapshot = list(records)
-                    break
-                except RuntimeError:
-                    continue
-            else:
-                return 0
-            new = []
-            for rec in reversed(snapshot):
-                if rec is self._last:
-                    break
-                new.append(rec)
-            new.reverse()
-            stats = window_stats(snapshot)
-            if not new and stats is None:
-                return 0
-            now = time.time()
-            client = redis_client()
-            with client.pipeline(transaction=False) as pipe:
-                if new:
-                    pipe.rpush(BATCHES_KEY, *(json.dumps({"t": round(now, 3), **dataclasses.asdict(r)}) for r in new))
-                    pipe.ltrim(BATCHES_KEY, -BATCHES_KEPT, -1)
-                if stats is not None:
-                    pipe.hset(SERVICE_KEY, mapping={**stats, "updated": now})
-                pipe.execute()
-            if snapshot:
-                self._last = snapshot[-1]
-            return len(new)
+    Returns:
+        ``{"capacity_ips", "ms_per_image", "images_per_request", "batch_size", "updated"}``, or
+        ``None`` when nothing was measured yet.
+    """
+    rate = drain_rate(tasks, now=now)
+    if rate is None and previous is not None:
+        rate = previous["capacity_ips"]
+    if rate is None and stats is not None:
+        rate = 1000 / stats["ms_per_image"]
+    if rate is None:
+        return None
+    stats = stats or previous or {}
+    return {"capacity_ips": round(rate, 4), "ms_per_image": round(stats.get("ms_per_image", 0.0), 3),
+            "images_per_request": round(stats.get("images_per_request", 1.0), 4),
+            "batch_size": round(stats.get("batch_size", 0.0), 3), "updated": round(now, 3)}
 
 
-@functools.cache
-def _reporter() -> _Reporter:
-    return _Reporter()
+def interactive_report(records, *, worker: str = "", heartbeat: bool = False) -> int:
+    """Publish the dynamic batcher's new ``records`` (:data:`BATCHES_KEY`) and this worker's entry
+    (:data:`WORKERS_KEY`, field ``worker``: its Celery hostname); never raises.
 
-
-def interactive_report(records) -> int:
-    """Publish the dynamic batcher's new ``records`` and the window means (never raises).
+    Args:
+        records: the batcher's ``BatchRecord`` deque (copied here; the model thread may append).
+        worker: this worker's name; every interactive worker has its own entry, summed by the web.
+        heartbeat: start (once per process) a thread that refreshes the entry every
+            :data:`HEARTBEAT_S` s, so an idle live worker keeps counting and a dead one stops.
 
     Returns:
         How many new batch records were sent.
     """
     try:
-        return _reporter().report(records)
+        return _report(records, worker=worker, heartbeat=heartbeat)
     except Exception as e:
         log.warning("could not report interactive batches: %s", e)
         return 0
+
+
+def _report(records, *, worker: str, heartbeat: bool) -> int:
+    tracker = _tracker()
+    with tracker.lock:
+        for _ in range(3):  # the model thread may append while we copy
+            try:
+                snapshot = list(records)
+                break
+            except RuntimeError:
+                continue
+        else:
+            return 0
+        new = []
+        for rec in reversed(snapshot):
+            if rec is tracker.last_record:
+                break
+            new.append(rec)
+        new.reverse()
+        now = time.time()
+        entry = worker_entry(window_stats(snapshot), list(tracker.tasks), now=now,
+                             previous=tracker.entry if tracker.worker == worker else None)
+        if not new and entry is None:
+            return 0
+        client = redis_client()
+        with client.pipeline(transaction=False) as pipe:
+            if new:
+                pipe.rpush(BATCHES_KEY, *(json.dumps({"t": round(now, 3), **dataclasses.asdict(r)}) for r in new))
+                pipe.ltrim(BATCHES_KEY, -BATCHES_KEPT, -1)
+            if entry is not None:
+                pipe.hset(WORKERS_KEY, worker, json.dumps(entry))
+            pipe.execute()
+        if snapshot:
+            tracker.last_record = snapshot[-1]
+        tracker.entry, tracker.worker = entry, worker
+        if heartbeat and tracker.heartbeat is None:
+            tracker.heartbeat = threading.Thread(target=tracker.beat, args=(client,),
+                                                 name="admission-heartbeat", daemon=True)
+            tracker.heartbeat.start()
+        return len(new)
 
 
 def batch_records(client=None, *, since: float = 0.0) -> list[dict]:

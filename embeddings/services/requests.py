@@ -98,7 +98,7 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
         ApplicationError: ``overloaded`` (429, ``Retry-After``) when the lane's predicted wait is
             longer than ``deadline_s``: nothing is stored or queued (``services.admission``).
     """
-    admission.interactive_admit(deadline_s=deadline_s)
+    admitted = admission.interactive_admit(deadline_s=deadline_s, images=len(sources))
     started = time.time()
     deadline_ts = started + deadline_s
     deadline = dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
@@ -116,6 +116,8 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
             result = tasks.index_interactive.si({}, owner_filter, k, skipped).set(
                 **tasks.vectors_options(interactive=True)).apply_async()
         answers = _wait(result, deadline_ts)
+    # the whole admitted→answered time of this request: what the admission's wait model learns from
+    admission.interactive_answered(admitted, images=len(to_embed), status=202 if answers is None else 200)
     fresh = {str(im.id): im for im in Image.objects.filter(id__in=[im.id for im in images])}
     views = [image_view(fresh[str(im.id)], (answers or {}).get(str(im.id), {}).get("neighbours")) for im in images]
     if answers is None:
@@ -156,9 +158,10 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     if text is not None:
         if not text.strip():
             raise ApplicationError("text must not be empty", code="invalid_query")
-        admission.interactive_admit(deadline_s=deadline_ts - time.time())
+        admitted = admission.interactive_admit(deadline_s=deadline_ts - time.time())
         embed = tasks.encode_text.si(text[:2000], deadline_ts).set(**tasks.interactive_options(deadline_ts))
         answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+        admission.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
     elif image is not None:
         f = image.open()
         head = f.read(64)
@@ -166,13 +169,14 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         refused = quick_check(head, image.size)
         if refused is not None:
             raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
-        admission.interactive_admit(deadline_s=deadline_ts - time.time())
+        admitted = admission.interactive_admit(deadline_s=deadline_ts - time.time())
         # a query image is not an Image: its own temporary key, gone when the search is answered
         store = runtime.blob_store()
         key, sha, _ = store.put_temporary(iter_blocks(f))
         try:
             embed = tasks.embed_query.si(key, sha, deadline_ts).set(**tasks.interactive_options(deadline_ts))
             answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+            admission.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
         finally:
             store.delete(key)
     else:

@@ -2,10 +2,13 @@
 
 Real values throughout: the service time comes from the real ViT-B-32 (random weights) run through
 the real dynamic batcher; the backlog is real Celery messages published to a private redis-server
-at the lane's priorities and counted back from kombu's per-priority lists.
+at the lane's priorities and counted back from kombu's per-priority lists. The wait model's pure
+functions (drain rate, fit, decision) take injected clocks and records.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import shutil
 import subprocess
@@ -97,7 +100,7 @@ def publish(app, queue: str, priority: int, n: int = 1) -> None:
         app.send_task("embeddings.tasks.embed_interactive", args=([], 0.0), queue=queue, priority=priority)
 
 
-# --- the prediction -------------------------------------------------------------------------------
+# --- the prediction (pure: injected clocks and records) --------------------------------------------
 
 def test_window_stats_from_the_real_model(measured):
     stats = admission.window_stats(measured)
@@ -108,22 +111,98 @@ def test_window_stats_from_the_real_model(measured):
     assert stats["ms_per_image"] > 0
 
 
-def test_decide_refuses_exactly_when_the_predicted_wait_exceeds_the_deadline(measured):
-    ms = admission.window_stats(measured)["ms_per_image"]
-    deadline = 2.0
-    fits = math.floor(deadline * 1000 / ms)  # images that drain within the deadline
-    ok = admission.decide(admission.LaneLoad(queued_messages=fits, inflight_images=0, ms_per_image=ms),
-                          deadline_s=deadline)
-    assert ok.admitted and ok.predicted_wait_s <= deadline
-    over = admission.LaneLoad(queued_messages=fits, inflight_images=3, ms_per_image=ms)
+def test_drain_rate_is_images_over_the_union_of_busy_time():
+    now = 1000.0
+    tasks = [
+        (now - 30, now - 29, 50),  # ended before the window: ignored
+        (now - 9, now - 8, 4),  # busy 1 s
+        (now - 8.5, now - 7, 4),  # overlaps the first: busy until now − 7 (2 s in all)
+        (now - 5, now - 4.5, 2),  # busy 0.5 s more; idle gaps do not count
+        (now - 12, now - 9.5, 3),  # started before the window: only its 0.5 s inside counts
+    ]
+    assert admission.drain_rate(tasks, now=now) == pytest.approx((4 + 4 + 2 + 3) / (2 + 0.5 + 0.5))
+    assert admission.drain_rate(tasks[:1], now=now) is None  # nothing finished in the window
+    assert admission.drain_rate([(now - 1, now - 0.99, 1)], now=now) is None  # under 50 ms busy: no figure
+    # A machine that slows: the same worker drains 10 images/s, then 5 images/s for the last 10 s.
+    history = [(now - 40 + i, now - 39 + i, 10) for i in range(30)] + [(now - 10 + i, now - 9 + i, 5) for i in range(10)]
+    assert admission.drain_rate(history, now=now) == pytest.approx(5.0)
+
+
+def answers_from(model, *, start: float, end: float, every: float = 0.1, seed: int = 0) -> list[dict]:
+    """Answer records as the web writes them, one every ``every`` s, ``wait = model(t, work)`` ± 20 ms."""
+    import random
+
+    rng, out, t = random.Random(seed), [], start
+    while t < end:
+        work = rng.uniform(0.2, 1.8)
+        wait = model(t, work) + rng.gauss(0, 0.02)
+        out.append({"admitted": t - wait, "answered": t, "work_s": work, "status": 200, "images": 1})
+        t += every
+    return out
+
+
+def test_fit_recovers_overhead_and_scale_and_ignores_old_answers():
+    answers = answers_from(lambda t, w: 0.3 + 1.5 * w, start=0, end=30)
+    fit = admission.fit_wait(answers, now=30)
+    assert fit.overhead_s == pytest.approx(0.3, abs=0.02) and fit.scale == pytest.approx(1.5, abs=0.02)
+    assert 0 < fit.margin_s < 0.06  # the 95th percentile of ±20 ms noise
+    assert fit.samples == 300
+    assert admission.fit_wait(answers, now=100) == admission.WaitFit()  # all older than the window: the prior
+    # One answer: its wait is all overhead at scale 1 (the ridge pull to the workers' own figure).
+    one = admission.fit_wait([{"admitted": 9.0, "answered": 10.0, "work_s": 0.5, "status": 200}], now=10)
+    assert (one.overhead_s, one.scale, one.margin_s, one.samples) == (pytest.approx(0.5), pytest.approx(1.0), 0.0, 1)
+
+
+def test_fit_follows_a_machine_that_slows_within_seconds():
+    """At t = 30 s something steals the cores: the same work takes twice as long. The prediction plus
+    margin (what admission compares with the deadline) reaches the new truth within 3 s."""
+    answers = answers_from(lambda t, w: 0.3 + (1.0 if t < 30 else 2.0) * w, start=0, end=40)
+    truth = 0.3 + 2.0 * 1.5
+    bound = lambda now: (f := admission.fit_wait([a for a in answers if a["answered"] <= now], now=now)).predict(1.5) + f.margin_s
+    assert bound(29.95) == pytest.approx(0.3 + 1.5, abs=0.1)  # before: right, small margin
+    assert bound(31) > 0.3 + 1.5 + 0.8  # one second later the margin has already grown by ~1 s
+    assert bound(33) >= truth * 0.97
+    late = admission.fit_wait(answers, now=40)
+    # ten seconds (two half-lives) later the fit itself is three quarters of the way: 0.75 × 2 + 0.25 × 1
+    assert 1.6 < late.scale < 1.9 and late.predict(1.5) + late.margin_s >= truth * 0.97
+
+
+def test_a_202_counts_as_a_longer_wait():
+    base = {"admitted": 8.0, "answered": 10.0, "work_s": 1.0}
+    ok = admission.fit_wait([{**base, "status": 200}], now=10)
+    late = admission.fit_wait([{**base, "status": 202}], now=10)
+    assert ok.predict(1.0) == pytest.approx(2.0) and late.predict(1.0) == pytest.approx(2.0 * admission.CENSORED_FACTOR)
+
+
+def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_deadline():
+    fit = admission.WaitFit(overhead_s=0.2, scale=1.25, margin_s=0.1, samples=50)
+    capacity, deadline = 8.0, 2.0
+    # largest backlog B with 0.2 + 1.25 (B + 1) / 8 + 0.1 <= 2  →  B + 1 <= 10.88
+    fits = admission.LaneLoad(queued_messages=9, inflight_images=0, capacity_ips=capacity, fit=fit)
+    ok = admission.decide(fits, deadline_s=deadline)
+    assert ok.admitted and ok.predicted_wait_s == pytest.approx(0.2 + 1.25 * 10 / 8) and ok.work_s == pytest.approx(10 / 8)
+    over = admission.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
     refused = admission.decide(over, deadline_s=deadline)
-    assert not refused.admitted
-    assert refused.predicted_wait_s == pytest.approx((fits + 3) * ms / 1000)
-    assert refused.retry_after_s == max(1, math.ceil(refused.predicted_wait_s - deadline))
-    # Requests of several images weigh more; unknown service time admits (nothing to predict with).
-    heavy = admission.LaneLoad(queued_messages=fits, inflight_images=0, ms_per_image=ms, images_per_request=2.0)
-    assert not admission.decide(heavy, deadline_s=deadline).admitted
+    assert not refused.admitted and refused.predicted_wait_s == pytest.approx(0.2 + 1.25 * 11 / 8)
+    assert refused.retry_after_s == 2  # the predicted wait, 1.92 s, in whole seconds
+    # Requests of several images weigh more, queued and arriving; unknown capacity admits.
+    assert not admission.decide(dataclasses.replace(fits, images_per_request=2.0), deadline_s=deadline).admitted
+    assert not admission.decide(fits, deadline_s=deadline, images=2).admitted
     assert admission.decide(admission.LaneLoad(10_000, 0, None), deadline_s=deadline).admitted
+    # Retry-After is never 0, and follows a long backlog.
+    assert admission.decide(dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5)),
+                            deadline_s=deadline).retry_after_s == 1
+    assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13
+
+
+def test_capacity_is_summed_over_live_workers():
+    now = 500.0
+    entry = lambda cap, age: json.dumps({"capacity_ips": cap, "images_per_request": 1.0, "updated": now - age})
+    load = admission.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
+                               workers={"a": entry(6.0, 1), "b": entry(4.0, 14), "dead": entry(9.0, 16)})
+    assert (load.capacity_ips, load.workers) == (10.0, 2)
+    assert admission.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
+                               workers={"dead": entry(9.0, 16)}).capacity_ips is None
 
 
 # --- what Redis holds -----------------------------------------------------------------------------
@@ -137,7 +216,7 @@ def test_backlog_is_counted_across_kombus_priority_lists(lane_redis):
     assert keys[0] == lanes.INTERACTIVE and all(k.startswith(lanes.INTERACTIVE + "\x06\x16") for k in keys[1:])
     assert {k for k in client.keys(lanes.INTERACTIVE + "*")} == set(keys)  # what kombu really wrote
     load = admission.interactive_load()
-    assert (load.queued_messages, load.inflight_images, load.ms_per_image) == (8, 0, None)
+    assert (load.queued_messages, load.inflight_images, load.capacity_ips) == (8, 0, None)
 
 
 def test_vectors_worker_sees_only_interactive_messages_waiting_on_its_queue(lane_redis):
@@ -153,45 +232,127 @@ def test_vectors_worker_sees_only_interactive_messages_waiting_on_its_queue(lane
     assert admission.vectors_interactive_waiting(client) == client.llen(lanes.VECTORS) == 2
 
 
-def test_worker_reports_service_time_and_in_flight_work(lane_redis, measured):
+@pytest.fixture
+def tracker():
+    """A fresh per-process tracker (finished tasks, last entry) for this test."""
+    admission._tracker.cache_clear()
+    yield admission._tracker()
+    admission._tracker().heartbeat_stop.set()
+    admission._tracker.cache_clear()
+
+
+def test_worker_reports_batches_its_capacity_and_in_flight_work(lane_redis, measured, tracker):
     client, _ = lane_redis
-    assert admission.interactive_report(measured) == len(measured)
-    assert admission.interactive_report(measured) == 0  # nothing new: nothing sent twice
+    assert admission.interactive_report(measured, worker="w1") == len(measured)
+    assert admission.interactive_report(measured, worker="w1") == 0  # nothing new: nothing sent twice
     stats = admission.window_stats(measured)
     load = admission.interactive_load()
-    assert load.ms_per_image == pytest.approx(stats["ms_per_image"])
-    assert load.images_per_request == pytest.approx(stats["images_per_request"])
+    # no finished task yet: the forward pass alone gives the first figure
+    assert load.capacity_ips == pytest.approx(1000 / stats["ms_per_image"], rel=1e-3) and load.workers == 1
+    assert load.images_per_request == pytest.approx(stats["images_per_request"], rel=1e-3)
     records = admission.batch_records()
     assert [r["size"] for r in records] == [r.size for r in measured]
     assert {"t", "size", "requests", "queue_delay_ms", "service_ms", "expired"} <= set(records[0])
     with admission.interactive_in_flight("task-a", 5), admission.interactive_in_flight("task-b", 2):
         assert admission.interactive_load().inflight_images == 7
+        time.sleep(0.1)
     assert admission.interactive_load().inflight_images == 0
+    # the two tasks finished: 7 images in ~0.1 s of busy time is the worker's drain rate now
+    assert [n for *_, n in tracker.tasks] == [2, 5]
+    admission.interactive_report(measured, worker="w1")
+    rate = admission.interactive_load().capacity_ips
+    assert rate == pytest.approx(admission.drain_rate(tracker.tasks, now=time.time()), rel=0.05)
+    assert 7 / 0.5 < rate <= 7 / 0.1
     # A task whose worker died long ago no longer counts, and is cleaned away.
     client.hset(admission.INFLIGHT_KEY, "dead-task", f"16 {time.time() - 3600:.3f}")
     assert admission.interactive_load().inflight_images == 0
     assert not client.hexists(admission.INFLIGHT_KEY, "dead-task")
 
 
+def test_two_workers_admit_twice_the_load_of_one_at_the_same_predicted_wait(lane_redis, measured, tracker):
+    """Issue 11, item 5: each worker reports its own capacity under its own name (they used to
+    overwrite one figure); the web sums the live ones. Two workers each draining 8 images/s: the
+    backlog admitted doubles, at the same predicted wait, and a worker that stops reporting stops counting."""
+    client, app = lane_redis
+    now = time.time()
+    tracker.finished(now - 2.0, now - 1.0, 8)  # this process drained 8 images in 1 s busy: 8 images/s
+
+    def admitted_backlog() -> tuple[int, float]:
+        """Publish one request at a time until admission refuses; the backlog and the last admitted wait."""
+        client.delete(*admission.queue_keys(lanes.INTERACTIVE))
+        n, last = 0, None
+        while True:
+            decision = admission.decide(admission.interactive_load(), deadline_s=2.0)
+            if not decision.admitted:
+                return n, last
+            last = decision.predicted_wait_s
+            publish(app, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE)
+            n += 1
+
+    admission.interactive_report(measured, worker="celery@one")
+    one = admitted_backlog()
+    admission.interactive_report(measured, worker="celery@two")  # a second worker, same measured figure
+    load = admission.interactive_load()
+    assert (load.capacity_ips, load.workers) == (pytest.approx(16.0), 2)
+    two = admitted_backlog()
+    assert (one[0], two[0]) == (16, 32)  # admitted while (backlog + its own image) / capacity ≤ 2 s
+    assert one[1] == two[1] == pytest.approx(2.0)
+    # worker two's heartbeat stops: after WORKER_TTL_S its capacity no longer counts
+    entry = json.loads(client.hget(admission.WORKERS_KEY, "celery@two"))
+    client.hset(admission.WORKERS_KEY, "celery@two",
+                json.dumps({**entry, "updated": time.time() - admission.WORKER_TTL_S - 1}))
+    assert admitted_backlog()[0] == 16
+
+
+def test_the_heartbeat_keeps_an_idle_worker_counted(lane_redis, measured, tracker, monkeypatch):
+    client, _ = lane_redis
+    monkeypatch.setattr(admission, "HEARTBEAT_S", 0.05)
+    admission.interactive_report(measured, worker="celery@idle", heartbeat=True)
+    first = json.loads(client.hget(admission.WORKERS_KEY, "celery@idle"))["updated"]
+    time.sleep(0.3)
+    later = json.loads(client.hget(admission.WORKERS_KEY, "celery@idle"))
+    assert later["updated"] > first
+    assert later["capacity_ips"] == pytest.approx(1000 / admission.window_stats(measured)["ms_per_image"], rel=1e-3)
+
+
+def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, tracker):
+    client, _ = lane_redis
+    admission.interactive_report(measured, worker="w")
+    now = time.time()
+    for i, (work, wait, status) in enumerate([(0.5, 0.9, 200), (1.0, 1.6, 200), (1.5, 2.1, 202), (0.8, 1.2, 200)]):
+        decision = admission.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5)
+        admission.interactive_answered(decision, images=1, status=status, answered_at=now - 3 + i * 0.5 + wait)
+    admission.interactive_answered(admission.Decision(True, None), images=1, status=200)  # admission off: not recorded
+    records = admission.answer_records()
+    assert [(r["work_s"], r["status"]) for r in records] == [(0.5, 200), (1.0, 200), (1.5, 202), (0.8, 200)]
+    assert records[2]["answered"] - records[2]["admitted"] == pytest.approx(2.1, abs=1e-3)
+    load = admission.interactive_load()
+    expected = admission.fit_wait(records, now=time.time())
+    assert load.fit.samples == 4
+    assert load.fit.overhead_s == pytest.approx(expected.overhead_s, abs=1e-3)
+    assert load.fit.scale == pytest.approx(expected.scale, abs=1e-3)
+    assert load.fit.scale > 1.0  # the answers waited longer than the workers' figure said
+
+
 # --- the API --------------------------------------------------------------------------------------
 
 @pytest.fixture
-def overloaded(service, lane_redis, measured):
-    """A real, non-eager setting: measured service time in Redis and more queued interactive work
-    than drains within the deadline. No worker consumes the private Redis."""
+def overloaded(service, lane_redis, measured, tracker):
+    """A real, non-eager setting: a worker's measured capacity in Redis and more queued interactive
+    work than drains within the deadline. No worker consumes the private Redis."""
     from project.celery import app
 
     _, publisher = lane_redis
-    admission.interactive_report(measured)
-    ms = admission.window_stats(measured)["ms_per_image"]
+    admission.interactive_report(measured, worker="celery@test")
+    capacity = admission.interactive_load().capacity_ips
     longest = max(service.INTERACTIVE_DEADLINE_S, service.VECTORS_CALL_TIMEOUT_S)  # uploads, searches
-    backlog = math.ceil(2 * longest * 1000 / ms)  # ≈ 2 of the longest deadlines of work
+    backlog = math.ceil(2 * longest * capacity)  # ≈ 2 of the longest deadlines of work
     publish(publisher, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=backlog)
     original = app.conf.broker_url
     app.close()  # drops the connection pools, so the next publish uses the private Redis
     app.conf.broker_url = service.REDIS_URL
     app.conf.task_always_eager = False
-    yield backlog * ms / 1000
+    yield (backlog + 1) / capacity  # the predicted wait of a one-image request (no answers yet: scale 1)
     app.conf.task_always_eager = True
     app.close()
     app.conf.broker_url = original
@@ -205,8 +366,10 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert set(body) == {"message", "code", "extra"} and body["code"] == "overloaded"
     wait = body["extra"]["predicted_wait_s"]
     assert wait == pytest.approx(overloaded, rel=0.01) and wait > service.INTERACTIVE_DEADLINE_S
-    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.ceil(wait - service.INTERACTIVE_DEADLINE_S)
+    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.floor(wait + 0.5)
+    assert body["extra"]["workers"] == 1 and body["extra"]["scale"] == 1.0
     assert Image.objects.count() == 0  # refused before anything was stored or queued
+    assert admission.answer_records() == []  # nor recorded as an answer
     # A text query on the same lane is refused too; a longer deadline is never granted.
     r = api.post("/api/search/", {"text": "a cat", "k": 3}, format="json")
     assert r.status_code == 429 and r.json()["code"] == "overloaded" and "Retry-After" in r
