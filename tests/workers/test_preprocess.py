@@ -81,3 +81,118 @@ def test_matches_open_clip_reference_on_every_photo(encoder):
         worst += [(float(np.dot(x, y)), p.name) for x, y, p in zip(a, b, group)]
     low = [w for w in worst if w[0] < 0.999]
     assert not low, f"cosine below 0.999: {sorted(low)[:5]}"
+
+
+# --------------------------------------------------------------------------------------------------
+# Extreme aspect ratios: bounded cost, same result (../shared/data/cases/n01_*, docs/decoding.md)
+
+PLAIN = dict(size=(224, 224), mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0))
+
+
+def stripes(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """``(height, width, 3) uint8`` with detail along both axes (smoothed noise plus stripes)."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    rgb = cv2.GaussianBlur(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), (0, 0), 1.5)
+    rgb[..., 2] = ((np.arange(height)[:, None] // 3 + np.arange(width)[None, :] // 5) % 2) * 200
+    return rgb
+
+
+def open_clip_uint8(rgb: np.ndarray, resize_mode: str) -> np.ndarray:
+    """open_clip's own eval transform (PIL) with mean 0 / std 1, back on the 0..255 scale."""
+    import open_clip
+
+    transform = open_clip.image_transform(224, is_train=False, mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0),
+                                          resize_mode=resize_mode, interpolation="bicubic")
+    return (transform(Image.fromarray(rgb)) * 255).round().to(torch.uint8).numpy()
+
+
+def assert_equal_up_to_rounding(ours: torch.Tensor, ref: np.ndarray) -> None:
+    """Every value within one level, and at most 0.1 % of them off by that one level."""
+    diff = np.abs(ours.numpy().astype(int) - ref.astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.001, (int(diff.max()), int((diff > 0).sum()))
+
+
+@pytest.mark.parametrize("height, width", [(4000, 3), (3, 5000), (1000, 7), (9, 2000), (451, 100), (3000, 700),
+                                           (1, 20000), (20000, 1)])
+def test_crop_first_equals_open_clip(height, width):
+    """Moderately extreme shapes that the reference can still afford (its resized image is at
+    most 224 × 4.5 million pixels here): ours equals open_clip's transform up to float rounding
+    (in practice bit for bit on most shapes: same weights, same pass order as Pillow)."""
+    from workers.preprocess import crop_window
+
+    cfg = PreprocessConfig(**PLAIN)
+    rgb = stripes(height, width)
+    assert crop_window(height, width, cfg) is not None  # the crop-first path is the one tested
+    ours = resize_and_crop(rgb, cfg)
+    assert ours.shape == (3, 224, 224) and ours.dtype == torch.uint8
+    assert_equal_up_to_rounding(ours, open_clip_uint8(rgb, "shortest"))
+
+
+def test_crop_window_reads_only_what_the_output_needs():
+    """1 × 60000 (n01): the reference would resize to 224 × 13,440,000 (9 GB); the window is a few
+    source pixels. Ordinary photos (aspect ratio up to 4:1) keep the direct path."""
+    from workers.preprocess import crop_window
+
+    cfg = PreprocessConfig(**PLAIN)
+    window = crop_window(60000, 1, cfg)
+    assert window.cols == (0, 1)
+    assert window.rows[1] - window.rows[0] == 8  # 1 source pixel of output, 2 + 1 either side (support, margin)
+    assert 29995 <= window.rows[0] < 30000  # the middle of the line, as CenterCrop keeps it
+    for h, w in [(3000, 4000), (1080, 1920), (224, 896), (100, 60), (500, 2000)]:
+        assert crop_window(h, w, cfg) is None
+
+
+def test_tensor_path_equals_array_path_on_a_line():
+    """The device entry point (here a CPU tensor) crops first the same way."""
+    from workers.preprocess import resize_and_crop_tensor
+
+    cfg = PreprocessConfig(**PLAIN)
+    rgb = stripes(5000, 6)
+    assert torch.equal(resize_and_crop_tensor(torch.from_numpy(rgb).permute(2, 0, 1), cfg), resize_and_crop(rgb, cfg))
+
+
+@pytest.mark.parametrize("resize_mode", ["squash", "longest"])
+@pytest.mark.parametrize("height, width", [(6000, 40), (40, 7000), (300, 2)])
+def test_other_modes_long_axis_first_and_sliced(monkeypatch, resize_mode, height, width):
+    """``squash`` / ``longest`` resize the long axis first, a very long one in slices of outputs;
+    both equal open_clip's transform up to the rounding between the two passes. (Thinner lines
+    than these make open_clip's own ``longest`` raise: it rounds the short side to 0 pixels.)"""
+    import workers.preprocess as pre
+
+    rgb = stripes(height, width, seed=1)
+    ref = open_clip_uint8(rgb, resize_mode)
+    cfg = PreprocessConfig(**PLAIN, resize_mode=resize_mode)
+    whole = resize_and_crop(rgb, cfg)
+    monkeypatch.setattr(pre, "SLICE_OVER", 100)  # force the sliced path on these small lines
+    sliced = resize_and_crop(rgb, cfg)
+    for ours in (whole, sliced):
+        assert ours.shape == (3, 224, 224)
+        diff = np.abs(ours.numpy().astype(int) - ref.astype(int))
+        assert diff.max() <= 1, int(diff.max())
+
+
+def test_line_embedding_matches_open_clip(encoder):
+    """Through the model: a 4000 × 3 line embeds like open_clip's pipeline (cosine >= 0.9999)."""
+    import open_clip
+
+    _, _, reference = open_clip.create_model_and_transforms("ViT-B-32", pretrained=None)
+    rgb = stripes(4000, 3, seed=2)
+    ours = preprocess(rgb, encoder.preprocess_config)[None]
+    ref = reference(Image.fromarray(rgb))[None]
+    a, b = encoder.encode_images(ours), encoder.encode_images(ref)
+    assert float(np.dot(a[0], b[0])) >= 0.9999
+
+
+@needs_shared
+def test_n01_files_embed_within_bounds():
+    """The four ``n01`` line files and the control decode and preprocess to ``(3, 224, 224)``."""
+    from tests.conftest import SHARED
+
+    cfg = PreprocessConfig(**PLAIN)
+    files = sorted((SHARED / "data" / "cases").glob("n01_*"))
+    assert len(files) == 5
+    for path in files:
+        out = preprocess(decode_image(path.read_bytes(), min_side=cfg.min_side).rgb, cfg)
+        assert out.shape == (3, 224, 224), path.name
