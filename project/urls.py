@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from embeddings.api.views import healthz
@@ -8,6 +10,8 @@ from embeddings.site.thumbnails import ThumbnailView
 
 urlpatterns = [
     path("healthz", healthz),
+    # browsers ask for /favicon.ico on pages that name none (the admin, the API docs)
+    path("favicon.ico", RedirectView.as_view(url=static("site/favicon.svg"), permanent=True)),
     path("metrics", metrics_view),
     path("admin/", admin.site.urls),
     path("api/images/<uuid:image_id>/thumbnail/", ThumbnailView.as_view(), name="image-thumbnail"),

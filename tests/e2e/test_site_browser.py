@@ -69,6 +69,8 @@ class Visitor:
         self.errors: list[str] = []
         self.expected: list[str] = []  # console lines of responses the test asked for (a refused upload)
         self.page.on("console", lambda m: m.type == "error" and self.errors.append(m.text))
+        self.failed: list[str] = []  # 4xx/5xx answers, to name the resource behind a console error
+        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(f"{r.status} {r.url}"))
         self.page.on("pageerror", lambda e: self.errors.append(f"uncaught: {e}"))
         self.page.on("dialog", lambda d: d.accept())
         self.sign_in(username)
@@ -272,7 +274,7 @@ def test_admin_and_api_docs_render_with_their_own_stylesheets(browser, stack):
         assert all(u.startswith(stack.web_url) for u in requested), [u for u in requested if not u.startswith(stack.web_url)]
         if os.environ.get("SITE_SCREENSHOTS"):
             page.screenshot(path=str(Path(os.environ["SITE_SCREENSHOTS"]) / "api-docs-1280.png"))
-        assert root.console_errors() == []
+        assert root.console_errors() == [], root.failed
     finally:
         root.close()
 

@@ -176,6 +176,8 @@ def test_static_files_and_api_docs_are_served_without_a_cdn(service, user):
     c = signed_in(user)
     assert c.get("/static/admin/css/base.css").status_code == 200
     assert c.get("/static/site/site.css").status_code == 200
+    icon = c.get("/favicon.ico")  # asked for by every page that names no icon (admin, API docs)
+    assert icon.status_code == 301 and c.get(icon["Location"]).status_code == 200
     docs = c.get("/api/docs/").content.decode()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in docs
     assert not re.search(r'(src|href)="https?://', docs)
