@@ -131,8 +131,8 @@ _CV_REDUCE = {1: 0, 2: cv2.IMREAD_REDUCED_COLOR_2 & ~cv2.IMREAD_COLOR,
 #: OpenCV refuses to decode an image with a side longer than this (``CV_IO_MAX_IMAGE_WIDTH`` /
 #: ``_HEIGHT`` in opencv/modules/imgcodecs/src/loadsave.cpp: 1 << 20 unless these environment
 #: variables say otherwise), whatever its pixel count: a valid 1 × 2,000,000 PNG is 6 MB of pixels.
-_CV_MAX_SIDE = (int(os.environ.get("OPENCV_IO_MAX_IMAGE_WIDTH", 1 << 20)),
-                int(os.environ.get("OPENCV_IO_MAX_IMAGE_HEIGHT", 1 << 20)))
+_CV_MAX_SIDE = (int(os.environ.get("OPENCV_IO_MAX_IMAGE_WIDTH", str(1 << 20))),
+                int(os.environ.get("OPENCV_IO_MAX_IMAGE_HEIGHT", str(1 << 20))))
 
 
 def _cv_fits(width: int, height: int) -> bool:

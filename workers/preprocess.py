@@ -265,8 +265,8 @@ def crop_window(height: int, width: int, cfg: PreprocessConfig) -> CropWindow | 
         new_h, new_w = short, int(short * width / height)
     if new_h * new_w <= MAX_DIRECT_RATIO * h_out * w_out or new_h < h_out or new_w < w_out:
         return None
-    top = int(round((new_h - h_out) / 2.0))
-    left = int(round((new_w - w_out) / 2.0))
+    top = round((new_h - h_out) / 2.0)  # Python's round (half to even), as torchvision's CenterCrop
+    left = round((new_w - w_out) / 2.0)
     y0, y1 = top * height / new_h, min((top + h_out) * height / new_h, float(height))
     x0, x1 = left * width / new_w, min((left + w_out) * width / new_w, float(width))
     rows = _window(y0, y1, h_out, height, cfg.interpolation)

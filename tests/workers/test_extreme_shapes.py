@@ -29,7 +29,6 @@ import time
 
 import cv2
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -87,7 +86,7 @@ def encode(rgb: np.ndarray, fmt: str) -> bytes:
 
 def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
-        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.MULTILINE).group(1)) / 1024
 
 
 @functools.cache
