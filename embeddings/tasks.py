@@ -1,6 +1,7 @@
 """Celery tasks: thin adapters. JSON primitives in (ids, storage keys, base64 vectors), one call to a
 service, retry policy on the decorator. Which queue each runs on is decided by the ``*_options``
-helpers below, from ``project.lanes``.
+helpers of ``embeddings.dispatch`` (re-exported here), from ``project.lanes``; services send work
+through that module and never import this one.
 
 - ``interactive`` queue (interactive worker, threads pool + dynamic batcher): ``embed_interactive``,
   ``embed_query``, ``encode_text``.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime as dt
 import logging
 import time
 
@@ -19,6 +19,13 @@ from celery import shared_task
 from celery.signals import celeryd_init, task_revoked, worker_ready
 from django.conf import settings
 
+# the message options live with the sending (``embeddings.dispatch``); re-exported for callers here
+from embeddings.dispatch import (  # noqa: F401
+    bulk_options,
+    expires_at,
+    interactive_options,
+    vectors_options,
+)
 from embeddings.services import admission, pipeline
 from project import lanes
 from workers.errors import Reason
@@ -28,50 +35,6 @@ log = logging.getLogger(__name__)
 #: Systemic failures talking to the vector store: retried with exponential backoff (never a bad
 #: image, which is recorded, not retried): connection errors, timeouts, Qdrant 5xx.
 _STORE_ERRORS = pipeline.STORE_ERRORS
-
-
-def bulk_options(priority: str) -> dict:
-    """``apply_async`` options for a bulk chunk of a job with ``priority`` (urgent/background)."""
-    p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
-    return {"queue": lanes.BULK, "priority": p}
-
-
-def expires_at(deadline_ts: float) -> dt.datetime:
-    """``apply_async(expires=...)`` for a deadline (Unix s): a timezone-aware UTC datetime.
-
-    Celery reads a *number* as seconds from now (``expires=deadline_ts + 60`` meant about the year
-    2082); only an aware datetime is an absolute time. A worker that receives a message after it
-    discards it unrun (state ``REVOKED``, log ``Discarding revoked task``), and checks again just
-    before it runs.
-    """
-    return dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
-
-
-def interactive_options(deadline_ts: float) -> dict:
-    """Options for interactive work: highest priority; the message expires at its deadline (Unix
-    s), when the person who sent it has had their answer (``deadline_exceeded`` or ``202``), so a
-    worker that comes back after an outage never computes stale work ahead of fresh. The task
-    itself also refuses to compute once the deadline has passed (a message received just before
-    it, then waiting for a thread or for the batcher)."""
-    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": expires_at(deadline_ts)}
-
-
-def vectors_options(*, interactive: bool, priority: str = "background", deadline_ts: float | None = None) -> dict:
-    """Options for vector-store work; searches and interactive writes go before bulk writes.
-
-    Args:
-        deadline_ts: Unix s after which nobody waits for the result: the message then expires
-            (searches). Never for writes: an interactive upload's outcome is recorded whatever the
-            time (its images end embedded or ``expired``), a bulk chunk has no deadline here.
-    """
-    if interactive:
-        p = lanes.PRIORITY_INTERACTIVE
-    else:
-        p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
-    options = {"queue": lanes.VECTORS, "priority": p}
-    if deadline_ts is not None:
-        options["expires"] = expires_at(deadline_ts)
-    return options
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)

@@ -1,0 +1,146 @@
+"""Sending work to the queues: the one module that knows which task runs on which queue, at which
+priority, with which expiry. Services call it; it never imports ``embeddings.tasks``: it names
+tasks (``embeddings.tasks.<name>``) and lets Celery look them up, so imports run one way
+(tasks → services → dispatch) and a service never depends on the task module
+(``tests/test_import_direction.py``). The option helpers (``*_options``) are the same ones the
+tasks module re-exports.
+"""
+from __future__ import annotations
+
+import datetime as dt
+
+from celery import chain
+from celery.canvas import Signature
+
+from project import lanes
+from project.celery import app
+
+#: Module whose tasks this names (``embeddings/tasks.py``; registered by Celery's autodiscovery).
+TASKS = "embeddings.tasks"
+
+
+def bulk_options(priority: str) -> dict:
+    """``apply_async`` options for a bulk chunk of a job with ``priority`` (urgent/background)."""
+    p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
+    return {"queue": lanes.BULK, "priority": p}
+
+
+def expires_at(deadline_ts: float) -> dt.datetime:
+    """``apply_async(expires=...)`` for a deadline (Unix s): a timezone-aware UTC datetime.
+
+    Celery reads a *number* as seconds from now (``expires=deadline_ts + 60`` meant about the year
+    2082); only an aware datetime is an absolute time. A worker that receives a message after it
+    discards it unrun (state ``REVOKED``, log ``Discarding revoked task``), and checks again just
+    before it runs.
+    """
+    return dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
+
+
+def interactive_options(deadline_ts: float) -> dict:
+    """Options for interactive work: highest priority; the message expires at its deadline (Unix
+    s), when the person who sent it has had their answer (``deadline_exceeded`` or ``202``), so a
+    worker that comes back after an outage never computes stale work ahead of fresh. The task
+    itself also refuses to compute once the deadline has passed (a message received just before
+    it, then waiting for a thread or for the batcher)."""
+    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": expires_at(deadline_ts)}
+
+
+def vectors_options(*, interactive: bool, priority: str = "background", deadline_ts: float | None = None) -> dict:
+    """Options for vector-store work; searches and interactive writes go before bulk writes.
+
+    Args:
+        deadline_ts: Unix s after which nobody waits for the result: the message then expires
+            (searches). Never for writes: an interactive upload's outcome is recorded whatever the
+            time (its images end embedded or ``expired``), a bulk chunk has no deadline here.
+    """
+    if interactive:
+        p = lanes.PRIORITY_INTERACTIVE
+    else:
+        p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
+    options = {"queue": lanes.VECTORS, "priority": p}
+    if deadline_ts is not None:
+        options["expires"] = expires_at(deadline_ts)
+    return options
+
+
+def task(name: str, *args, immutable: bool = False, **options) -> Signature:
+    """The signature of task ``embeddings.tasks.<name>`` with ``args`` and message ``options``
+    (queue, priority, expires), by name: Celery resolves it where it is sent or run.
+
+    Raises:
+        KeyError: (when run eagerly, or ``.type`` is read) no task of that name is registered.
+    """
+    if app.conf.task_always_eager:  # run here (tests, scripts): the task must be registered first
+        _ensure_registered()
+    return app.signature(f"{TASKS}.{name}", args=args, immutable=immutable, options=options)
+
+
+def _ensure_registered() -> None:
+    """Let Celery's autodiscovery import the task modules (once; a no-op after): eager runs look a
+    name up in the registry, a message sent to a worker does not need it."""
+    if f"{TASKS}.embed_chunk" not in app.tasks:
+        app.loader.import_default_modules()
+
+
+# --- bulk lane -----------------------------------------------------------------------------------
+
+def send_chunk(*, job_id: str, image_ids: list[str], priority: str):
+    """Queue one bulk chunk (``embed_chunk``) of a job with ``priority`` on the bulk queue."""
+    return task("embed_chunk").apply_async(args=(job_id, image_ids), **bulk_options(priority))
+
+
+def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
+                     upsert_ms: float | None = None):
+    """Queue a bulk chunk's points (``index_chunk``) for the vectors worker, the embedded store's
+    owner, at the chunk's bulk ``priority``; ``upsert_ms``: write time already spent on the chunk
+    by earlier parts (a continuation), omitted for a first part."""
+    kwargs = {"priority": priority} if upsert_ms is None else {"priority": priority, "upsert_ms": upsert_ms}
+    return task("index_chunk").apply_async(args=(job_id, stat_id, items), kwargs=kwargs,
+                                           **vectors_options(interactive=False, priority=priority))
+
+
+def send_forget_point(*, point_id: str, sha256: str, interactive: bool):
+    """Queue ``forget_point`` (delete a point or rewrite its payload) for the vectors worker: at
+    interactive priority, or at background bulk priority (cascades, bulk deletes)."""
+    return task("forget_point").apply_async(args=(point_id, sha256), **vectors_options(interactive=interactive))
+
+
+# --- interactive lane ----------------------------------------------------------------------------
+
+def send_upload(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float):
+    """Queue an interactive upload: ``embed_interactive`` (interactive queue, expires at
+    ``deadline_ts``) chained to ``index_interactive`` (vectors queue, interactive priority); only the
+    latter when nothing is to be embedded (every image a copy of stored bytes). Returns the last
+    task's ``AsyncResult``."""
+    if not to_embed:
+        return task("index_interactive", {}, owner_id, k, skipped, immutable=True,
+                    **vectors_options(interactive=True)).apply_async()
+    embed = task("embed_interactive", to_embed, deadline_ts, immutable=True, **interactive_options(deadline_ts))
+    index = task("index_interactive", owner_id, k, skipped, **vectors_options(interactive=True))
+    return chain(embed, index).apply_async()
+
+
+def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float):
+    """Queue an interactive upload whose worker writes its own points (a Qdrant server:
+    ``embed_index_interactive`` on the interactive queue, expires at ``deadline_ts``). No vector
+    crosses the broker; the result is each image's neighbours. Returns its ``AsyncResult``."""
+    return task("embed_index_interactive", to_embed, deadline_ts, owner_id, k, skipped,
+                **interactive_options(deadline_ts)).apply_async()
+
+
+def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None):
+    """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
+    deadline, interactive queue) and, when ``search`` = ``(owner_id, k, job_id)`` is given, chain it
+    to ``search_vector`` on the vectors queue; every message expires at ``deadline_ts``. Returns the
+    last task's ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
+    sig = task(embed, *args, deadline_ts, immutable=True, **interactive_options(deadline_ts))
+    if search is None:
+        return sig.apply_async()
+    return chain(sig, task("search_vector", *search, **vectors_options(interactive=True, deadline_ts=deadline_ts))
+                 ).apply_async()
+
+
+def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float):
+    """Queue ``search_point`` (top-k by a stored point) on the vectors queue, expiring at ``deadline_ts``."""
+    return task("search_point").apply_async(args=(point_id, owner_id, k, job_id),
+                                            **vectors_options(interactive=True, deadline_ts=deadline_ts))
