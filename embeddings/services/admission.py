@@ -109,6 +109,10 @@ PRIOR_WEIGHT = 0.5
 #: The admission margin is this quantile of the recent residuals (actual − predicted wait): the
 #: issue asks that ≥ 95 % of admitted requests answer within their deadline.
 MARGIN_QUANTILE = 0.95
+#: The margin is scaled by ``W / (W + MARGIN_PRIOR_WEIGHT)``, ``W`` the answers' summed recency
+#: weights (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot
+#: keep refusing everything once no new answer arrives to correct it (seen in the load benchmark).
+MARGIN_PRIOR_WEIGHT = 2.0
 
 
 @functools.cache
@@ -220,7 +224,8 @@ def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
         now: Unix s.
 
     Returns:
-        The fit; ``WaitFit()`` (the prior) when no answer qualifies.
+        The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the residuals'
+        :data:`MARGIN_QUANTILE`, shrunk while the evidence is thin or old (:data:`MARGIN_PRIOR_WEIGHT`).
     """
     rows = []
     for r in answers:
@@ -234,7 +239,11 @@ def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
         return WaitFit()
     a, c = _solve(rows)
     res = [y - a - c * x for x, y, _ in rows]
-    margin = max(0.0, _weighted_quantile(res, [w for *_, w in rows], MARGIN_QUANTILE)) if len(rows) >= 3 else 0.0
+    weights = [w for *_, w in rows]
+    margin = 0.0
+    if len(rows) >= 3:
+        total = sum(weights)
+        margin = max(0.0, _weighted_quantile(res, weights, MARGIN_QUANTILE)) * total / (total + MARGIN_PRIOR_WEIGHT)
     return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=len(rows))
 
 
@@ -321,7 +330,8 @@ class Decision:
 
 
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
-    """Admit unless the predicted wait plus the fit's margin is longer than ``deadline_s`` (s). Pure.
+    """Admit unless the predicted wait plus the fit's margin is longer than ``deadline_s`` (s); an
+    empty lane admits a request whose predicted wait alone fits. Pure.
 
     ``Retry-After`` is the predicted wait rounded to whole seconds (≥ 1): by then the work ahead
     now has drained. Not "until it fits the deadline", which under sustained overload is a fraction
@@ -329,7 +339,9 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
-    if wait is None or wait + load.fit.margin_s <= deadline_s:
+    # An empty lane admits whatever the margin: the request goes straight to an idle worker, and its
+    # answer is the evidence a margin learnt in a bad moment needs to be corrected.
+    if wait is None or wait + load.fit.margin_s <= deadline_s or (load.backlog_images == 0 and wait <= deadline_s):
         return Decision(True, wait, work_s=work)
     return Decision(False, wait, max(1, math.floor(wait + 0.5)), work_s=work)
 

@@ -167,6 +167,16 @@ def test_fit_follows_a_machine_that_slows_within_seconds():
     assert 1.6 < late.scale < 1.9 and late.predict(1.5) + late.margin_s >= truth * 0.97
 
 
+def test_a_margin_learnt_in_a_bad_moment_fades_when_no_new_answer_comes():
+    """Answers with a wide spread (some waited 1 s longer than predicted), then nothing: the margin
+    shrinks with the evidence's weight, so admission cannot refuse everything forever."""
+    answers = answers_from(lambda t, w: 0.3 + w + (1.0 if round(t * 2) % 5 == 0 else 0.0), start=0, end=5, every=0.5)
+    fresh, old = admission.fit_wait(answers, now=5), admission.fit_wait(answers, now=20)
+    assert fresh.margin_s > 0.6  # every fifth answer 1 s late: the 95th percentile sees them
+    assert old.margin_s < 0.5 * fresh.margin_s  # fifteen seconds of silence later
+    assert admission.fit_wait(answers, now=5 + admission.FIT_WINDOW_S + 0.1) == admission.WaitFit()
+
+
 def test_a_202_counts_as_a_longer_wait():
     base = {"admitted": 8.0, "answered": 10.0, "work_s": 1.0}
     ok = admission.fit_wait([{**base, "status": 200}], now=10)
@@ -190,8 +200,12 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     assert not admission.decide(fits, deadline_s=deadline, images=2).admitted
     assert admission.decide(admission.LaneLoad(10_000, 0, None), deadline_s=deadline).admitted
     # Retry-After is never 0, and follows a long backlog.
-    assert admission.decide(dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5)),
+    assert admission.decide(dataclasses.replace(fits, queued_messages=1, fit=admission.WaitFit(margin_s=5)),
                             deadline_s=deadline).retry_after_s == 1
+    # An empty lane admits whatever the margin, unless the request alone is predicted to miss.
+    empty = dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5))
+    assert admission.decide(empty, deadline_s=deadline).admitted
+    assert not admission.decide(dataclasses.replace(empty, capacity_ips=0.4), deadline_s=deadline).admitted
     assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13
 
 
