@@ -65,28 +65,35 @@ def vectors_options(*, interactive: bool, priority: str = "background", deadline
 
 def task(name: str, *args, immutable: bool = False, **options) -> Signature:
     """The signature of task ``embeddings.tasks.<name>`` with ``args`` and message ``options``
-    (queue, priority, expires), by name: Celery resolves it where it is sent or run.
-
-    Raises:
-        KeyError: (when run eagerly, or ``.type`` is read) no task of that name is registered.
-    """
-    if app.conf.task_always_eager:  # run here (tests, scripts): the task must be registered first
-        _ensure_registered()
+    (queue, priority, expires), by name: Celery resolves it where it is sent or run (for chains)."""
+    _registered(name)
     return app.signature(f"{TASKS}.{name}", args=args, immutable=immutable, options=options)
 
 
-def _ensure_registered() -> None:
-    """Let Celery's autodiscovery import the task modules (once; a no-op after): eager runs look a
-    name up in the registry, a message sent to a worker does not need it."""
-    if f"{TASKS}.embed_chunk" not in app.tasks:
+def _send(name: str, args: tuple, kwargs: dict | None = None, **options):
+    """Send one message to task ``embeddings.tasks.<name>``: through the task object where this
+    process has it (a worker; eager runs), else by name (``send_task``: the web process). Both
+    apply the same ``options``. Returns its ``AsyncResult``."""
+    call = {"args": args, **options} if kwargs is None else {"args": args, "kwargs": kwargs, **options}
+    registered = _registered(name)
+    if registered is not None:
+        return registered.apply_async(**call)
+    return app.send_task(f"{TASKS}.{name}", **call)
+
+
+def _registered(name: str):
+    """The task object of ``embeddings.tasks.<name>`` if this process has loaded it, else None.
+    Run eagerly (tests, scripts) it must be: Celery's autodiscovery imports the task modules."""
+    if app.conf.task_always_eager and f"{TASKS}.{name}" not in app.tasks:
         app.loader.import_default_modules()
+    return app.tasks.get(f"{TASKS}.{name}")
 
 
 # --- bulk lane -----------------------------------------------------------------------------------
 
 def send_chunk(*, job_id: str, image_ids: list[str], priority: str):
     """Queue one bulk chunk (``embed_chunk``) of a job with ``priority`` on the bulk queue."""
-    return task("embed_chunk").apply_async(args=(job_id, image_ids), **bulk_options(priority))
+    return _send("embed_chunk", (job_id, image_ids), **bulk_options(priority))
 
 
 def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
@@ -95,14 +102,13 @@ def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], pri
     owner, at the chunk's bulk ``priority``; ``upsert_ms``: write time already spent on the chunk
     by earlier parts (a continuation), omitted for a first part."""
     kwargs = {"priority": priority} if upsert_ms is None else {"priority": priority, "upsert_ms": upsert_ms}
-    return task("index_chunk").apply_async(args=(job_id, stat_id, items), kwargs=kwargs,
-                                           **vectors_options(interactive=False, priority=priority))
+    return _send("index_chunk", (job_id, stat_id, items), kwargs, **vectors_options(interactive=False, priority=priority))
 
 
 def send_forget_point(*, point_id: str, sha256: str, interactive: bool):
     """Queue ``forget_point`` (delete a point or rewrite its payload) for the vectors worker: at
     interactive priority, or at background bulk priority (cascades, bulk deletes)."""
-    return task("forget_point").apply_async(args=(point_id, sha256), **vectors_options(interactive=interactive))
+    return _send("forget_point", (point_id, sha256), **vectors_options(interactive=interactive))
 
 
 # --- interactive lane ----------------------------------------------------------------------------
@@ -142,5 +148,5 @@ def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | N
 
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float):
     """Queue ``search_point`` (top-k by a stored point) on the vectors queue, expiring at ``deadline_ts``."""
-    return task("search_point").apply_async(args=(point_id, owner_id, k, job_id),
-                                            **vectors_options(interactive=True, deadline_ts=deadline_ts))
+    return _send("search_point", (point_id, owner_id, k, job_id),
+                 **vectors_options(interactive=True, deadline_ts=deadline_ts))

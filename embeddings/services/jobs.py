@@ -67,12 +67,12 @@ def job_delete(*, job: Job) -> None:
 
 def job_dispatch(*, job: Job, image_ids: list[str]) -> int:
     """Send ``image_ids`` to the bulk queue in chunks of ``job.chunk_size``. Returns the chunk count."""
-    from embeddings import tasks
+    from embeddings import dispatch
 
     size = job.chunk_size
     chunks = [image_ids[i : i + size] for i in range(0, len(image_ids), size)]
     for chunk in chunks:
-        tasks.embed_chunk.apply_async(args=(str(job.id), chunk), **tasks.bulk_options(job.priority))
+        dispatch.send_chunk(job_id=str(job.id), image_ids=chunk, priority=job.priority)
     return len(chunks)
 
 

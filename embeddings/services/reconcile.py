@@ -199,7 +199,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
         max_attempts: deliveries after which a lost bulk image fails with ``attempts_exhausted``.
         now: the current time (tests).
     """
-    from embeddings import tasks
+    from embeddings import dispatch
     from embeddings.services.images import images_mark_failed
     from embeddings.services.jobs import job_dispatch, job_refresh
 
@@ -249,7 +249,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
                    .values_list("sha256", "model_id"))
         for _, pid, sha, model_id in lost_interactive:
             if (sha, model_id) not in busy:
-                tasks.forget_point.apply_async(args=(str(pid), sha), **tasks.vectors_options(interactive=True))
+                dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True)
 
     refreshed = 0
     active_jobs = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exclude(
