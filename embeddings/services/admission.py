@@ -113,6 +113,9 @@ MARGIN_QUANTILE = 0.95
 #: weights (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot
 #: keep refusing everything once no new answer arrives to correct it (seen in the load benchmark).
 MARGIN_PRIOR_WEIGHT = 2.0
+#: An empty lane admits one request (a probe) when the newest answer is older than this (s), even
+#: if the model predicts a miss: without answers the model cannot learn that the machine got faster.
+PROBE_AFTER_S = 5.0
 
 
 @functools.cache
@@ -170,12 +173,14 @@ class WaitFit:
         scale: actual drain time / the workers' own capacity figure (1.0: the workers are right).
         margin_s: the :data:`MARGIN_QUANTILE` of recent residuals (actual − predicted, s, ≥ 0).
         samples: answers the fit used (0: the prior ``overhead 0, scale 1, margin 0``).
+        age_s: seconds since the newest answer it used (``inf``: none).
     """
 
     overhead_s: float = 0.0
     scale: float = 1.0
     margin_s: float = 0.0
     samples: int = 0
+    age_s: float = math.inf
 
     def predict(self, work_s: float) -> float:
         """Predicted admitted→answered seconds for a request with ``work_s`` seconds of work ahead
@@ -244,7 +249,8 @@ def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
     if len(rows) >= 3:
         total = sum(weights)
         margin = max(0.0, _weighted_quantile(res, weights, MARGIN_QUANTILE)) * total / (total + MARGIN_PRIOR_WEIGHT)
-    return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=len(rows))
+    newest = max(r["answered"] for r in answers if r.get("work_s") is not None and r["answered"] >= now - FIT_WINDOW_S)
+    return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=len(rows), age_s=max(0.0, now - newest))
 
 
 def drain_rate(tasks: Sequence[tuple[float, float, int]], *, now: float,
@@ -331,7 +337,8 @@ class Decision:
 
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     """Admit unless the predicted wait plus the fit's margin is longer than ``deadline_s`` (s); an
-    empty lane admits a request whose predicted wait alone fits. Pure.
+    empty lane admits a request whose predicted wait alone fits, or any request once the newest
+    answer is older than :data:`PROBE_AFTER_S` (a probe). Pure.
 
     ``Retry-After`` is the predicted wait rounded to whole seconds (≥ 1): by then the work ahead
     now has drained. Not "until it fits the deadline", which under sustained overload is a fraction
@@ -339,9 +346,12 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
-    # An empty lane admits whatever the margin: the request goes straight to an idle worker, and its
-    # answer is the evidence a margin learnt in a bad moment needs to be corrected.
-    if wait is None or wait + load.fit.margin_s <= deadline_s or (load.backlog_images == 0 and wait <= deadline_s):
+    # An empty lane admits whatever the margin, and whatever the prediction once the evidence is
+    # stale (a probe): the request goes straight to an idle worker, and its answer is what a model
+    # learnt in a bad moment needs to be corrected.
+    empty = load.backlog_images == 0
+    if (wait is None or wait + load.fit.margin_s <= deadline_s
+            or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
         return Decision(True, wait, work_s=work)
     return Decision(False, wait, max(1, math.floor(wait + 0.5)), work_s=work)
 

@@ -148,9 +148,10 @@ def test_fit_recovers_overhead_and_scale_and_ignores_old_answers():
     assert 0 < fit.margin_s < 0.06  # the 95th percentile of ±20 ms noise
     assert fit.samples == 300
     assert admission.fit_wait(answers, now=100) == admission.WaitFit()  # all older than the window: the prior
+    assert fit.age_s == pytest.approx(0.1, abs=1e-6)  # the newest answer, at 29.9 s
     # One answer: its wait is all overhead at scale 1 (the ridge pull to the workers' own figure).
     one = admission.fit_wait([{"admitted": 9.0, "answered": 10.0, "work_s": 0.5, "status": 200}], now=10)
-    assert (one.overhead_s, one.scale, one.margin_s, one.samples) == (pytest.approx(0.5), pytest.approx(1.0), 0.0, 1)
+    assert (one.overhead_s, one.scale, one.margin_s, one.samples, one.age_s) == (pytest.approx(0.5), pytest.approx(1.0), 0.0, 1, 0.0)
 
 
 def test_fit_follows_a_machine_that_slows_within_seconds():
@@ -205,7 +206,13 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     # An empty lane admits whatever the margin, unless the request alone is predicted to miss.
     empty = dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5))
     assert admission.decide(empty, deadline_s=deadline).admitted
-    assert not admission.decide(dataclasses.replace(empty, capacity_ips=0.4), deadline_s=deadline).admitted
+    fresh = admission.WaitFit(margin_s=5, age_s=1.0)
+    assert not admission.decide(dataclasses.replace(empty, capacity_ips=0.4, fit=fresh), deadline_s=deadline).admitted
+    # ... and once the newest answer is stale, it admits a probe whatever the prediction: only an
+    # answer can tell the model that the machine got faster again (the prior has no answer: a probe).
+    stale = dataclasses.replace(fresh, age_s=admission.PROBE_AFTER_S + 0.1)
+    assert admission.decide(dataclasses.replace(empty, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
+    assert not admission.decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13
 
 
