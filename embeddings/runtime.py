@@ -20,8 +20,28 @@ log = logging.getLogger(__name__)
 
 @functools.cache
 def blob_store() -> BlobStore:
-    """The content-addressed blob store under ``settings.BLOB_ROOT``."""
-    return BlobStore(settings.BLOB_ROOT)
+    """The content-addressed blob store over the storage ``settings.STORAGES["blobs"]``.
+
+    Built here rather than taken from ``django.core.files.storage.storages`` so that a filesystem
+    backend without a ``location`` option takes ``settings.BLOB_ROOT`` as it is now (tests point it
+    at a temporary folder and clear this cache). The S3 backend (django-storages) imports boto3 only
+    here, on first use: the web process stays torch-free and starts without it when it is unused.
+
+    Raises:
+        django.core.exceptions.ImproperlyConfigured: no ``blobs`` entry in ``STORAGES``.
+    """
+    from django.core.exceptions import ImproperlyConfigured
+    from django.core.files.storage import FileSystemStorage
+    from django.utils.module_loading import import_string
+
+    config = settings.STORAGES.get("blobs")
+    if config is None:
+        raise ImproperlyConfigured('STORAGES has no "blobs" entry (project/settings.py builds it from STORAGE_URL)')
+    backend = import_string(config["BACKEND"])
+    options = dict(config.get("OPTIONS", {}))
+    if issubclass(backend, FileSystemStorage):
+        options.setdefault("location", str(settings.BLOB_ROOT))
+    return BlobStore(backend(**options))
 
 
 @functools.cache

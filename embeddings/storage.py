@@ -1,12 +1,22 @@
-"""Where image bytes live: a content-addressed blob store, plus in-place files for folder ingestion.
+"""Where image bytes live: a content-addressed blob store over Django's storage API, plus in-place
+files for folder ingestion.
 
-Keys are what messages and the database carry, never the bytes:
-- ``blob/<aa>/<bb>/<sha256>``: a file under ``BLOB_ROOT`` written once, atomically.
-- ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only).
-- ``tmp/<uuid>``: a query image, kept only while its search runs (``put_temporary``), never shared.
+The bytes go through a Django :class:`~django.core.files.storage.Storage` (``STORAGES["blobs"]``,
+built by :func:`embeddings.runtime.blob_store`): files under ``BLOB_ROOT`` by default
+(:class:`ContentFileSystemStorage`), or S3-compatible object storage (django-storages'
+``S3Storage`` over boto3) when ``STORAGE_URL`` is ``s3://bucket[/prefix]``, which is what lets
+an embedding worker on another host read what the web host stored.
 
-``read`` checks the sha256 again, so a file changed on disk after ingestion is refused
-(``source_changed``) rather than embedded under the wrong id.
+Keys are what messages and the database carry, never the bytes; each maps to one storage name:
+- ``blob/<aa>/<bb>/<sha256>`` → name ``<aa>/<bb>/<sha256>``: written once per distinct bytes.
+- ``tmp/<uuid hex>`` → name ``tmp/<uuid hex>``: a query image, kept only while its search runs
+  (``put_temporary``), never shared.
+- ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only); it is
+  read from the local filesystem, so every worker host must see that folder at the same path.
+Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.webp``.
+
+``read`` checks the sha256 again, so bytes changed after ingestion are refused (``source_changed``)
+rather than embedded under the wrong id.
 """
 from __future__ import annotations
 
@@ -17,88 +27,151 @@ import uuid
 from pathlib import Path
 from typing import BinaryIO, Iterable
 
+from django.core.files import File
+from django.core.files.storage import FileSystemStorage, Storage
+
 from workers.errors import ImageRejected, Reason
 
 _FILE_PREFIX = "file:"
+_BLOB_PREFIX = "blob/"
 _TMP_PREFIX = "tmp/"
+_HEX = frozenset("0123456789abcdef")
+#: Bytes kept in memory while a blob is hashed before it is stored; larger ones spill to a temporary
+#: file (``max_image_bytes`` is 50 MiB by default: a whole image need not sit in memory).
+_SPOOL_BYTES = 8 << 20
 
 
-class BlobStore:
-    """Content-addressed storage under ``root`` (created on first write)."""
+class ContentFileSystemStorage(FileSystemStorage):
+    """Django's ``FileSystemStorage`` for content-addressed names: a name is saved as given (same
+    name, same bytes: never renamed to ``name_<random>``), atomically (written to a temporary file
+    in the same folder, then ``os.replace``), so a reader never sees half a file, and two writers
+    of the same bytes both succeed."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def get_available_name(self, name, max_length=None):
+        return name
 
-    def put(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
-        """Write a stream of bytes once.
-
-        Returns:
-            ``(key, sha256 hex, size in bytes)``. Writing the same bytes twice stores them once.
-        """
-        self.root.mkdir(parents=True, exist_ok=True)
-        h = hashlib.sha256()
-        size = 0
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=".upload-")
+    def _save(self, name, content):
+        dest = Path(self.path(name))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".upload-")
         try:
             with os.fdopen(fd, "wb") as f:
-                for chunk in chunks:
-                    h.update(chunk)
-                    size += len(chunk)
+                if hasattr(content, "seek"):
+                    content.seek(0)
+                for chunk in content.chunks():
                     f.write(chunk)
-            sha = h.hexdigest()
-            key = f"blob/{sha[:2]}/{sha[2:4]}/{sha}"
-            dest = self.root / key.removeprefix("blob/")
-            if dest.exists():
-                os.unlink(tmp)
-            else:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(tmp, dest)  # atomic: readers never see a half-written blob
-            return key, sha, size
+            if self.file_permissions_mode is not None:
+                os.chmod(tmp, self.file_permissions_mode)
+            os.replace(tmp, dest)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        return name
+
+
+class BlobStore:
+    """Content-addressed bytes in a Django storage.
+
+    Args:
+        storage: the storage backend, or a folder (then a :class:`ContentFileSystemStorage` there,
+            created on first write).
+
+    Attributes:
+        root: the folder of a filesystem storage, ``None`` for object storage.
+    """
+
+    def __init__(self, storage: Storage | str | os.PathLike) -> None:
+        if isinstance(storage, (str, os.PathLike)):
+            storage = ContentFileSystemStorage(location=str(storage))
+        self.storage = storage
+        self.root = Path(storage.location) if isinstance(storage, FileSystemStorage) else None
+
+    def put(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
+        """Store a stream of bytes once, under the key of their sha256.
+
+        The bytes are hashed while spooled (in memory up to 8 MiB, then a temporary file); a storage
+        that already holds the name is not written again.
+
+        Returns:
+            ``(key, sha256 hex, size in bytes)``. Writing the same bytes twice stores them once.
+        """
+        h, size = hashlib.sha256(), 0
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            for chunk in chunks:
+                h.update(chunk)
+                size += len(chunk)
+                spool.write(chunk)
+            sha = h.hexdigest()
+            key = f"{_BLOB_PREFIX}{sha[:2]}/{sha[2:4]}/{sha}"
+            name = self._name(key)
+            if not self.storage.exists(name):
+                spool.seek(0)
+                self.storage.save(name, File(spool, name=name))
+        return key, sha, size
 
     def put_temporary(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
         """Write bytes under a fresh ``tmp/<uuid>`` key that no image shares (a query image): the
         caller deletes it when done. Returns ``(key, sha256 hex, size in bytes)``."""
         key = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
-        dest = self.path(key)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         h, size = hashlib.sha256(), 0
-        try:
-            with open(dest, "xb") as f:
-                for chunk in chunks:
-                    h.update(chunk)
-                    size += len(chunk)
-                    f.write(chunk)
-        except BaseException:
-            dest.unlink(missing_ok=True)
-            raise
+        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+            for chunk in chunks:
+                h.update(chunk)
+                size += len(chunk)
+                spool.write(chunk)
+            spool.seek(0)
+            self.storage.save(self._name(key), File(spool, name=key))
         return key, h.hexdigest(), size
 
     def put_file(self, f: BinaryIO) -> tuple[str, str, int]:
         """``put`` from an open binary file, read in 1 MiB blocks."""
         return self.put(iter(lambda: f.read(1 << 20), b""))
 
+    @staticmethod
+    def _name(key: str) -> str:
+        """The storage name of a ``blob/`` or ``tmp/`` key. Raises ``ValueError`` for any other key."""
+        if key.startswith(_BLOB_PREFIX):
+            parts = key[len(_BLOB_PREFIX):].split("/")
+            if len(parts) == 3 and len(parts[2]) == 64 and set(parts[2]) <= _HEX \
+                    and parts[0] == parts[2][:2] and parts[1] == parts[2][2:4]:
+                return "/".join(parts)
+        elif key.startswith(_TMP_PREFIX) and key[len(_TMP_PREFIX):].isalnum() and key[len(_TMP_PREFIX):].isascii():
+            return key
+        raise ValueError(f"malformed storage key {key!r}")
+
     def path(self, key: str) -> Path:
-        """Filesystem path of ``key``. Raises ``ValueError`` for a malformed key."""
+        """Filesystem path of ``key`` (an in-place file, or a blob of a filesystem storage).
+
+        Raises:
+            ValueError: a malformed key, or a blob key when the storage is not a filesystem.
+        """
         if key.startswith(_FILE_PREFIX):
             return Path(key[len(_FILE_PREFIX):])
-        if key.startswith("blob/") and ".." not in key:
-            return self.root / key.removeprefix("blob/")
-        if key.startswith(_TMP_PREFIX) and key[len(_TMP_PREFIX):].isalnum():
-            return self.root / key
-        raise ValueError(f"malformed storage key {key!r}")
+        if self.root is None:
+            raise ValueError(f"{key!r} is in object storage: it has no local path")
+        return Path(self.storage.path(self._name(key)))
+
+    def exists(self, key: str) -> bool:
+        """True when the bytes of ``key`` are stored (an in-place file: when it exists). Raises
+        ``ValueError`` for a malformed key."""
+        if key.startswith(_FILE_PREFIX):
+            return Path(key[len(_FILE_PREFIX):]).is_file()
+        return self.storage.exists(self._name(key))
 
     def read(self, key: str, sha256: str) -> bytes:
         """The bytes of ``key``, verified against ``sha256``.
 
         Raises:
-            ImageRejected: ``source_missing`` (gone) or ``source_changed`` (different bytes).
+            ImageRejected: ``source_missing`` (gone, or a malformed key) or ``source_changed``
+                (different bytes). Errors of the storage itself (network, credentials) propagate.
         """
         try:
-            data = self.path(key).read_bytes()
+            if key.startswith(_FILE_PREFIX):
+                data = Path(key[len(_FILE_PREFIX):]).read_bytes()
+            else:
+                with self.storage.open(self._name(key), "rb") as f:
+                    data = f.read()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError) as e:
             raise ImageRejected(Reason.SOURCE_MISSING, f"{key}: {e}") from e
         if hashlib.sha256(data).hexdigest() != sha256:
@@ -107,9 +180,9 @@ class BlobStore:
 
     def delete(self, key: str) -> None:
         """Remove a blob or a temporary file (in-place files are never deleted). Missing ones are
-        ignored."""
-        if key.startswith(("blob/", _TMP_PREFIX)):
-            self.path(key).unlink(missing_ok=True)
+        ignored. Raises ``ValueError`` for a malformed blob or temporary key."""
+        if key.startswith((_BLOB_PREFIX, _TMP_PREFIX)):
+            self.storage.delete(self._name(key))
 
 
 def file_key(path: Path) -> str:
@@ -130,36 +203,39 @@ def thumbnail_key(sha256: str) -> str:
 
 
 def thumbnail_path(store: BlobStore, sha256: str) -> Path:
-    """Filesystem path of the thumbnail of ``sha256`` in ``store`` (it may not exist)."""
-    return store.root / thumbnail_key(sha256)
+    """Filesystem path of the thumbnail of ``sha256`` in a filesystem ``store`` (it may not exist).
+    Raises ``ValueError`` when the store is object storage."""
+    if store.root is None:
+        raise ValueError("thumbnails in object storage have no local path")
+    return Path(store.storage.path(thumbnail_key(sha256)))
 
 
 def thumbnail_exists(store: BlobStore, sha256: str) -> bool:
     """True when ``store`` already holds the thumbnail of ``sha256`` (made once, never redrawn)."""
-    return thumbnail_path(store, sha256).is_file()
+    return store.storage.exists(thumbnail_key(sha256))
 
 
 def thumbnail_put(store: BlobStore, sha256: str, data: bytes) -> bool:
-    """Write the thumbnail of ``sha256`` atomically, unless it exists. Returns True when written."""
-    dest = thumbnail_path(store, sha256)
-    if dest.is_file():
+    """Write the thumbnail of ``sha256`` (atomically on a filesystem), unless it exists. Returns
+    True when written."""
+    from django.core.files.base import ContentFile
+
+    name = thumbnail_key(sha256)
+    if store.storage.exists(name):
         return False
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".thumb-")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, dest)  # atomic: a page never reads half a thumbnail
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    store.storage.save(name, ContentFile(data, name=name))
     return True
 
 
 def thumbnail_read(store: BlobStore, sha256: str) -> bytes | None:
     """The thumbnail bytes of ``sha256``, or None when none was drawn (the image never decoded)."""
     try:
-        return thumbnail_path(store, sha256).read_bytes()
+        with store.storage.open(thumbnail_key(sha256), "rb") as f:
+            return f.read()
     except FileNotFoundError:
         return None
+
+
+def thumbnail_delete(store: BlobStore, sha256: str) -> None:
+    """Remove the thumbnail of ``sha256`` (missing: nothing to do)."""
+    store.storage.delete(thumbnail_key(sha256))

@@ -153,6 +153,30 @@ SPECTACULAR_SETTINGS = {
 # --- The pipeline -------------------------------------------------------------------------------
 PIPELINE = PipelineConfig.from_env()
 BLOB_ROOT = VAR_DIR / "blobs"
+# Image bytes and thumbnails (embeddings/storage.py) go through Django's storage API, STORAGES["blobs"]:
+# STORAGE_URL empty: files under BLOB_ROOT (one host). s3://bucket[/prefix]: S3-compatible object
+# storage through django-storages + boto3 (several hosts); S3_ENDPOINT_URL names a non-AWS endpoint
+# (MinIO, Ceph, moto), credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or boto3's
+# own chain: instance roles, ~/.aws) and the region from AWS_S3_REGION_NAME.
+STORAGE_URL = env("STORAGE_URL", default="")
+if not STORAGE_URL or STORAGE_URL.startswith("file://"):
+    if STORAGE_URL:
+        BLOB_ROOT = Path(STORAGE_URL.removeprefix("file://"))
+    STORAGES["blobs"] = {"BACKEND": "embeddings.storage.ContentFileSystemStorage"}  # location: BLOB_ROOT
+elif STORAGE_URL.startswith("s3://"):
+    _bucket, _, _prefix = STORAGE_URL.removeprefix("s3://").partition("/")
+    STORAGES["blobs"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
+        "bucket_name": _bucket, "location": _prefix.strip("/"),
+        "endpoint_url": env("S3_ENDPOINT_URL", default="") or None,
+        "region_name": env("AWS_S3_REGION_NAME", default="") or None,
+        "access_key": env("AWS_ACCESS_KEY_ID", default="") or None,
+        "secret_key": env("AWS_SECRET_ACCESS_KEY", default="") or None,
+        "addressing_style": env("AWS_S3_ADDRESSING_STYLE", default="") or None,  # "path" for most non-AWS servers
+        "file_overwrite": True,  # content-addressed: the same name always holds the same bytes
+        "default_acl": None, "querystring_auth": False,
+    }}
+else:
+    raise environ.ImproperlyConfigured(f"STORAGE_URL must be empty, file:///folder or s3://bucket[/prefix], not {STORAGE_URL!r}")
 QDRANT_URL = env("QDRANT_URL", default="")
 #: Vector store backend (workers/vector_store): ``edge`` (Qdrant's engine in-process, the default),
 #: ``local`` (qdrant-client local mode, for installations not yet moved: ``manage.py store_migrate``)

@@ -15,7 +15,7 @@ from django.utils import timezone
 from embeddings import runtime
 from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.sources import SourceFile, iter_blocks
-from embeddings.storage import file_key, thumbnail_path
+from embeddings.storage import file_key, thumbnail_delete
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
 from workers.ids import point_id
@@ -112,7 +112,7 @@ def images_create(
         # under the bytes' lock (the one _forget deletes under) store it again where it is missing.
         _lock_bytes(sha for _, key, sha, _, _ in stored if key.startswith("blob/"))
         for src, key, sha, _, _ in stored:
-            if key.startswith("blob/") and not runtime.blob_store().path(key).exists():
+            if key.startswith("blob/") and not runtime.blob_store().exists(key):
                 _store(src)
         # Locked until commit: a concurrent delete of an original waits, then sees these duplicates.
         existing = {
@@ -418,7 +418,7 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
             if key and not Image.objects.filter(storage_key=key).exists():
                 store.delete(key)
             if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
-                thumbnail_path(store, image.sha256).unlink(missing_ok=True)
+                thumbnail_delete(store, image.sha256)
 
 
 def images_retry(*, images) -> int:
