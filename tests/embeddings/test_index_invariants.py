@@ -36,8 +36,12 @@ class Broker:
     """Bulk chunks sent but not yet delivered: ``deliver`` runs them (eagerly) when the test says."""
 
     def __init__(self, monkeypatch) -> None:
+        from embeddings import dispatch
+
         self.pending: list[tuple] = []
         monkeypatch.setattr(tasks.embed_chunk, "apply_async", lambda args=(), **kw: self.pending.append(args))
+        monkeypatch.setattr(dispatch, "send_chunk", lambda *, job_id, image_ids, priority: self.pending.append(
+            (job_id, image_ids)))
 
     def deliver(self, n: int | None = None) -> int:
         todo, self.pending = self.pending[:n], self.pending[n:] if n is not None else []
