@@ -84,6 +84,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 30,
     }
+# Persistent connections (issue 11): a worker task or request reuses its thread's connection instead
+# of opening one (a PostgreSQL connection costs a process fork and an auth round trip on the
+# server); the health check replaces one the server closed meanwhile. Celery's Django fix-up closes
+# a connection only when it is unusable or older than CONN_MAX_AGE (seconds; 0: one per task).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=600)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import logging
+import uuid
 from typing import Iterable, Sequence
 
 from django.conf import settings
@@ -319,28 +320,70 @@ def images_still_queued(image_ids: Iterable[str]) -> set[str]:
             .values_list("id", flat=True)}
 
 
+def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict[str, object] | None = None) -> int:
+    """One ``UPDATE`` giving each row its own ``(width, height, format)``: ``SET width = CASE key
+    WHEN id THEN value ... ELSE width END, ...`` over the rows whose ``key`` (``id`` or
+    ``duplicate_of``) is in ``rows`` and whose status is ``status``; ``sets`` adds plain columns.
+
+    Written as SQL because the ORM's ``Case(When(...))`` resolves every branch as an expression:
+    measured here, that cost more than the statements it saves (0.45 s of Python per 64-image chunk
+    on a loaded 2-core machine). Values go through the fields' own ``get_db_prep_value`` (UUIDs are
+    hex text on SQLite, ``uuid`` on PostgreSQL), so it runs on both backends.
+
+    Returns:
+        The number of rows updated.
+    """
+    meta = Image._meta
+    qn = connection.ops.quote_name
+    key_field = meta.get_field(key)
+    ids = [key_field.get_db_prep_value(uuid.UUID(i), connection) for i in rows]
+    assignments, params = [], []
+    for name, value in (sets or {}).items():
+        field = meta.get_field(name)
+        assignments.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    for n, name in enumerate(("width", "height", "format")):
+        col = qn(meta.get_field(name).column)
+        assignments.append(f"{col} = CASE {qn(key_field.column)} " + " ".join(["WHEN %s THEN %s"] * len(ids))
+                           + f" ELSE {col} END")
+        for i, facts in zip(ids, rows.values()):
+            params += [i, facts[n]]
+    sql = (f"UPDATE {qn(meta.db_table)} SET {', '.join(assignments)} WHERE {qn(key_field.column)} IN "
+           f"({', '.join(['%s'] * len(ids))}) AND {qn(meta.get_field('status').column)} = %s")
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, *ids, status])
+        return cursor.rowcount
+
+
 def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     """Mark images embedded after their points are written, each only if it is still ``queued``:
     a job cancelled (or an interactive request expired) while its vectors were being written keeps
     its decision. Their skipped duplicates get the same width, height and format.
     ``items``: ``{"id", "width", "height", "format"}`` dicts.
 
+    Three statements per call whatever its length (issue 11: it was two UPDATEs per image): read
+    which rows are still queued, locking them (``FOR UPDATE`` on PostgreSQL; SQLite's ``IMMEDIATE``
+    transactions hold the write lock from ``BEGIN``), one UPDATE of those rows with per-row values
+    (:func:`_update_per_row`), one UPDATE of their skipped copies. Nobody can change the rows
+    between the read and the write, so the rows read are exactly the rows marked.
+
     Returns:
         The ids marked embedded now.
     """
-    now = timezone.now()
-    marked: set[str] = set()
+    facts = {str(it["id"]): (it["width"], it["height"], it["format"]) for it in items}
+    if not facts:
+        return set()
     with transaction.atomic():
-        for it in items:
-            if Image.objects.filter(id=it["id"], status=ImageStatus.QUEUED).update(
-                status=ImageStatus.EMBEDDED, reason="", reason_detail="", width=it["width"],
-                height=it["height"], format=it["format"], embedded_at=now,
-            ):
-                marked.add(str(it["id"]))
-                # its skipped copies carry its facts (they were created while it was queued)
-                Image.objects.filter(duplicate_of_id=it["id"], status=ImageStatus.SKIPPED).update(
-                    width=it["width"], height=it["height"], format=it["format"])
-    return marked
+        live = [str(i) for i in Image.objects.select_for_update().filter(id__in=list(facts), status=ImageStatus.QUEUED)
+                .order_by().values_list("id", flat=True)]
+        if not live:
+            return set()
+        rows = {i: facts[i] for i in live}
+        _update_per_row(key="id", rows=rows, status=ImageStatus.QUEUED, sets={
+            "status": ImageStatus.EMBEDDED.value, "reason": "", "reason_detail": "", "embedded_at": timezone.now()})
+        # their skipped copies carry their facts (they were created while it was queued)
+        _update_per_row(key="duplicate_of", rows=rows, status=ImageStatus.SKIPPED)
+    return set(live)
 
 
 def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = ()) -> dict[str, dict]:

@@ -114,18 +114,17 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
     if job.status == JobStatus.PAUSED and job_services.job_chunk_park(job_id=job_id, image_ids=image_ids):
         return {"embedded": 0, "failed": 0, "skipped": 0, "parked": len(image_ids), "stat_id": None}
-    rows = {
-        str(i): (key, sha, str(pid))
-        for i, key, sha, pid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
-            "id", "storage_key", "sha256", "point_id"
-        )
-    }
+    rows, exhausted = {}, set()  # one read gives the chunk's queued rows and their attempts
+    for i, key, sha, pid, attempts in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
+        "id", "storage_key", "sha256", "point_id", "attempts"
+    ):
+        rows[str(i)] = (key, sha, str(pid))
+        if attempts >= settings.BULK_MAX_ATTEMPTS:
+            exhausted.add(i)
     if not rows:
         job_services.job_refresh(job_id=job_id)
         return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
-    job_services.job_mark_started(job_id=job_id)
-    exhausted = set(Image.objects.filter(id__in=list(rows), attempts__gte=settings.BULK_MAX_ATTEMPTS)
-                    .values_list("id", flat=True))
+    job_services.job_mark_started(job_id=job_id, status=job.status)
     if exhausted:  # a poison chunk (its worker dies every time) must not be redelivered forever
         image_services.images_mark_failed([(str(i), Reason.ATTEMPTS_EXHAUSTED.value, f"delivered {settings.BULK_MAX_ATTEMPTS} "
                                             f"times without finishing") for i in exhausted])
