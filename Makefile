@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema bench-db
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,6 +81,12 @@ bench-store: setup
 
 bench-sink: setup
 	$(PY) -m benchmarks.sink $(BENCH_ARGS)
+
+# Issue 11 (docs/scaling.md): database time per chunk against the job's size (1,000 to 100,000
+# synthetic rows), on SQLite and on PostgreSQL (a scratch database on 127.0.0.1:5432, created and
+# dropped), e.g. make bench-db BENCH_ARGS="--sizes 1000 10000 --backends sqlite".
+bench-db: setup
+	$(PY) -m benchmarks.db $(BENCH_ARGS)
 
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.

@@ -1,0 +1,220 @@
+"""Database time per chunk against the job's size, on SQLite and PostgreSQL (issue 11, item 4).
+
+For each backend a scratch database is made (a temporary SQLite file; a PostgreSQL database
+``clip_bench_<pid>`` created on ``--pg-url`` and dropped afterwards), migrated, and for each job
+size ``N`` a job of ``N`` synthetic queued bulk rows is inserted. Then ``--chunks`` chunks of 64
+images, taken from evenly spaced positions in the job, run through the real
+``pipeline.chunk_embed`` and ``pipeline.chunk_index``, with everything that is not the database
+replaced by something free: the model returns zero vectors at once, the vector store accepts
+points and does nothing, messages are captured instead of sent. What remains is every SQL
+statement a real chunk makes, at the job's real size.
+
+Reported per backend and size: SQL statements per chunk (embed + index), the database time per
+chunk (median and p95, ms, wall time of both calls), what the count the old per-chunk
+``job_refresh`` made over the job's images costs at that size (ms), and the cost of opening a
+connection (what ``CONN_MAX_AGE`` saves each task).
+
+Usage::
+
+    python -m benchmarks.db                          # sizes 1,000 / 10,000 / 100,000, both backends
+    python -m benchmarks.db --sizes 1000 10000 --backends sqlite
+
+Results: JSON and markdown in ``var/bench-db/`` (``--out``); docs/scaling.md has a run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from benchmarks._common import ROOT, markdown_table, write_json
+
+CHUNK = 64
+
+
+# --- in the child process (Django set up on the scratch database) ---------------------------------
+
+def _free_components() -> None:
+    """Replace the model, the vector store and the broker with instant stand-ins (database only)."""
+    import numpy as np
+
+    from embeddings import runtime, tasks
+    from embeddings.services import admission
+    from workers.runner import BatchResult, ImageMeta
+    from workers.timing import StageTimings
+
+    class Runner:
+        def run(self, keys, loader, on_decoded=None):
+            return BatchResult(vectors=np.zeros((len(keys), 512), np.float32),
+                               metas=[ImageMeta(k, 64, 64, "jpeg") for k in keys], failed=[], timings=StageTimings())
+
+    class Store:
+        collection = "bench"
+
+        def upsert(self, points):
+            return None
+
+    sent: list = []
+    runtime.batch_runner = lambda: Runner()
+    runtime.vector_store = lambda: Store()
+    runtime.blob_store = lambda: None
+    runtime.model_id = lambda: "bench/model"
+    admission.vectors_interactive_waiting = lambda: False
+    tasks.embed_chunk.apply_async = lambda *a, **kw: None
+    tasks.index_chunk.apply_async = lambda args=(), **kw: sent.append(args)
+    _free_components.sent = sent
+
+
+def _job(n: int, owner):
+    """A running job of ``n`` synthetic queued bulk images; returns ``(job, [image ids in order])``."""
+    import hashlib
+
+    from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
+
+    job = Job.objects.create(owner=owner, model_id="bench/model", chunk_size=CHUNK, total=n, status=JobStatus.QUEUED)
+    rows = []
+    for i in range(n):
+        sha = hashlib.sha256(f"{job.id}-{i}".encode()).hexdigest()
+        rows.append(Image(owner=owner, job=job, lane=Lane.BULK, status=ImageStatus.QUEUED, sha256=sha, size_bytes=1000,
+                          storage_key=f"blob/{sha}", model_id="bench/model", point_id=uuid.uuid4()))
+        if len(rows) == 5000:
+            Image.objects.bulk_create(rows)
+            rows = []
+    Image.objects.bulk_create(rows)
+    ids = [str(i) for i in Image.objects.filter(job=job).order_by("created_at", "id").values_list("id", flat=True)]
+    return job, ids
+
+
+def _median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(times)
+
+
+def measure(sizes: list[int], chunks: int) -> list[dict]:
+    """In a Django process on a migrated scratch database: one row per job size (see module doc)."""
+    from django.contrib.auth import get_user_model
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from embeddings.services import jobs as job_services
+    from embeddings.services import pipeline
+
+    _free_components()
+    sent = _free_components.sent
+    owner = get_user_model().objects.create_user(f"bench-{uuid.uuid4().hex[:8]}")
+    out = []
+    for n in sizes:
+        t0 = time.perf_counter()
+        job, ids = _job(n, owner)
+        insert_s = time.perf_counter() - t0
+        starts = [round(k * (n - CHUNK) / max(1, chunks)) for k in range(chunks + 1)]  # +1: the first warms
+        per_chunk, queries = [], []
+        for k, s in enumerate(starts):
+            sent.clear()
+            chunk = ids[s : s + CHUNK]
+            t0 = time.perf_counter()
+            with CaptureQueriesContext(connection) as q:
+                pipeline.chunk_embed(job_id=str(job.id), image_ids=chunk)
+                for args in list(sent):
+                    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+            ms = (time.perf_counter() - t0) * 1000
+            if k:
+                per_chunk.append(ms)
+                queries.append(len(q.captured_queries))
+        per_chunk.sort()
+        count_ms = _median_ms(lambda: job_services.job_counts(job), 5)
+
+        def reconnect():
+            connection.close()
+            connection.ensure_connection()
+
+        out.append({
+            "job_images": n, "chunks": len(per_chunk), "insert_s": round(insert_s, 2),
+            "sql_per_chunk": statistics.median(queries), "sql_per_chunk_max": max(queries),
+            "chunk_db_ms_median": round(statistics.median(per_chunk), 2),
+            "chunk_db_ms_p95": round(per_chunk[min(len(per_chunk) - 1, int(0.95 * len(per_chunk)))], 2),
+            "old_count_per_chunk_ms": round(count_ms, 2),
+            "connect_ms": round(_median_ms(reconnect, 10), 2),
+        })
+        print(json.dumps({"progress": out[-1]}), file=sys.stderr, flush=True)
+    return out
+
+
+def child(sizes: list[int], chunks: int) -> None:
+    """Entry point of the per-backend process: migrate, measure, print the rows as JSON (last line)."""
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    print(json.dumps(measure(sizes, chunks)))
+
+
+# --- the parent -------------------------------------------------------------------------------------
+
+def run_backend(backend: str, db_url: str, sizes: list[int], chunks: int, var_dir: Path) -> list[dict]:
+    env = {**os.environ, "DATABASE_URL": db_url, "VAR_DIR": str(var_dir), "METRICS_DIR": "",
+           "CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0", "DJANGO_SETTINGS_MODULE": "project.settings",
+           "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or "bench-db-" + uuid.uuid4().hex}
+    cmd = [sys.executable, "-m", "benchmarks.db", "--child", "--chunks", str(chunks), "--sizes", *map(str, sizes)]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return [{"backend": backend, **row} for row in json.loads(p.stdout.strip().splitlines()[-1])]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 100_000])
+    ap.add_argument("--chunks", type=int, default=20, help="chunks timed per size (one more warms up)")
+    ap.add_argument("--backends", nargs="+", default=["sqlite", "postgres"], choices=["sqlite", "postgres"])
+    ap.add_argument("--pg-url", default="postgresql://postgres@127.0.0.1:5432/postgres",
+                    help="a PostgreSQL server where a scratch database may be created and dropped")
+    ap.add_argument("--out", type=Path, default=ROOT / "var" / "bench-db")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        return child(a.sizes, a.chunks)
+
+    from benchmarks._common import machine, machine_line
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-db-") as tmp:
+        for backend in a.backends:
+            if backend == "sqlite":
+                rows += run_backend("sqlite", f"sqlite:///{tmp}/bench.sqlite3", a.sizes, a.chunks, Path(tmp))
+                continue
+            import psycopg
+
+            name = f"clip_bench_{os.getpid()}"
+            with psycopg.connect(a.pg_url, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{name}"')
+            try:
+                url = a.pg_url.rsplit("/", 1)[0] + f"/{name}"
+                rows += run_backend("postgres", url, a.sizes, a.chunks, Path(tmp))
+            finally:
+                with psycopg.connect(a.pg_url, autocommit=True) as admin:
+                    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    info = machine()
+    headers = ["backend", "job images", "SQL / chunk", "DB ms / chunk (median)", "p95", "old count ms / chunk",
+               "connect ms"]
+    table = markdown_table(headers, [[r["backend"], f"{r['job_images']:,}", r["sql_per_chunk"], r["chunk_db_ms_median"],
+                                      r["chunk_db_ms_p95"], r["old_count_per_chunk_ms"], r["connect_ms"]] for r in rows])
+    a.out.mkdir(parents=True, exist_ok=True)
+    write_json(a.out / "db.json", {"machine": info, "chunk": CHUNK, "rows": rows})
+    (a.out / "db.md").write_text(f"{machine_line(info)}\n\n{table}\n")
+    print(f"{machine_line(info)}\n{table}")
+
+
+if __name__ == "__main__":
+    main()
