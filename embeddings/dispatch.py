@@ -70,7 +70,7 @@ def task(name: str, *args, immutable: bool = False, **options) -> Signature:
     return app.signature(f"{TASKS}.{name}", args=args, immutable=immutable, options=options)
 
 
-def _send(name: str, args: tuple, kwargs: dict | None = None, **options):
+def send(name: str, args: tuple, kwargs: dict | None = None, **options):
     """Send one message to task ``embeddings.tasks.<name>``: through the task object where this
     process has it (a worker; eager runs), else by name (``send_task``: the web process). Both
     apply the same ``options``. Returns its ``AsyncResult``."""
@@ -81,10 +81,20 @@ def _send(name: str, args: tuple, kwargs: dict | None = None, **options):
     return app.send_task(f"{TASKS}.{name}", **call)
 
 
-def _registered(name: str):
+def run_here(name: str, *args):
+    """Run task ``embeddings.tasks.<name>(*args)`` in this process, now, and return its result:
+    store work done by the caller itself when the store is a shared server (``services.sink``)."""
+    registered = _registered(name, load=True)
+    if registered is None:
+        raise KeyError(f"no task {TASKS}.{name}")
+    return registered(*args)
+
+
+def _registered(name: str, *, load: bool = False):
     """The task object of ``embeddings.tasks.<name>`` if this process has loaded it, else None.
-    Run eagerly (tests, scripts) it must be: Celery's autodiscovery imports the task modules."""
-    if app.conf.task_always_eager and f"{TASKS}.{name}" not in app.tasks:
+    Run eagerly (tests, scripts) or here (``load``) it must be: Celery's autodiscovery imports the
+    task modules."""
+    if (load or app.conf.task_always_eager) and f"{TASKS}.{name}" not in app.tasks:
         app.loader.import_default_modules()
     return app.tasks.get(f"{TASKS}.{name}")
 
@@ -93,7 +103,7 @@ def _registered(name: str):
 
 def send_chunk(*, job_id: str, image_ids: list[str], priority: str):
     """Queue one bulk chunk (``embed_chunk``) of a job with ``priority`` on the bulk queue."""
-    return _send("embed_chunk", (job_id, image_ids), **bulk_options(priority))
+    return send("embed_chunk", (job_id, image_ids), **bulk_options(priority))
 
 
 def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
@@ -102,13 +112,13 @@ def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], pri
     owner, at the chunk's bulk ``priority``; ``upsert_ms``: write time already spent on the chunk
     by earlier parts (a continuation), omitted for a first part."""
     kwargs = {"priority": priority} if upsert_ms is None else {"priority": priority, "upsert_ms": upsert_ms}
-    return _send("index_chunk", (job_id, stat_id, items), kwargs, **vectors_options(interactive=False, priority=priority))
+    return send("index_chunk", (job_id, stat_id, items), kwargs, **vectors_options(interactive=False, priority=priority))
 
 
 def send_forget_point(*, point_id: str, sha256: str, interactive: bool):
     """Queue ``forget_point`` (delete a point or rewrite its payload) for the vectors worker: at
     interactive priority, or at background bulk priority (cascades, bulk deletes)."""
-    return _send("forget_point", (point_id, sha256), **vectors_options(interactive=interactive))
+    return send("forget_point", (point_id, sha256), **vectors_options(interactive=interactive))
 
 
 # --- interactive lane ----------------------------------------------------------------------------
@@ -148,5 +158,5 @@ def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | N
 
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float):
     """Queue ``search_point`` (top-k by a stored point) on the vectors queue, expiring at ``deadline_ts``."""
-    return _send("search_point", (point_id, owner_id, k, job_id),
+    return send("search_point", (point_id, owner_id, k, job_id),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))

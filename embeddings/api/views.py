@@ -290,15 +290,14 @@ class StatsView(APIView):
     def get(self, request):
         from django.db.models import Count
 
-        from embeddings import tasks
         from embeddings.models import Image
-        from embeddings.services.calls import vectors_call
+        from embeddings.services import sink
 
         if not request.user.is_staff:
             raise ApplicationError("staff only", code="forbidden", status=403)
         counts = {r["status"]: r["n"] for r in Image.objects.values("status").annotate(n=Count("id"))}
         distinct = Image.objects.filter(status="embedded").values("sha256", "model_id").distinct().count()
-        store = vectors_call(tasks.collection_stats)
+        store = sink.store_call("collection_stats")
         from embeddings.metrics import lane_summaries
 
         return Response({"images": counts, "distinct_embedded": distinct, **store,

@@ -19,7 +19,8 @@ def vectors_call(task, *args, timeout_s: float | None = None):
     priority and return its result.
 
     Args:
-        task: a Celery task of ``embeddings.tasks``.
+        task: the name of a task of ``embeddings.tasks`` (sent through ``embeddings.dispatch``),
+            or a Celery task or signature.
         timeout_s: how long to wait (s); default ``VECTORS_CALL_TIMEOUT_S``.
 
     Raises:
@@ -28,12 +29,13 @@ def vectors_call(task, *args, timeout_s: float | None = None):
             vectors worker is down or restarting) or the result connection broke (Redis restarted);
             ``worker_error`` (503) when the task itself raised. Each carries ``Retry-After``.
     """
-    from embeddings import tasks
+    from embeddings import dispatch
 
     timeout_s = settings.VECTORS_CALL_TIMEOUT_S if timeout_s is None else timeout_s
     headers = {"Retry-After": str(RETRY_AFTER_S)}
+    options = dispatch.vectors_options(interactive=True)
     try:
-        result = task.apply_async(args=args, **tasks.vectors_options(interactive=True))
+        result = dispatch.send(task, args, **options) if isinstance(task, str) else task.apply_async(args=args, **options)
     except OperationalError as e:
         raise ApplicationError(f"the message broker cannot be reached: {e}", code="broker_unavailable",
                                status=503, headers=headers) from e

@@ -445,15 +445,13 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
 
 def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     """After a deletion committed: forget its point, delete its blob when no row names it."""
-    from embeddings import tasks  # the vectors worker owns the store
-    from embeddings.services.calls import vectors_call
+    from embeddings.services import sink  # the vectors worker owns an embedded store; a server: here
 
     try:
         if has_point and single:
-            vectors_call(tasks.forget_point, str(image.point_id), image.sha256)
+            sink.store_call("forget_point", str(image.point_id), image.sha256)
         elif has_point:
-            tasks.forget_point.apply_async(args=(str(image.point_id), image.sha256),
-                                           **tasks.vectors_options(interactive=False))
+            sink.store_send("forget_point", str(image.point_id), image.sha256, interactive=False)
     finally:
         key, store = image.storage_key, runtime.blob_store()
         with transaction.atomic():

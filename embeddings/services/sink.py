@@ -1,0 +1,63 @@
+"""Where vector-store work runs: the write target, chosen from ``VECTOR_STORE``.
+
+- ``WriteTarget.DIRECT`` (``VECTOR_STORE=server``, a Qdrant server at ``QDRANT_URL``): any number
+  of processes may open the store, so each does its own work: an embedding worker upserts the
+  points it computed (no vector crosses Redis), the web process searches, counts and deletes
+  through its own qdrant-client connection. No ``vectors`` worker sits on any path.
+- ``WriteTarget.VECTORS_WORKER`` (``edge``, the default, or ``local``): the embedded folder admits
+  one process (qdrant/qdrant-client#1018, the edge WAL lock), the ``vectors`` worker; every other
+  process sends it the work over the ``vectors`` queue (``embeddings.dispatch``) and, where
+  someone waits, waits for the answer (``calls.vectors_call``).
+
+The same task body runs either way (``embeddings.tasks.<name>``, looked up by name): on the vectors
+worker, or here, in the calling process.
+"""
+from __future__ import annotations
+
+import enum
+
+from django.conf import settings
+
+from embeddings import dispatch
+from embeddings.services.calls import vectors_call
+
+
+class WriteTarget(enum.Enum):
+    """Who writes and queries the vector store (see the module docstring)."""
+
+    DIRECT = "direct"
+    VECTORS_WORKER = "vectors_worker"
+
+
+def write_target() -> WriteTarget:
+    """``DIRECT`` for a Qdrant server (``VECTOR_STORE=server``), else ``VECTORS_WORKER``: only a
+    server may be opened by several processes at once."""
+    return WriteTarget.DIRECT if settings.VECTOR_STORE == "server" else WriteTarget.VECTORS_WORKER
+
+
+def is_direct() -> bool:
+    """True when this process does its own vector-store work (:data:`WriteTarget.DIRECT`)."""
+    return write_target() is WriteTarget.DIRECT
+
+
+def store_call(name: str, *args, timeout_s: float | None = None):
+    """Run store task ``embeddings.tasks.<name>(*args)`` and return its result: here against the
+    server (``DIRECT``), else on the vectors worker, waiting at most ``timeout_s``.
+
+    Raises:
+        ApplicationError: (vectors worker only) ``broker_unavailable`` / ``vectors_unavailable`` /
+            ``worker_error`` (503, ``Retry-After``): see :func:`calls.vectors_call`.
+        One of ``pipeline.STORE_ERRORS`` (direct): the server cannot be reached.
+    """
+    if is_direct():
+        return dispatch.run_here(name, *args)
+    return vectors_call(name, *args, timeout_s=timeout_s)
+
+
+def store_send(name: str, *args, interactive: bool) -> None:
+    """Have store task ``embeddings.tasks.<name>(*args)`` done without waiting for its result: here
+    and now (``DIRECT``), else queued for the vectors worker at interactive or background priority."""
+    if is_direct():
+        dispatch.run_here(name, *args)
+    else:
+        dispatch.send(name, args, **dispatch.vectors_options(interactive=interactive))
