@@ -38,23 +38,58 @@ def job_create(
     priority: str = JobPriority.BACKGROUND,
     deadline: dt.datetime | None = None,
 ) -> Job:
-    """Store every source, create the job and its images, and queue its chunks after commit.
+    """Create the job, then store its sources a slice at a time, sending each chunk as soon as its
+    images are stored (issue 11 item 6: the workers start on a big upload's first images while the
+    rest is still being stored, instead of after the whole request).
+
+    Each slice is stored and committed on its own (``images_create``); its queued images join a
+    pending list, and whenever more than ``chunk_size`` (``PIPELINE.batch_size``, 64 by default)
+    are pending, one chunk of ``chunk_size`` is sent (after the slice's commit). At least one queued
+    image stays unsent until every source is stored: a committed, queued row is what stops
+    ``job_refresh`` from calling the job ``done`` when the chunks sent so far finish before the
+    upload's later slices exist. The first slice holds ``chunk_size + 1`` sources, so the first
+    chunk leaves as soon as its 64 images (and that one more) are stored; the rest go at the end.
+
+    ``total`` is the number of sources from the start (every source becomes one image row,
+    duplicates and refusals included). If storing fails part way, ``total`` becomes the number of
+    rows made, what was stored is still sent, and the error propagates.
 
     Returns:
         The job (``total`` = number of sources, duplicates and refusals included).
     """
     from django.conf import settings
 
+    sources = list(sources)
     job = Job.objects.create(
         owner=owner, name=name[:200], priority=priority, deadline=deadline, model_id=runtime.model_id(),
-        chunk_size=settings.PIPELINE.batch_size,
+        chunk_size=settings.PIPELINE.batch_size, total=len(sources),
     )
-    images = images_create(owner=owner, sources=list(sources), lane=Lane.BULK, job=job)
-    Job.objects.filter(id=job.id).update(total=len(images))
-    job.total = len(images)
-    queued = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
-    transaction.on_commit(lambda: job_dispatch(job=job, image_ids=queued))
-    if not queued:
+    size = job.chunk_size
+    pending: list[str] = []
+    made = 0
+
+    def send(ids: list[str]) -> None:
+        transaction.on_commit(lambda: job_dispatch(job=job, image_ids=ids))
+
+    try:
+        start = 0
+        while start < len(sources):
+            end = start + (size + 1 if start == 0 else size)
+            images = images_create(owner=owner, sources=sources[start:end], lane=Lane.BULK, job=job)
+            made += len(images)
+            start = end
+            pending += [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
+            while len(pending) > size:
+                send(pending[:size])
+                pending = pending[size:]
+    except BaseException:
+        Job.objects.filter(id=job.id).update(total=made)
+        job.total = made
+        raise
+    finally:
+        if pending:
+            send(pending)
+    if made and not pending:  # nothing to embed (duplicates, refusals): the job is done already
         job_refresh(job_id=job.id)
     return job
 
