@@ -37,8 +37,8 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
    Everything above is read in one Redis round trip (a pipeline) per request. With no worker
    measurement yet every request is admitted: there is nothing to predict with. A Redis error
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
-   so admission is skipped there. A refused request's ``Retry-After`` is its predicted wait in
-   whole seconds: by then the work ahead of it now has drained.
+   so admission is skipped there. A refused request's ``Retry-After`` is the predicted wait of the
+   work ahead of it now (its own images left out) in whole seconds: by then that work has drained.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries above and the
    dynamic batcher's batch records, appended to a capped list (:data:`BATCHES_KEY`) that
@@ -325,8 +325,8 @@ class LaneLoad:
 @dataclasses.dataclass(frozen=True)
 class Decision:
     """``admitted``; the ``predicted_wait_s`` it was based on (``None``: unknown); when refused,
-    ``retry_after_s``: whole seconds for the work ahead now to drain (what a request admitted now
-    would wait). ``work_s`` and ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
+    ``retry_after_s``: whole seconds for the work ahead now to drain (about what a request admitted
+    now waits). ``work_s`` and ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -340,9 +340,10 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     empty lane admits a request whose predicted wait alone fits, or any request once the newest
     answer is older than :data:`PROBE_AFTER_S` (a probe). Pure.
 
-    ``Retry-After`` is the predicted wait rounded to whole seconds (≥ 1): by then the work ahead
-    now has drained. Not "until it fits the deadline", which under sustained overload is a fraction
-    of a second, always rounded up to 1 s, and brings the client back into the same full queue.
+    ``Retry-After`` is the predicted wait of the work ahead now (the backlog, without the refused
+    request's own images), rounded to whole seconds (≥ 1): by then that work has drained, and a
+    request admitted now waits about that long. Not "until it fits the deadline", which under
+    sustained overload is a fraction of a second, always rounded up to 1 s.
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
@@ -353,7 +354,8 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     if (wait is None or wait + load.fit.margin_s <= deadline_s
             or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
         return Decision(True, wait, work_s=work)
-    return Decision(False, wait, max(1, math.floor(wait + 0.5)), work_s=work)
+    ahead = load.predicted_wait_s(0)  # the work ahead of it now, without its own images
+    return Decision(False, wait, max(1, math.floor(ahead + 0.5)), work_s=work)
 
 
 def _stale_after_s() -> float:

@@ -195,7 +195,7 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     over = admission.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
     refused = admission.decide(over, deadline_s=deadline)
     assert not refused.admitted and refused.predicted_wait_s == pytest.approx(0.2 + 1.25 * 11 / 8)
-    assert refused.retry_after_s == 2  # the predicted wait, 1.92 s, in whole seconds
+    assert refused.retry_after_s == 2  # the wait of the 10 images ahead, 0.2 + 1.25 × 10 / 8 = 1.76 s, rounded
     # Requests of several images weigh more, queued and arriving; unknown capacity admits.
     assert not admission.decide(dataclasses.replace(fits, images_per_request=2.0), deadline_s=deadline).admitted
     assert not admission.decide(fits, deadline_s=deadline, images=2).admitted
@@ -213,7 +213,8 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     stale = dataclasses.replace(fresh, age_s=admission.PROBE_AFTER_S + 0.1)
     assert admission.decide(dataclasses.replace(empty, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert not admission.decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
-    assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13
+    assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 s
+    assert admission.decide(dataclasses.replace(fits, queued_messages=75), deadline_s=deadline).retry_after_s == 12  # 11.92 s
 
 
 def test_capacity_is_summed_over_live_workers():
@@ -387,7 +388,8 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert set(body) == {"message", "code", "extra"} and body["code"] == "overloaded"
     wait = body["extra"]["predicted_wait_s"]
     assert wait == pytest.approx(overloaded, rel=0.01) and wait > service.INTERACTIVE_DEADLINE_S
-    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.floor(wait + 0.5)
+    ahead = wait - 1 / body["extra"]["capacity_ips"]  # the backlog's wait, without its own image
+    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.floor(ahead + 0.5)
     assert body["extra"]["workers"] == 1 and body["extra"]["scale"] == 1.0
     assert Image.objects.count() == 0  # refused before anything was stored or queued
     assert admission.answer_records() == []  # nor recorded as an answer
