@@ -9,14 +9,33 @@ from rest_framework import serializers
 from embeddings.models import Image, ImageStatus, Job, JobPriority
 
 
-class UploadQuerySerializer(serializers.Serializer):
+class FormSerializer(serializers.Serializer):
+    """A serializer of form fields (multipart or urlencoded) in which an empty value is refused like
+    any other wrong one: DRF alone reads ``k=`` as "not sent" and uses the default, so a value the
+    schema says is an integer, a uuid or a date-time would pass when blank.
+
+    Raises:
+        ValidationError: ``{field: ["This field may not be blank."]}`` (400 ``invalid``).
+    """
+
+    def to_internal_value(self, data):
+        if hasattr(data, "getlist"):  # a QueryDict: multipart or urlencoded
+            blank = {name: ["This field may not be blank."] for name, field in self.fields.items()
+                     if not field.read_only and not getattr(field, "allow_blank", False)
+                     and "" in data.getlist(name)}
+            if blank:
+                raise serializers.ValidationError(blank)
+        return super().to_internal_value(data)
+
+
+class UploadQuerySerializer(FormSerializer):
     """Fields of ``POST /api/images/`` besides the files."""
 
     k = serializers.IntegerField(min_value=0, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     deadline = serializers.FloatField(required=False, help_text="seconds; may shorten the default, not lengthen it")
 
 
-class JobCreateSerializer(serializers.Serializer):
+class JobCreateSerializer(FormSerializer):
     """Fields of ``POST /api/jobs/`` besides the files / zip."""
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
@@ -25,7 +44,7 @@ class JobCreateSerializer(serializers.Serializer):
     folder = serializers.CharField(required=False, help_text="server-side folder (staff only)")
 
 
-class SearchSerializer(serializers.Serializer):
+class SearchSerializer(FormSerializer):
     """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``."""
 
     text = serializers.CharField(required=False, max_length=2000)

@@ -198,7 +198,7 @@ class JobListView(GenericAPIView):
 
     @extend_schema(
         operation_id="jobs_create",
-        request={"multipart/form-data": JobSubmitSerializer, "application/json": JobSubmitSerializer},
+        request={"multipart/form-data": JobSubmitSerializer, "application/json": JobCreateSerializer},
         description="A bulk job from image files, zip archives and (staff only) a server folder under "
                     "INGEST_ROOTS; never refused for load. Follow `url` for progress.",
         responses={202: JobCreatedSerializer, **errors(400, 403, 413, 415)})

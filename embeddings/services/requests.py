@@ -1,8 +1,10 @@
 """Web-side orchestration of work that someone waits for: interactive uploads and searches.
 
-The web process never loads the model or opens the vector store: it chains tasks (embed on the
-``interactive`` queue → index/search on the ``vectors`` queue) and waits for the last result until
-the request's deadline. What does not finish in time keeps running; the caller gets a status URL.
+The web process never loads the model or opens an embedded vector store: it chains tasks (embed
+on the ``interactive`` queue → index/search on the ``vectors`` queue, sent through
+``embeddings.dispatch``) and waits for the last result until the request's deadline. With a Qdrant
+server (``services.sink``: direct) the interactive worker writes its own points and the web
+searches the server itself. What does not finish in time keeps running; the caller gets a status URL.
 """
 from __future__ import annotations
 
@@ -10,14 +12,15 @@ import dataclasses
 import datetime as dt
 import time
 
-from celery import chain
+from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.conf import settings
 
-from embeddings import runtime, tasks
+from embeddings import dispatch, runtime
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.selectors import jobs_visible_to
-from embeddings.services import admission
+from embeddings.services import admission, sink
+from embeddings.services.calls import RETRY_AFTER_S
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_create, quick_check
 from embeddings.services.sources import SourceFile, iter_blocks
@@ -63,15 +66,20 @@ def _wait(result, deadline_ts: float):
     """The chain's result, or ``None`` when the deadline passes first.
 
     Raises:
-        ApplicationError: ``worker_error`` (503) if a task failed.
+        ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
     """
     try:
         return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
     except CeleryTimeout:
         return None
+    except TaskRevokedError as e:
+        if "expired" in str(e):  # its message outlived the deadline in the broker: the deadline passed
+            return None
+        raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
+                               status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
     except Exception as e:  # a task raised: systemic, not the caller's fault
         raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
-                               status=503) from e
+                               status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
 
 
 def image_view(im: Image, neighbours: list | None = None) -> dict:
@@ -106,16 +114,14 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     to_embed = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
     skipped = [str(im.id) for im in images if im.status == ImageStatus.SKIPPED]
     owner_filter = None if owner.is_staff else owner.id
-    index = tasks.index_interactive.s(owner_filter, k, skipped).set(**tasks.vectors_options(interactive=True))
     answers: dict | None = {}
-    if to_embed or skipped:
-        if to_embed:
-            embed = tasks.embed_interactive.si(to_embed, deadline_ts).set(**tasks.interactive_options(deadline_ts))
-            result = chain(embed, index).apply_async()
-        else:
-            result = tasks.index_interactive.si({}, owner_filter, k, skipped).set(
-                **tasks.vectors_options(interactive=True)).apply_async()
-        answers = _wait(result, deadline_ts)
+    work = {"to_embed": to_embed, "skipped": skipped, "owner_id": owner_filter, "k": k, "deadline_ts": deadline_ts}
+    if sink.is_direct() and to_embed:  # a Qdrant server: the interactive worker writes its own points
+        answers = _wait(dispatch.send_upload_direct(**work), deadline_ts)
+    elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
+        answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped)
+    elif to_embed or skipped:
+        answers = _wait(dispatch.send_upload(**work), deadline_ts)
     # the whole admitted→answered time of this request: what the admission's wait model learns from
     admission.interactive_answered(admitted, images=len(to_embed), status=202 if answers is None else 200)
     fresh = {str(im.id): im for im in Image.objects.filter(id__in=[im.id for im in images])}
@@ -153,14 +159,20 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     owner_filter = None if user.is_staff else user.id
     deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
     # Every message of a search expires at its deadline: after it nobody waits for the answer.
-    search_sig = tasks.search_vector.s(owner_filter, k, job_id).set(
-        **tasks.vectors_options(interactive=True, deadline_ts=deadline_ts))
+    def query(embed: str, *args) -> dict | None:
+        """The embedding on the interactive lane, then the search: chained on the vectors queue,
+        or here against a Qdrant server (the query vector comes back in the result)."""
+        if not sink.is_direct():
+            return _wait(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts,
+                                             search=(owner_filter, k, job_id)), deadline_ts)
+        vector = _wait(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts, search=None), deadline_ts)
+        return None if vector is None else sink.store_call("search_vector", vector, owner_filter, k, job_id)
+
     if text is not None:
         if not text.strip():
             raise ApplicationError("text must not be empty", code="invalid_query")
         admitted = admission.interactive_admit(deadline_s=deadline_ts - time.time())
-        embed = tasks.encode_text.si(text[:2000], deadline_ts).set(**tasks.interactive_options(deadline_ts))
-        answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+        answer = query("encode_text", text[:2000])
         admission.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
     elif image is not None:
         f = image.open()
@@ -174,8 +186,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         store = runtime.blob_store()
         key, sha, _ = store.put_temporary(iter_blocks(f))
         try:
-            embed = tasks.embed_query.si(key, sha, deadline_ts).set(**tasks.interactive_options(deadline_ts))
-            answer = _wait(chain(embed, search_sig).apply_async(), deadline_ts)
+            answer = query("embed_query", key, sha)
             admission.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
         finally:
             store.delete(key)
@@ -190,10 +201,14 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
             raise ApplicationError(f"image {image_id} is a copy of an image that is "
                                    f"{original.status if original else 'gone'}, not embedded yet",
                                    code="not_embedded", status=409)
-        r = tasks.search_point.apply_async(args=(str(im.point_id), owner_filter, k, job_id),
-                                           **tasks.vectors_options(interactive=True, deadline_ts=deadline_ts))
-        results = _wait(r, deadline_ts)
-        if results is None and r.ready():  # the vectors worker answered: no such point
+        if sink.is_direct():  # a Qdrant server: asked here, an answer or an error, never a timeout
+            r = None
+            results = sink.store_call("search_point", str(im.point_id), owner_filter, k, job_id)
+        else:
+            r = dispatch.send_search_point(point_id=str(im.point_id), owner_id=owner_filter, k=k, job_id=job_id,
+                                           deadline_ts=deadline_ts)
+            results = _wait(r, deadline_ts)
+        if results is None and (r is None or r.ready()):  # the store answered: no such point
             raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)
         answer = None if results is None else {"results": results or []}
     if answer is None or answer.get("reason") == Reason.EXPIRED.value:  # a task refused it: too late

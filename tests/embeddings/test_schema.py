@@ -102,3 +102,29 @@ def test_stats_is_marked_staff_only(served):
 def test_job_actions_are_an_enum(served):
     params = {p["name"]: p for p in _op(served, "/api/jobs/{job_id}/{action}/", "post")["parameters"]}
     assert params["action"]["schema"]["enum"] == ["cancel", "pause", "resume"]
+
+
+class _Revoked:
+    """An AsyncResult whose task Celery revoked: ``get`` raises as Celery's does."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+    def get(self, **kw):
+        from celery.exceptions import TaskRevokedError
+
+        raise TaskRevokedError(self.why)
+
+
+def test_an_expired_message_is_a_passed_deadline_and_other_failures_say_retry_after():
+    # Found by the fuzzer: an upload with deadline 0.001 s answered an undocumented 503 without
+    # Retry-After when its message expired in the broker; the deadline passed, so it is a 202.
+    import time
+
+    from embeddings.services.errors import ApplicationError
+    from embeddings.services.requests import _wait
+
+    assert _wait(_Revoked("expired"), time.time() + 1) is None
+    with pytest.raises(ApplicationError) as e:
+        _wait(_Revoked("revoked"), time.time() + 1)
+    assert (e.value.status, e.value.code, e.value.headers) == (503, "worker_error", {"Retry-After": "5"})
