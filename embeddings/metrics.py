@@ -23,11 +23,26 @@ Metrics (``lane`` is ``bulk`` or ``interactive``):
 - ``clip_images{status}`` gauge: images per status in the database, read at scrape time.
 - ``clip_cpu_percent``, ``clip_gpu_utilisation_percent``, ``clip_gpu_memory_bytes`` gauges: the
   latest utilisation sample of the embedding workers (``workers.utilisation``).
+- ``clip_queue_messages{lane,priority}`` and ``clip_queue_oldest_age_seconds{lane,priority}``
+  gauges: messages waiting in each queue per priority step (kombu's Redis lists) and how long the
+  oldest has waited, read from Redis at scrape time (web ``/metrics`` only): what an autoscaler
+  scales embedding workers on. ``clip_broker_up`` is 0 when Redis could not be read.
+
+**Past one host** (issue 11): a multiprocess folder is per host, so the web's ``/metrics`` only adds
+up the processes of its own host. A worker started with ``METRICS_PORT`` serves its host's folder
+on that port (:func:`serve_worker_metrics`; the first worker process of the host to bind the port
+serves it, the others find it taken and leave it), so each GPU host is one more scrape target.
+Cluster-wide gauges (``clip_images``, the queue gauges) stay on the web's endpoint, so nothing is
+counted twice when the web and a worker share a host and a folder, don't scrape both there.
 """
 from __future__ import annotations
 
 import functools
+import json
+import logging
+import time
 
+from celery.signals import before_task_publish, worker_ready
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.http import HttpResponse
@@ -103,8 +118,100 @@ class _ImagesByStatus:
         yield family
 
 
-def registry() -> CollectorRegistry:
-    """What ``/metrics`` serves: every process's values (multiprocess mode) or this process's."""
+#: Message header (Unix time, s) set on every task message as it is published: the queue gauges read
+#: the oldest waiting message's age from it (Celery's own headers carry no send time).
+PUBLISHED_AT = "published_at"
+
+
+@before_task_publish.connect(dispatch_uid="embeddings.metrics.stamp_published_at")
+def _stamp_published_at(sender=None, headers=None, **kwargs) -> None:
+    """Stamp the publish time on each message (a retry is a new publish: its wait starts again)."""
+    if headers is not None:
+        headers[PUBLISHED_AT] = time.time()
+
+
+class QueueGauges:
+    """Collector: per queue (``lane``) and priority step, the messages waiting and the age (s) of
+    the oldest, read from the broker's Redis at scrape time in one pipelined round trip (``LLEN`` and
+    ``LINDEX -1`` per list: kombu ``LPUSH``es and workers ``BRPOP``, so the tail is the oldest).
+
+    Args:
+        client: a ``redis.Redis`` on the broker; ``None``: ``admission.redis_client()``.
+        queues: queue names (default every lane of ``project.lanes``).
+        clock: ``time.time``-like, for the age.
+
+    A message without the :data:`PUBLISHED_AT` header (sent by a process that never imported this
+    module) counts in the depth; its age is reported as 0. When Redis cannot be read,
+    ``clip_broker_up`` is 0 and no queue sample is given (a wrong 0 would tell an autoscaler to
+    scale in).
+    """
+
+    def __init__(self, client=None, queues: tuple[str, ...] | None = None, clock=time.time):
+        self._client, self._queues, self._clock = client, queues, clock
+
+    def read(self) -> list[tuple[str, int, int, float]]:
+        """``[(lane, priority step, messages, oldest age s), ...]``; raises the client's errors."""
+        from embeddings.services import admission
+        from project import lanes
+
+        client = self._client or admission.redis_client()
+        keys = []  # queue_keys lists one key per priority step, in the steps' order
+        for queue in self._queues or lanes.ALL_QUEUES:
+            for step, key in zip(_priority_steps(), admission.queue_keys(queue)):
+                keys.append((queue, step, key))
+        pipe = client.pipeline(transaction=False)
+        for _, _, key in keys:
+            pipe.llen(key)
+            pipe.lindex(key, -1)
+        replies = pipe.execute()
+        now = self._clock()
+        out = []
+        for n, (queue, step, key) in enumerate(keys):
+            depth, oldest = replies[2 * n], replies[2 * n + 1]
+            out.append((queue, step, int(depth), _age(oldest, now)))
+        return out
+
+    def collect(self):
+        up = GaugeMetricFamily("clip_broker_up", "1 when the queue gauges could read the broker's Redis")
+        try:
+            rows = self.read()
+        except Exception as e:  # noqa: BLE001 - a scrape must answer; the gauge says Redis was unreadable
+            logging.getLogger(__name__).warning("queue gauges: cannot read the broker: %s", e)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        depth = GaugeMetricFamily("clip_queue_messages", "Messages waiting per queue and priority step",
+                                  labels=["lane", "priority"])
+        age = GaugeMetricFamily("clip_queue_oldest_age_seconds", "Age of the oldest waiting message (s; 0: none)",
+                                labels=["lane", "priority"])
+        for queue, step, n, oldest in rows:
+            depth.add_metric([queue, str(step)], n)
+            age.add_metric([queue, str(step)], oldest)
+        yield up
+        yield depth
+        yield age
+
+
+def _priority_steps() -> list[int]:
+    from django.conf import settings
+
+    return list(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0, 3, 6, 9]))
+
+
+def _age(raw: bytes | None, now: float) -> float:
+    """Seconds since the message ``raw`` (kombu's JSON envelope) was published; 0 if unknown."""
+    if not raw:
+        return 0.0
+    try:
+        published = json.loads(raw)["headers"][PUBLISHED_AT]
+    except (ValueError, KeyError, TypeError):
+        return 0.0
+    return max(0.0, now - float(published))
+
+
+def _host_registry() -> CollectorRegistry:
+    """This host's process metrics: every process's files (multiprocess mode) or this process's."""
     import os
 
     reg = CollectorRegistry()
@@ -115,8 +222,45 @@ def registry() -> CollectorRegistry:
     else:
         for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - re-serve the default collectors
             reg.register(collector)
-    reg.register(_ImagesByStatus())
     return reg
+
+
+def registry() -> CollectorRegistry:
+    """What ``/metrics`` serves: this host's process metrics, plus the cluster-wide gauges (images
+    per status from the database, queue depth and age from Redis)."""
+    reg = _host_registry()
+    reg.register(_ImagesByStatus())
+    reg.register(QueueGauges())
+    return reg
+
+
+def worker_endpoint(port: int, addr: str = "0.0.0.0"):
+    """Serve this host's process metrics (no database or Redis reads) over HTTP on ``port``.
+
+    Returns:
+        ``(server, thread)`` from ``prometheus_client.start_http_server``, or ``None`` when the port
+        is taken (another worker process of this host serves the same folder already).
+    """
+    from prometheus_client import start_http_server
+
+    try:
+        return start_http_server(port, addr=addr, registry=_host_registry())
+    except OSError as e:
+        logging.getLogger(__name__).info("metrics port %s not bound (%s): another process of this host serves it",
+                                         port, e)
+        return None
+
+
+@worker_ready.connect(dispatch_uid="embeddings.metrics.serve_worker_metrics")
+def serve_worker_metrics(sender=None, **kwargs) -> None:
+    """In a Celery worker's main process once it is ready: serve :func:`worker_endpoint` on
+    ``settings.METRICS_PORT`` (0: not served). A thread in the parent, started after the pool's
+    children fork (they write their files; it reads them)."""
+    from django.conf import settings
+
+    port = getattr(settings, "METRICS_PORT", 0)
+    if port:
+        worker_endpoint(port, addr=getattr(settings, "METRICS_BIND", "0.0.0.0"))
 
 
 def metrics_view(request) -> HttpResponse:

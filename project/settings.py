@@ -31,6 +31,10 @@ if METRICS_DIR:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
 else:
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+# A Celery worker serves its host's metrics on this port (0: not served; embeddings/metrics.py), so
+# GPU hosts without a web process are scrape targets too (issue 11).
+METRICS_PORT = env.int("METRICS_PORT", default=0)
+METRICS_BIND = env("METRICS_BIND", default="0.0.0.0")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

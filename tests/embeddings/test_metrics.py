@@ -91,3 +91,32 @@ def test_utilisation_rows_from_two_processes_keep_one_per_second(service, user):
     job.refresh_from_db()
     assert [r[:2] for r in job.utilisation["rows"]] == [[100.2, 10.0], [101.2, 20.0], [102.1, 30.0]]
     assert job.pipeline["precision"] == "fp32"
+
+
+def test_a_worker_host_serves_its_own_metrics_endpoint(settings):
+    """Issue 11: a worker started with METRICS_PORT serves its host's process metrics (the pool
+    children's files in multiprocess mode) over HTTP; a second process of the host finds the port
+    taken and leaves it to the first. No database or Redis read happens there."""
+    import socket
+    import urllib.request
+
+    from embeddings import metrics
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = metrics.worker_endpoint(port, addr="127.0.0.1")
+    try:
+        assert served is not None
+        assert metrics.worker_endpoint(port, addr="127.0.0.1") is None  # taken: the first one serves
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        before = sample(text, "clip_images_processed_total", lane="bulk", status="embedded")
+        metrics.count_images(lane="bulk", status="embedded", n=7)
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert sample(text, "clip_images_processed_total", lane="bulk", status="embedded") == before + 7
+        assert "clip_images{" not in text and "clip_queue_messages" not in text  # cluster-wide: the web's
+    finally:
+        server, thread = served
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
