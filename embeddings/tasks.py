@@ -4,7 +4,7 @@ helpers of ``embeddings.dispatch`` (re-exported here), from ``project.lanes``; s
 through that module and never import this one.
 
 - ``interactive`` queue (interactive worker, threads pool + dynamic batcher): ``embed_interactive``,
-  ``embed_query``, ``encode_text``.
+  ``embed_query``, ``encode_text``; ``embed_index_interactive`` with a Qdrant server.
 - ``bulk`` queue (bulk worker, one chunk at a time): ``embed_chunk``.
 - ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``forget_point``.
 """
@@ -58,13 +58,26 @@ def _in_flight(task, images: int):
 def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
     """Embed an interactive request's images (deadline as Unix time, s); then report the dynamic
     batcher's batches (service time for admission control, batch sizes and queue delays)."""
-    with _in_flight(self, len(image_ids)):
+    return _embed_interactive(self, image_ids, deadline_ts)
+
+
+@shared_task(bind=True)
+def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owner_id: int | None, k: int,
+                            skipped_ids: list[str]) -> dict:
+    """With a Qdrant server (``services.sink``: direct): embed an interactive request's images, then
+    write their points and find their neighbours here (:func:`index_interactive` in this process):
+    no vector crosses Redis, no vectors worker on the path. Same result as that chain's."""
+    return index_interactive(_embed_interactive(self, image_ids, deadline_ts), owner_id, k, skipped_ids)
+
+
+def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
+    with _in_flight(task, len(image_ids)):
         out = pipeline.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
-    if not self.request.is_eager:
+    if not task.request.is_eager:
         from embeddings import runtime
 
         # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies
-        admission.interactive_report(runtime.dynamic_batcher().records, worker=self.request.hostname or "",
+        admission.interactive_report(runtime.dynamic_batcher().records, worker=task.request.hostname or "",
                                      heartbeat=True)
     return out
 
@@ -108,7 +121,8 @@ def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) 
     """An ``embed_interactive`` message discarded unrun because it expired in the broker (the worker
     was down or busy past its deadline): its images are ``expired`` at once, as the task would
     have recorded them, instead of waiting for the reconciler to find them."""
-    if not expired or getattr(sender, "name", None) != embed_interactive.name or request is None:
+    if not expired or getattr(sender, "name", None) not in (embed_interactive.name, embed_index_interactive.name) \
+            or request is None:
         return
     args, kwargs = list(request.args or ()), dict(request.kwargs or {})
     image_ids = list(kwargs.get("image_ids", args[0] if args else ()))

@@ -216,8 +216,9 @@ VECTORS_CALL_TIMEOUT_S = env.float("VECTORS_CALL_TIMEOUT_S", default=10.0)
 #: there, the rest of the chunk goes back to the queue behind it (``pipeline.chunk_index``), so an
 #: interactive request waits behind at most one slice, not a whole chunk. Embedded Qdrant commits
 #: every point to its SQLite file (about 1 ms each on this machine's disk, measured; 60 ms for 64),
-#: so slicing costs nothing there; a Qdrant server prefers bigger requests (raise it with QDRANT_URL).
-VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=8)
+#: so slicing costs nothing there. A Qdrant server prefers bigger requests, and there each embedding
+#: worker writes its own points (nothing to yield to): one slice per chunk of 64.
+VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=64 if VECTOR_STORE == "server" else 8)
 
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")

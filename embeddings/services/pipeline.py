@@ -94,7 +94,8 @@ def _stat(*, job_id, lane: str, images: int, failed: int, timings: StageTimings)
 # --- bulk lane -----------------------------------------------------------------------------------
 
 def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
-    """Embed one chunk of a bulk job and hand its vectors to the vectors worker.
+    """Embed one chunk of a bulk job and write its vectors: itself against a Qdrant server
+    (``services.sink``: :func:`chunk_index` in this process), else through the vectors worker.
 
     Images no longer queued (already embedded by an earlier delivery, cancelled) are left alone, so a
     redelivered chunk redoes only what is missing. Bad images fail alone with their reason. A chunk
@@ -104,7 +105,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
         vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked.
     """
-    from embeddings import tasks
+    from embeddings import dispatch
+    from embeddings.services import sink
 
     job = Job.objects.filter(id=job_id).first()
     if job is None:
@@ -145,11 +147,10 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     metrics.count_images(lane=Lane.BULK, status="skipped", n=len(image_ids) - len(ordered))
     metrics.job_record_utilisation(job_id=job_id, since=chunk_started - sampler.interval_s, config=settings.PIPELINE)
     items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(result.metas, result.vectors)]
-    if items:
-        tasks.index_chunk.apply_async(
-            args=(job_id, stat.id, items), kwargs={"priority": job.priority},
-            **tasks.vectors_options(interactive=False, priority=job.priority),
-        )
+    if items and sink.is_direct():  # a Qdrant server: this worker writes its own points, no vector crosses Redis
+        chunk_index(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)
+    elif items:
+        dispatch.send_index_chunk(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)
         _images_wait_for_store([it["id"] for it in items], "vector computed; waiting for the vectors worker to write it")
     else:
         BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
@@ -222,18 +223,18 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         One of :data:`STORE_ERRORS` when the store cannot be written (the task retries with backoff);
         the images stay queued, their reason ``waiting_for_store`` and detail naming the error.
     """
-    from embeddings import tasks
-    from embeddings.services import admission
     from qdrant_client.http.exceptions import UnexpectedResponse
+
+    from embeddings import dispatch
+    from embeddings.services import admission, sink
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
 
     def send_rest() -> dict:
         """Queue the unwritten rest as a new ``index_chunk`` at the chunk's priority; this part's result."""
-        tasks.index_chunk.apply_async(args=(job_id, stat_id, items[written:]),
-                                      kwargs={"priority": priority, "upsert_ms": upsert_ms},
-                                      **tasks.vectors_options(interactive=False, priority=priority))
+        dispatch.send_index_chunk(job_id=job_id, stat_id=stat_id, items=items[written:], priority=priority,
+                                  upsert_ms=upsert_ms)
         return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
 
     while written < len(items):
@@ -249,12 +250,12 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         except STORE_ERRORS as e:
             _images_wait_for_store([it["id"] for it in items[written:]], f"vector store unreachable, retrying "
                                                                          f"with backoff: {type(e).__name__}: {e}")
-            if written:  # what is written stays written; the retry carries only the rest
+            if written and not sink.is_direct():  # what is written stays written; the retry carries only the rest
                 return send_rest()
             raise
         metrics.count_images(lane=Lane.BULK, status="embedded", n=len(marked))
         written += len(part)
-        if written < len(items) and admission.vectors_interactive_waiting():
+        if written < len(items) and not sink.is_direct() and admission.vectors_interactive_waiting():
             return send_rest()
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()

@@ -19,7 +19,8 @@ import enum
 from django.conf import settings
 
 from embeddings import dispatch
-from embeddings.services.calls import vectors_call
+from embeddings.services.calls import RETRY_AFTER_S, vectors_call
+from embeddings.services.errors import ApplicationError
 
 
 class WriteTarget(enum.Enum):
@@ -47,10 +48,11 @@ def store_call(name: str, *args, timeout_s: float | None = None):
     Raises:
         ApplicationError: (vectors worker only) ``broker_unavailable`` / ``vectors_unavailable`` /
             ``worker_error`` (503, ``Retry-After``): see :func:`calls.vectors_call`.
-        One of ``pipeline.STORE_ERRORS`` (direct): the server cannot be reached.
+            (direct) ``vectors_unavailable`` (503, ``Retry-After``): the server cannot be reached
+            or answered with a server error.
     """
     if is_direct():
-        return dispatch.run_here(name, *args)
+        return _here(name, *args)
     return vectors_call(name, *args, timeout_s=timeout_s)
 
 
@@ -58,6 +60,25 @@ def store_send(name: str, *args, interactive: bool) -> None:
     """Have store task ``embeddings.tasks.<name>(*args)`` done without waiting for its result: here
     and now (``DIRECT``), else queued for the vectors worker at interactive or background priority."""
     if is_direct():
-        dispatch.run_here(name, *args)
+        _here(name, *args)
     else:
         dispatch.send(name, args, **dispatch.vectors_options(interactive=interactive))
+
+
+def _here(name: str, *args):
+    """Run store task ``name`` in this process; a server that cannot be reached (connection,
+    timeout, 5xx) is the API's 503 ``vectors_unavailable``, as when the vectors worker is down."""
+    import httpx
+    from qdrant_client.http.exceptions import (
+        ResponseHandlingException,
+        UnexpectedResponse,
+    )
+
+    try:
+        return dispatch.run_here(name, *args)
+    except (ConnectionError, TimeoutError, httpx.TransportError, ResponseHandlingException, UnexpectedResponse) as e:
+        if isinstance(e, UnexpectedResponse) and (e.status_code or 0) < 500:
+            raise
+        raise ApplicationError(f"the vector store cannot be reached: {type(e).__name__}: {e}",
+                               code="vectors_unavailable", status=503,
+                               headers={"Retry-After": str(RETRY_AFTER_S)}) from e
