@@ -55,7 +55,7 @@ def postprocess(result: dict, generator, request, public) -> dict:
     """drf-spectacular postprocessing hook: 401 on every secured operation and 404 on every
     operation with a path parameter, in the ``Error`` shape, where the view did not say."""
     for path, item in result.get("paths", {}).items():
-        for method, op in item.items():
+        for op in item.values():
             if not isinstance(op, dict) or "responses" not in op:
                 continue
             responses = op["responses"]

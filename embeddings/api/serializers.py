@@ -112,6 +112,8 @@ TEXT_QUERY = RegexValidator(r"^[^\x00]*[^\s\x00][^\x00]*$", "text must not be bl
 
 
 class _SearchScope(serializers.Serializer):
+    """What every search takes besides its query: how many hits, and an optional job filter."""
+
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
 
@@ -188,6 +190,8 @@ class UploadResponseSerializer(serializers.Serializer):
 
 
 class RenamedSerializer(serializers.Serializer):
+    """A file whose name was replaced (``upload-N`` / ``entry-N``), with the name as sent."""
+
     name = serializers.CharField()
     raw_name = serializers.CharField(allow_blank=True)
 
@@ -202,6 +206,8 @@ class JobCreatedSerializer(serializers.Serializer):
 
 
 class FailureSerializer(serializers.Serializer):
+    """A failed image of a job, with its reason code (``workers/errors.py``)."""
+
     id = serializers.UUIDField()
     original_name = serializers.CharField(allow_blank=True)
     reason = serializers.CharField(allow_blank=True)
@@ -234,6 +240,8 @@ class JobProgressSerializer(JobSerializer):
 
 
 class SearchResponseSerializer(serializers.Serializer):
+    """``POST /api/search/``: at most ``k`` hits, best first."""
+
     results = NeighbourSerializer(many=True)
     k = serializers.IntegerField()
 

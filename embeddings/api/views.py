@@ -3,11 +3,16 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
-from rest_framework.generics import GenericAPIView
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
+from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import FormParser, JSONParser
 from rest_framework.response import Response
@@ -22,10 +27,10 @@ from embeddings.api.serializers import (
     ImageSerializer,
     ImageUploadSerializer,
     JobCreatedSerializer,
-    JobSubmitSerializer,
     JobCreateSerializer,
     JobProgressSerializer,
     JobSerializer,
+    JobSubmitSerializer,
     SearchImageSerializer,
     SearchQuerySerializer,
     SearchResponseSerializer,
