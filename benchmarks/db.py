@@ -9,7 +9,8 @@ replaced by something free: the model returns zero vectors at once, the vector s
 points and does nothing, messages are captured instead of sent. What remains is every SQL
 statement a real chunk makes, at the job's real size.
 
-Reported per backend and size: SQL statements per chunk (embed + index), the database time per
+Reported per backend and size: SQL statements per chunk (embed + index; writes among them; the
+index part writes ``VECTORS_WRITE_SLICE`` points per slice, set it in the environment), the database time per
 chunk (median and p95, ms, wall time of both calls), what the count the old per-chunk
 ``job_refresh`` made over the job's images costs at that size (ms), and the cost of opening a
 connection (what ``CONN_MAX_AGE`` saves each task).
@@ -77,13 +78,14 @@ def _job(n: int, owner):
     import hashlib
 
     from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
+    from workers.ids import point_id
 
     job = Job.objects.create(owner=owner, model_id="bench/model", chunk_size=CHUNK, total=n, status=JobStatus.QUEUED)
     rows = []
     for i in range(n):
         sha = hashlib.sha256(f"{job.id}-{i}".encode()).hexdigest()
         rows.append(Image(owner=owner, job=job, lane=Lane.BULK, status=ImageStatus.QUEUED, sha256=sha, size_bytes=1000,
-                          storage_key=f"blob/{sha}", model_id="bench/model", point_id=uuid.uuid4()))
+                          storage_key=f"blob/{sha}", model_id="bench/model", point_id=point_id(sha, "bench/model")))
         if len(rows) == 5000:
             Image.objects.bulk_create(rows)
             rows = []
@@ -103,6 +105,7 @@ def _median_ms(fn, repeat: int) -> float:
 
 def measure(sizes: list[int], chunks: int) -> list[dict]:
     """In a Django process on a migrated scratch database: one row per job size (see module doc)."""
+    from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -118,8 +121,10 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
         t0 = time.perf_counter()
         job, ids = _job(n, owner)
         insert_s = time.perf_counter() - t0
-        starts = [round(k * (n - CHUNK) / max(1, chunks)) for k in range(chunks + 1)]  # +1: the first warms
-        per_chunk, queries = [], []
+        # chunks + 1 disjoint chunks (the first one warms up), spread evenly over the job
+        count = min(chunks + 1, n // CHUNK)
+        starts = [k * (n // count) for k in range(count)]
+        per_chunk, queries, writes = [], [], []
         for k, s in enumerate(starts):
             sent.clear()
             chunk = ids[s : s + CHUNK]
@@ -132,6 +137,8 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
             if k:
                 per_chunk.append(ms)
                 queries.append(len(q.captured_queries))
+                writes.append(sum(x["sql"].lstrip().upper().startswith(("UPDATE", "INSERT", "DELETE"))
+                                  for x in q.captured_queries))
         per_chunk.sort()
         count_ms = _median_ms(lambda: job_services.job_counts(job), 5)
 
@@ -141,7 +148,9 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
 
         out.append({
             "job_images": n, "chunks": len(per_chunk), "insert_s": round(insert_s, 2),
+            "write_slice": settings.VECTORS_WRITE_SLICE,
             "sql_per_chunk": statistics.median(queries), "sql_per_chunk_max": max(queries),
+            "sql_writes_per_chunk": statistics.median(writes),
             "chunk_db_ms_median": round(statistics.median(per_chunk), 2),
             "chunk_db_ms_p95": round(per_chunk[min(len(per_chunk) - 1, int(0.95 * len(per_chunk)))], 2),
             "old_count_per_chunk_ms": round(count_ms, 2),
@@ -206,10 +215,12 @@ def main(argv=None) -> None:
                 with psycopg.connect(a.pg_url, autocommit=True) as admin:
                     admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
     info = machine()
-    headers = ["backend", "job images", "SQL / chunk", "DB ms / chunk (median)", "p95", "old count ms / chunk",
-               "connect ms"]
-    table = markdown_table(headers, [[r["backend"], f"{r['job_images']:,}", r["sql_per_chunk"], r["chunk_db_ms_median"],
-                                      r["chunk_db_ms_p95"], r["old_count_per_chunk_ms"], r["connect_ms"]] for r in rows])
+    headers = ["backend", "job images", "SQL / chunk", "of which writes", "DB ms / chunk (median)", "p95",
+               "old count ms / chunk", "connect ms"]
+    table = markdown_table(headers, [[r["backend"], f"{r['job_images']:,}", r["sql_per_chunk"],
+                                      r["sql_writes_per_chunk"],
+                                      r["chunk_db_ms_median"], r["chunk_db_ms_p95"], r["old_count_per_chunk_ms"],
+                                      r["connect_ms"]] for r in rows])
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / "db.json", {"machine": info, "chunk": CHUNK, "rows": rows})
     (a.out / "db.md").write_text(f"{machine_line(info)}\n\n{table}\n")

@@ -386,15 +386,24 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     return set(live)
 
 
-def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = ()) -> dict[str, dict]:
+def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = (),
+                   point_ids: Iterable[str] | None = None) -> dict[str, dict]:
     """Qdrant payload per sha256, recomputed from the database: ``{"sha256", "owner_ids", "job_ids"}``.
 
     Owners and jobs come from every embedded row with those bytes under ``model_id``, plus the rows
     in ``including`` (being embedded now), so a shared point lists every owner that may see it.
+
+    ``point_ids``: the points being written (every row of one model and bytes shares one). Give
+    them on a hot path: the ``point_id`` index then finds the rows, where ``model_id`` + ``sha256``
+    alone has no index of its own (the one on them starts with ``owner``) and scans the whole table
+    per call (issue 11: 2.2 s per chunk at 100,000 images on SQLite, measured).
     """
     shas = set(shas)
     payloads = {s: {"sha256": s, "owner_ids": set(), "job_ids": set()} for s in shas}
-    rows = Image.objects.filter(model_id=model_id, sha256__in=shas).filter(
+    rows = Image.objects.filter(model_id=model_id, sha256__in=shas)
+    if point_ids is not None:
+        rows = rows.filter(point_id__in=list(point_ids))
+    rows = rows.filter(
         Q(status=ImageStatus.EMBEDDED) | Q(id__in=list(including))
     ).values_list("sha256", "owner_id", "job_id")
     for sha, owner_id, job_id in rows:

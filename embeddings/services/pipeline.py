@@ -163,7 +163,8 @@ def _write_points(items: list[dict]) -> float:
     """Upsert ``items`` with payloads recomputed from the database; returns the upsert wall time (ms)."""
     model_id = runtime.model_id()
     payloads = image_services.point_payloads(
-        model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items]
+        model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
+        point_ids=[it["point_id"] for it in items],
     )
     points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
               for it in items]
