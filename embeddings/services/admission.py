@@ -439,7 +439,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
             f"than the deadline {deadline_s:.2f} s; retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
-                   "retry_after_s": decision.retry_after_s, "queued_messages": load.queued_messages,
+                   "retry_after_s": decision.retry_after_s,
+                   # Retry-After before rounding: HTTP's delay-seconds are whole seconds
+                   "wait_ahead_s": round(load.predicted_wait_s(0), 3), "queued_messages": load.queued_messages,
                    "inflight_images": load.inflight_images, "capacity_ips": round(load.capacity_ips, 2),
                    "workers": load.workers, "overhead_s": round(load.fit.overhead_s, 3),
                    "scale": round(load.fit.scale, 3), "margin_s": round(load.fit.margin_s, 3)},

@@ -389,7 +389,8 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     wait = body["extra"]["predicted_wait_s"]
     assert wait == pytest.approx(overloaded, rel=0.01) and wait > service.INTERACTIVE_DEADLINE_S
     ahead = wait - 1 / body["extra"]["capacity_ips"]  # the backlog's wait, without its own image
-    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.floor(ahead + 0.5)
+    assert body["extra"]["wait_ahead_s"] == pytest.approx(ahead, abs=0.01)
+    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.floor(body["extra"]["wait_ahead_s"] + 0.5)
     assert body["extra"]["workers"] == 1 and body["extra"]["scale"] == 1.0
     assert Image.objects.count() == 0  # refused before anything was stored or queued
     assert admission.answer_records() == []  # nor recorded as an answer
