@@ -8,5 +8,22 @@ class EmbeddingsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete
+
         # Start-up checks: a Django system check and a Celery worker_init guard (embeddings/checks.py).
         from embeddings import checks  # noqa: F401
+        from embeddings.models import Image
+
+        # Every deleted image row is settled by its service; connected here, not in models.py, so
+        # the models never import a service (imports run one way: tests/test_import_direction.py).
+        post_delete.connect(image_deleted, sender=Image, dispatch_uid="embeddings.image_deleted")
+
+
+def image_deleted(sender, instance, origin=None, **kwargs) -> None:
+    """Every deleted row, however it goes (``image_delete``, the admin's bulk delete, the cascade
+    from deleting its job or its owner), is settled by the one service: duplicates promoted, vector
+    and blob forgotten after commit."""
+    from embeddings.models import Image
+    from embeddings.services.images import image_deleted as settle
+
+    settle(image=instance, single=isinstance(origin, Image))

@@ -340,7 +340,7 @@ def job_utilisation(job) -> dict:
 def lane_summaries(*, last: int = 1000) -> dict[str, dict]:
     """Stage min / avg / max / p95 per lane over each lane's ``last`` batches."""
     from embeddings.models import Lane
-    from embeddings.services.jobs import stage_summary
+    from embeddings.selectors import stage_summary
 
     out = {}
     for lane in Lane.values:

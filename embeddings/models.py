@@ -6,8 +6,6 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models.signals import post_delete
-from django.dispatch import receiver
 
 
 class Lane(models.TextChoices):
@@ -144,16 +142,6 @@ class Image(models.Model):
 
     def __str__(self) -> str:
         return f"{self.original_name or self.id} ({self.status})"
-
-
-@receiver(post_delete, sender=Image, dispatch_uid="embeddings.image_deleted")
-def _image_deleted(sender, instance: Image, origin=None, **kwargs) -> None:
-    """Every deleted row, however it goes (``image_delete``, the admin's bulk delete, the cascade
-    from deleting its job or its owner), is settled by the one service: duplicates promoted, vector
-    and blob forgotten after commit."""
-    from embeddings.services.images import image_deleted
-
-    image_deleted(image=instance, single=isinstance(origin, Image))
 
 
 class BatchStat(models.Model):

@@ -1,11 +1,13 @@
 """Selectors read (HackSoftware Django-Styleguide): queries shared by views, tasks and admin."""
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from django.db.models import QuerySet
 
 from embeddings.models import Image, ImageStatus, Job
+from workers.timing import STAGES
 
 
 def images_visible_to(user) -> QuerySet[Image]:
@@ -43,4 +45,23 @@ def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> l
                 "original_name": im.original_name, "job_id": str(im.job_id) if im.job_id else None,
                 "thumbnail_url": f"/api/images/{im.id}/thumbnail/",
             })
+    return out
+
+
+def stage_summary(batches) -> dict[str, dict[str, float]]:
+    """min / avg / max / p95 (ms) per stage over ``BatchStat`` rows, plus per-image averages."""
+    rows = list(batches.values(*(f"{s}_ms" for s in STAGES), "images"))
+    out: dict[str, dict[str, float]] = {}
+    for stage in STAGES:
+        vals = sorted(r[f"{stage}_ms"] for r in rows if r[f"{stage}_ms"] is not None)
+        if not vals:
+            continue
+        images = sum(r["images"] for r in rows if r[f"{stage}_ms"] is not None) or 1
+        out[stage] = {
+            "min": round(vals[0], 2),
+            "avg": round(statistics.fmean(vals), 2),
+            "max": round(vals[-1], 2),
+            "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 2),
+            "per_image_avg": round(sum(vals) / images, 3),
+        }
     return out

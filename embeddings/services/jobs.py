@@ -6,7 +6,6 @@ from the truth when a chunk is redelivered or a worker dies.
 from __future__ import annotations
 
 import datetime as dt
-import statistics
 from typing import Iterable
 
 from django.db import transaction
@@ -15,10 +14,10 @@ from django.utils import timezone
 
 from embeddings import runtime
 from embeddings.models import TERMINAL_IMAGE_STATUSES, BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
+from embeddings.selectors import stage_summary
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_cancelled, images_create
 from embeddings.services.sources import SourceFile
-from workers.timing import STAGES
 
 #: Allowed transitions of the job state machine (HackSoftware style: a service guards them).
 _TRANSITIONS = {
@@ -213,25 +212,6 @@ def job_transition(*, job: Job, to: str) -> Job:
                 transaction.on_commit(lambda: job_dispatch(job=job, image_ids=ids))
     job.refresh_from_db()
     return job
-
-
-def stage_summary(batches) -> dict[str, dict[str, float]]:
-    """min / avg / max / p95 (ms) per stage over ``BatchStat`` rows, plus per-image averages."""
-    rows = list(batches.values(*(f"{s}_ms" for s in STAGES), "images"))
-    out: dict[str, dict[str, float]] = {}
-    for stage in STAGES:
-        vals = sorted(r[f"{stage}_ms"] for r in rows if r[f"{stage}_ms"] is not None)
-        if not vals:
-            continue
-        images = sum(r["images"] for r in rows if r[f"{stage}_ms"] is not None) or 1
-        out[stage] = {
-            "min": round(vals[0], 2),
-            "avg": round(statistics.fmean(vals), 2),
-            "max": round(vals[-1], 2),
-            "p95": round(vals[min(len(vals) - 1, int(0.95 * len(vals)))], 2),
-            "per_image_avg": round(sum(vals) / images, 3),
-        }
-    return out
 
 
 def job_progress(job: Job) -> dict:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from embeddings import runtime, tasks
-from embeddings.models import Image, ImageStatus, Job, JobStatus
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services import jobs as job_services
 from embeddings.services import sink
 from embeddings.services.requests import images_upload, search
@@ -100,6 +100,7 @@ def test_embedded_mode_hands_the_chunk_to_the_vectors_worker(service, user, sent
     job = job_services.job_create(owner=user, sources=sources(5))
     (job_id, stat_id, items), = sent["embeddings.tasks.index_chunk"]
     assert (job_id, len(items), sorted(sent)) == (str(job.id), 5, ["embeddings.tasks.index_chunk"])
+    assert BatchStat.objects.filter(id=stat_id, job_id=job.id, images=5).count() == 1
     assert {len(it["vector"]) for it in items} == {2732}  # 512 float32 as base64: what crosses Redis
     assert set(Image.objects.filter(job=job).values_list("status", "reason")) == {
         (ImageStatus.QUEUED, "waiting_for_store")}
