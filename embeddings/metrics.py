@@ -252,15 +252,17 @@ def worker_endpoint(port: int, addr: str = "0.0.0.0"):
 
 
 @worker_ready.connect(dispatch_uid="embeddings.metrics.serve_worker_metrics")
-def serve_worker_metrics(sender=None, **kwargs) -> None:
+def serve_worker_metrics(sender=None, **kwargs):
     """In a Celery worker's main process once it is ready: serve :func:`worker_endpoint` on
     ``settings.METRICS_PORT`` (0: not served). A thread in the parent, started after the pool's
-    children fork (they write their files; it reads them)."""
+    children fork (they write their files; it reads them). Returns what :func:`worker_endpoint`
+    returns (``None`` when not served)."""
     from django.conf import settings
 
     port = getattr(settings, "METRICS_PORT", 0)
     if port:
-        worker_endpoint(port, addr=getattr(settings, "METRICS_BIND", "0.0.0.0"))
+        return worker_endpoint(port, addr=getattr(settings, "METRICS_BIND", "0.0.0.0"))
+    return None
 
 
 def metrics_view(request) -> HttpResponse:

@@ -105,7 +105,10 @@ def test_a_worker_host_serves_its_own_metrics_endpoint(settings):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    served = metrics.worker_endpoint(port, addr="127.0.0.1")
+    settings.METRICS_PORT = 0
+    assert metrics.serve_worker_metrics() is None  # not asked for
+    settings.METRICS_PORT, settings.METRICS_BIND = port, "127.0.0.1"
+    served = metrics.serve_worker_metrics()  # what the worker_ready signal runs
     try:
         assert served is not None
         assert metrics.worker_endpoint(port, addr="127.0.0.1") is None  # taken: the first one serves
