@@ -168,8 +168,10 @@ class Stack:
         self.ensure_redis()
         self.manage("migrate", "--noinput")
         # Static files (admin, API docs, the site) into STATIC_ROOT with gzip copies; WhiteNoise
-        # serves them from the web process (it also finds them in the apps without this step).
-        self.manage("collectstatic", "--noinput", "--verbosity", "0")
+        # serves them from the web process (it also finds them in the apps without this step). A
+        # host without the web process (``only`` workers: another worker host) serves none.
+        if self.only is None or "web" in self.only:
+            self.manage("collectstatic", "--noinput", "--verbosity", "0")
         cmds = (processes.shared_commands if self.deployment == "shared" else processes.commands)(self.env)
         for name, cmd in cmds.items():
             if self.only is None or name in self.only:
