@@ -1,8 +1,9 @@
 """Per-process singletons of a worker: built lazily on first use, never at import.
 
-The web process only ever calls :func:`blob_store`; the embedding workers also build the model
-holder, the batch runner and the dynamic batcher; only the ``vectors`` worker opens the vector
-store (embedded Qdrant allows one process). Each is cached for the life of the process, which is
+The web process calls :func:`blob_store` (and, with a Qdrant server, :func:`vector_store`); the
+embedding workers also build the model holder, the batch runner and the dynamic batcher. An
+embedded store (edge, local) is opened only by the ``vectors`` worker (its folder admits one
+process); a server by any process that does store work (``services.sink``). Each is cached for the life of the process, which is
 what "load once per worker process, after fork" means for Celery's solo and threads pools.
 """
 from __future__ import annotations
