@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import pytest
 
@@ -42,3 +43,50 @@ def test_in_place_files_and_malformed_keys(tmp_path):
     assert f.exists()
     with pytest.raises(ImageRejected):
         store.read("blob/../../etc/passwd", "0" * 64)
+
+
+def test_the_filesystem_backend_keeps_names_and_layout(tmp_path):
+    """The default backend (Django's FileSystemStorage, content-addressed): the layout under
+    ``BLOB_ROOT`` is the one earlier versions wrote, a name is never renamed, thumbnails and
+    temporary keys sit in the same folder, and ``exists``/``path`` answer per key."""
+    from embeddings.storage import (ContentFileSystemStorage, thumbnail_delete, thumbnail_exists, thumbnail_path,
+                                    thumbnail_put, thumbnail_read)
+
+    store = BlobStore(tmp_path)
+    assert isinstance(store.storage, ContentFileSystemStorage) and store.root == tmp_path
+    key, sha, _ = store.put([b"x" * 10])
+    assert store.path(key) == tmp_path / sha[:2] / sha[2:4] / sha and store.exists(key)
+    # a second save of the same name replaces it in place (Django's default would write name_<random>)
+    store.storage.save(key.removeprefix("blob/"), io.BytesIO(b"x" * 10))
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == \
+        [f"{sha[:2]}/{sha[2:4]}/{sha}"]
+    tmp_key, tmp_sha, _ = store.put_temporary([b"query"])
+    assert store.path(tmp_key) == tmp_path / tmp_key and store.read(tmp_key, tmp_sha) == b"query"
+    store.delete(tmp_key)
+    assert not store.exists(tmp_key)
+    assert thumbnail_put(store, sha, b"thumb") and not thumbnail_put(store, sha, b"again")
+    assert thumbnail_path(store, sha) == tmp_path / "thumb" / sha[:2] / f"{sha}.webp"
+    assert thumbnail_exists(store, sha) and thumbnail_read(store, sha) == b"thumb"
+    thumbnail_delete(store, sha)
+    assert thumbnail_read(store, sha) is None and not thumbnail_exists(store, sha)
+    assert not [p for p in tmp_path.rglob(".upload-*")]  # no temporary file left behind
+    for bad in ("blob/aa/bb/" + "0" * 64, "tmp/../x", "thumb/x", "nope"):
+        with pytest.raises(ValueError):
+            store.exists(bad)
+
+
+def test_blob_store_follows_the_storages_setting(settings, tmp_path):
+    """``runtime.blob_store()`` builds ``STORAGES["blobs"]``; a filesystem backend without a
+    location takes ``BLOB_ROOT`` as it is now."""
+    from embeddings import runtime
+
+    settings.BLOB_ROOT = tmp_path / "here"
+    runtime.blob_store.cache_clear()
+    try:
+        assert runtime.blob_store().root == tmp_path / "here"
+        settings.STORAGES = {**settings.STORAGES, "blobs": {
+            "BACKEND": "embeddings.storage.ContentFileSystemStorage", "OPTIONS": {"location": str(tmp_path / "there")}}}
+        runtime.blob_store.cache_clear()
+        assert runtime.blob_store().root == tmp_path / "there"
+    finally:
+        runtime.blob_store.cache_clear()
