@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from embeddings import runtime
+from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
 from embeddings.models import Image, ImageStatus, Job
 from embeddings.services import admission
 from project import lanes
