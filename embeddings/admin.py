@@ -4,11 +4,10 @@ services, so points, blobs and duplicates are settled as for the API (``image_de
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.http import HttpResponse, Http404
+from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from embeddings import runtime
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services import jobs as job_services
 from embeddings.services.images import image_delete, images_delete, images_retry
@@ -96,29 +95,24 @@ class ImageAdmin(admin.ModelAdmin):
 
     @admin.display(description="thumbnail")
     def thumbnail(self, im: Image) -> str:
-        if im.status == ImageStatus.FAILED:
+        if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # never decoded: no thumbnail
             return "—"
         url = reverse("admin:embeddings_image_thumbnail", args=[im.id])
         return format_html('<img src="{}" style="max-height:64px;max-width:96px" loading="lazy">', url)
 
     def thumbnail_view(self, request, image_id):
-        """A 128-px JPEG of the image, decoded with the pipeline's own (bounded) decoder."""
-        import cv2
-
-        from workers.decode import decode_image
-        from workers.errors import ImageRejected
+        """The WebP thumbnail the decoding worker drew (``embeddings.site.thumbnails``), with its
+        cache headers; 404 when the image has none. The web process never decodes an original."""
+        from embeddings.services.errors import ApplicationError
+        from embeddings.site.thumbnails import thumbnail_response
 
         im = Image.objects.filter(id=image_id).first()
         if im is None:
             raise Http404
         try:
-            rgb = decode_image(runtime.blob_store().read(im.storage_key, im.sha256), min_side=128, timeout_s=5).rgb
-        except ImageRejected as e:
+            return thumbnail_response(request, im)
+        except ApplicationError as e:
             raise Http404(str(e)) from e
-        scale = 128 / max(rgb.shape[:2])
-        small = cv2.resize(rgb, None, fx=min(1, scale), fy=min(1, scale), interpolation=cv2.INTER_AREA)
-        ok, jpeg = cv2.imencode(".jpg", small[:, :, ::-1])
-        return HttpResponse(jpeg.tobytes(), content_type="image/jpeg")
 
     @admin.action(description="Retry selected failed images")
     def retry_failed(self, request, queryset):

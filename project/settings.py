@@ -147,7 +147,8 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "CLIP embeddings", "VERSION": "1.0.0",
-    # Swagger UI and Redoc from drf-spectacular-sidecar's pinned copies, through our static files
+    # Swagger UI from drf-spectacular-sidecar's pinned copy, through our static files (no Redoc: its
+    # page template loads Google Fonts)
     "SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR", "REDOC_DIST": "SIDECAR",
     # The schema is versioned in docs/openapi.yaml (make schema); the file names no server, so a
     # generated client is given its base URL.

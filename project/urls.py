@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.templatetags.static import static
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from embeddings.api.views import healthz
 from embeddings.metrics import metrics_view
@@ -18,7 +18,6 @@ urlpatterns = [
     path("api/", include("embeddings.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("", include("embeddings.site.urls")),  # the pages for people (embeddings/site)
 ]
 

@@ -158,7 +158,8 @@ class ImageUploadView(GenericAPIView):
             raise ApplicationError(
                 f"{len(uploads)} files; an interactive request takes at most INTERACTIVE_MAX_FILES "
                 f"({settings.INTERACTIVE_MAX_FILES}); use POST /api/jobs/ for more",
-                code="too_many_files", extra={"limit": "INTERACTIVE_MAX_FILES", "value": settings.INTERACTIVE_MAX_FILES},
+                code="too_many_files",
+                extra={"limit": "INTERACTIVE_MAX_FILES", "value": settings.INTERACTIVE_MAX_FILES, "files": len(uploads)},
             )
         q = UploadQuerySerializer(data=data)
         q.is_valid(raise_exception=True)

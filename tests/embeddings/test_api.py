@@ -99,6 +99,8 @@ def test_too_many_files_names_the_limit(service, api):
     files = [upload(f"{i}.jpg", jpeg_bytes(i)) for i in range(service.INTERACTIVE_MAX_FILES + 1)]
     r = api.post("/api/images/", {"files": files}, format="multipart")
     assert r.status_code == 400 and r.json()["extra"]["limit"] == "INTERACTIVE_MAX_FILES"
+    assert r.json()["extra"]["value"] == service.INTERACTIVE_MAX_FILES  # the limit, and what was sent
+    assert r.json()["extra"]["files"] == service.INTERACTIVE_MAX_FILES + 1
 
 
 def test_django_upload_limits_become_4xx_naming_the_limit(service, api, settings):

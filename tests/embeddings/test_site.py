@@ -182,8 +182,8 @@ def test_static_files_and_api_docs_are_served_without_a_cdn(service, user):
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js" in docs
     assert not re.search(r'(src|href)="https?://', docs)
     assert c.get("/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js").status_code == 200
-    redoc = c.get("/api/redoc/").content.decode()
-    assert "/static/drf_spectacular_sidecar/redoc/bundles/redoc.standalone.js" in redoc
+    # Redoc is not offered: its page template loads Google Fonts and its bundle a logo from a CDN
+    assert c.get("/api/redoc/").status_code == 404
 
 
 def test_the_thumbnails_command_draws_only_what_is_missing(service, api):
@@ -199,3 +199,28 @@ def test_the_thumbnails_command_draws_only_what_is_missing(service, api):
     out = StringIO()
     call_command("thumbnails", stdout=out)
     assert out.getvalue().strip() == "0 thumbnails drawn, 2 already there, 0 without a readable original"
+
+
+def test_admin_thumbnails_are_the_workers_never_a_decode_in_the_web(service, api, staff, monkeypatch):
+    """The admin's image list shows the thumbnail the worker drew, for any shape (a 60000×1 line
+    once made the admin decode the original and fail in ``cv2.resize`` with a 500)."""
+    ok, png = cv2.imencode(".png", np.full((1, 60000, 3), 200, np.uint8))
+    line = uploaded(api, "line.png", png.tobytes())
+    queued = Image.objects.create(owner=staff, lane="bulk", sha256="0" * 64, size_bytes=1, storage_key="",
+                                  model_id="m", point_id="00000000-0000-0000-0000-000000000000")
+    import workers.decode
+
+    def no_decode(*a, **k):
+        raise AssertionError("the web process decoded an original")
+
+    monkeypatch.setattr(workers.decode, "decode_image", no_decode)
+    admin = signed_in(staff)
+    page = admin.get("/admin/embeddings/image/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert f"/admin/embeddings/image/{line['id']}/thumbnail/" in html
+    assert f"/admin/embeddings/image/{queued.id}/thumbnail/" not in html  # never decoded: no thumbnail
+    r = admin.get(f"/admin/embeddings/image/{line['id']}/thumbnail/")
+    body = b"".join(r.streaming_content) if r.streaming else r.content
+    assert r.status_code == 200 and r["Content-Type"] == "image/webp" and body[:4] == b"RIFF"
+    assert admin.get(f"/admin/embeddings/image/{queued.id}/thumbnail/").status_code == 404
