@@ -2,9 +2,7 @@
 private redis-server holding real Celery messages, and served on the web's ``/metrics``."""
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
 import time
 import uuid
 
@@ -14,28 +12,6 @@ from embeddings.metrics import PUBLISHED_AT, QueueGauges
 from project import lanes
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    import redis
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0", client
-    p.kill()
-    p.wait()
 
 
 def send(url: str, settings, messages: list[tuple[str, int]]) -> tuple[float, float]:

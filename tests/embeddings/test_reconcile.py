@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import datetime as dt
 import io
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 
 import pytest
@@ -164,28 +160,6 @@ def test_a_running_job_with_nothing_left_queued_is_finished(service, user, sent)
 
 # --- the broker snapshot, on a private redis-server ---------------------------------------------
 
-@pytest.fixture
-def private_redis(tmp_path):
-    server = shutil.which("redis-server")
-    if server is None:
-        pytest.skip("redis-server is not installed")
-    import redis
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0", client
-    p.kill()
-    p.wait()
 
 
 def test_broker_snapshot_reads_queues_and_unacked_deliveries_and_spots_orphans(settings, private_redis):
