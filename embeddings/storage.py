@@ -20,12 +20,13 @@ rather than embedded under the wrong id.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
 import uuid
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Iterator
 
 from django.core.files import File
 from django.core.files.storage import FileSystemStorage, Storage
@@ -39,6 +40,20 @@ _HEX = frozenset("0123456789abcdef")
 #: Bytes kept in memory while a blob is hashed before it is stored; larger ones spill to a temporary
 #: file (``max_image_bytes`` is 50 MiB by default: a whole image need not sit in memory).
 _SPOOL_BYTES = 8 << 20
+
+
+@contextlib.contextmanager
+def _spooled(chunks: Iterable[bytes]) -> Iterator[tuple[BinaryIO, str, int]]:
+    """Spool a stream of bytes (in memory up to :data:`_SPOOL_BYTES`, then a temporary file) while
+    hashing it: ``(spool rewound to 0, sha256 hex, size in bytes)``, valid inside the block."""
+    h, size = hashlib.sha256(), 0
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
+        for chunk in chunks:
+            h.update(chunk)
+            size += len(chunk)
+            spool.write(chunk)
+        spool.seek(0)
+        yield spool, h.hexdigest(), size
 
 
 class ContentFileSystemStorage(FileSystemStorage):
@@ -96,17 +111,10 @@ class BlobStore:
         Returns:
             ``(key, sha256 hex, size in bytes)``. Writing the same bytes twice stores them once.
         """
-        h, size = hashlib.sha256(), 0
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            for chunk in chunks:
-                h.update(chunk)
-                size += len(chunk)
-                spool.write(chunk)
-            sha = h.hexdigest()
+        with _spooled(chunks) as (spool, sha, size):
             key = f"{_BLOB_PREFIX}{sha[:2]}/{sha[2:4]}/{sha}"
             name = self._name(key)
             if not self.storage.exists(name):
-                spool.seek(0)
                 self.storage.save(name, File(spool, name=name))
         return key, sha, size
 
@@ -114,15 +122,9 @@ class BlobStore:
         """Write bytes under a fresh ``tmp/<uuid>`` key that no image shares (a query image): the
         caller deletes it when done. Returns ``(key, sha256 hex, size in bytes)``."""
         key = f"{_TMP_PREFIX}{uuid.uuid4().hex}"
-        h, size = hashlib.sha256(), 0
-        with tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES) as spool:
-            for chunk in chunks:
-                h.update(chunk)
-                size += len(chunk)
-                spool.write(chunk)
-            spool.seek(0)
+        with _spooled(chunks) as (spool, sha, size):
             self.storage.save(self._name(key), File(spool, name=key))
-        return key, h.hexdigest(), size
+        return key, sha, size
 
     def put_file(self, f: BinaryIO) -> tuple[str, str, int]:
         """``put`` from an open binary file, read in 1 MiB blocks."""
