@@ -11,7 +11,6 @@ otherwise: no Qdrant server can be installed on these machines.
 from __future__ import annotations
 
 import functools
-import io
 import os
 import uuid
 
@@ -23,19 +22,10 @@ from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services import jobs as job_services
 from embeddings.services import sink
 from embeddings.services.requests import images_upload, search
-from embeddings.services.sources import SourceFile
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.test_reconcile import sources
 from workers.model_config import embed_dim
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def sources(n: int, seed: int = 0) -> list[SourceFile]:
-    out = []
-    for i in range(n):
-        data = jpeg_bytes(seed + i, (64, 64))
-        out.append(SourceFile(name=f"{seed + i}.jpg", size=len(data), open=lambda d=data: io.BytesIO(d)))
-    return out
 
 
 @pytest.fixture
