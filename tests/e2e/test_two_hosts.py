@@ -27,7 +27,7 @@ from scripts.soak import make_jpeg, soak_env, zip_of
 from scripts.stack import Stack
 from tests.e2e.conftest import Api
 from tests.e2e.test_faults import assert_counts_match, wait_job
-from tests.embeddings.test_storage_s3 import BUCKET, MotoServer, keys
+from tests.embeddings.test_storage_s3 import keys, moto  # noqa: F401 - moto is the fixture, shared
 
 pytestmark = pytest.mark.e2e
 
@@ -47,14 +47,6 @@ def pg_url():
     yield f"{PG}/{name}"
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory):
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
-    server.client().create_bucket(Bucket=BUCKET)
-    yield server
-    server.stop()
 
 
 def blob_files(var_dir: Path) -> list[Path]:
