@@ -25,15 +25,6 @@ def jpeg(seed: int, size=(180, 240)) -> bytes:
     return cv2.imencode(".jpg", img)[1].tobytes()
 
 
-@pytest.fixture(scope="module")
-def runner(random_config, encoder):
-    holder = EncoderHolder(random_config)
-    holder._encoder = encoder
-    r = BatchRunner(random_config.replace(decode_threads=2), holder)
-    yield r
-    r.close()
-
-
 def blobs_with_bad_ones(n: int) -> dict[str, bytes | None]:
     blobs: dict[str, bytes | None] = {f"img{i:03d}": jpeg(i) for i in range(n)}
     blobs["img005"] = b""  # empty

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import cv2
 import numpy as np
-import pytest
 
 from tests.conftest import needs_shared, photo_paths
 from workers.errors import ImageRejected, Reason
-from workers.model import EncoderHolder
-from workers.runner import BatchRunner
 from workers.timing import STAGES
 
 
@@ -16,15 +13,6 @@ def jpeg(colour: tuple[int, int, int], size=(240, 320)) -> bytes:
     img = np.zeros((*size, 3), np.uint8)
     img[:] = colour[::-1]
     return cv2.imencode(".jpg", img)[1].tobytes()
-
-
-@pytest.fixture(scope="module")
-def runner(random_config, encoder):
-    holder = EncoderHolder(random_config)
-    holder._encoder = encoder  # share the session's loaded model
-    r = BatchRunner(random_config.replace(decode_threads=2), holder)
-    yield r
-    r.close()
 
 
 def test_bad_images_fail_alone_and_order_is_kept(runner, encoder):

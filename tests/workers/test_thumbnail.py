@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from workers.model import EncoderHolder
-from workers.runner import BatchRunner
 from workers.thumbnail import LONG_SIDE, thumbnail_bytes, thumbnail_size, thumbnail_source
 
 
@@ -60,15 +58,6 @@ def test_thumbnail_source_shrinks_a_tensor_on_its_device():
     small = thumbnail_source(chw)
     assert small.shape == (341, 512, 3) and small.dtype == np.uint8
     assert decode_webp(thumbnail_bytes(small)).shape == (170, 256, 3)  # 341 × 256/512, rounded
-
-
-@pytest.fixture(scope="module")
-def runner(random_config, encoder):
-    holder = EncoderHolder(random_config)
-    holder._encoder = encoder
-    r = BatchRunner(random_config.replace(decode_threads=2), holder)
-    yield r
-    r.close()
 
 
 def test_the_runner_hands_each_decoded_picture_to_the_hook_once(runner):
