@@ -58,12 +58,91 @@ TERMINAL_IMAGE_STATUSES = (
 LIVE_ORIGINAL_STATUSES = (ImageStatus.QUEUED, ImageStatus.EMBEDDED)
 
 
+class JobKind(models.TextChoices):
+    """What a bulk job does: embed new images, or re-embed the catalogue under another model."""
+
+    INGEST = "ingest"
+    MIGRATION = "migration"
+
+
+class SpaceState(models.TextChoices):
+    """An embedding space's role (issue 13, docs/operations.md "Changing the model").
+
+    - ``active``: searches and new uploads use it; exactly one space is active.
+    - ``candidate``: the target of a migration (its collection is being filled, or is full and
+      waits to be promoted); new uploads are embedded in it too.
+    - ``standby``: the previously active space, kept for a rollback; new uploads are still embedded
+      in it, so a rollback loses nothing.
+    - ``dropped``: its collection was deleted explicitly; kept as a record.
+    """
+
+    ACTIVE = "active"
+    CANDIDATE = "candidate"
+    STANDBY = "standby"
+    DROPPED = "dropped"
+
+
+#: States whose collection receives every new upload (dual embedding), besides the active one.
+DUAL_EMBED_STATES = (SpaceState.CANDIDATE, SpaceState.STANDBY)
+
+
+class EmbeddingSpace(models.Model):
+    """One model's embedding space: the open_clip architecture, weights and precision that made its
+    vectors, and the Qdrant collection holding them. Vectors are comparable only within a space.
+
+    The active space is one row that every reader consults (``embeddings.services.spaces.active``,
+    cached ≤ ``SPACE_CACHE_S`` per process): promoting another space or rolling back is one
+    transaction that moves the ``active`` state (the partial unique constraint keeps it to one row).
+
+    Attributes:
+        model_id: ``"<model>/<weights_id>/<precision>"`` (``workers.config.PipelineConfig.model_id``).
+        pretrained: open_clip tag, checkpoint file path, or ``"random"`` (with ``seed``).
+        collection: ``PipelineConfig.collection_name`` of the space.
+        dim: embedding dimension (512 for ViT-B-32), float32 vectors, cosine distance.
+        cutoff_image, cutoff_text: calibrated ``min_score`` defaults (cosine) for image and text
+            queries; ``None`` until calibrated. ``calibration`` records how (percentile, pairs,
+            points at the time, when).
+        job: the migration job that fills this space (``None`` for the space a deployment started with).
+        source: the space the migration re-embeds from.
+        gate_report: the quality gate's last report (sample size, hits, rate, threshold, failures).
+    """
+
+    model_id = models.CharField(max_length=200, unique=True)
+    model_name = models.CharField(max_length=100)
+    pretrained = models.CharField(max_length=1024)
+    seed = models.IntegerField(default=0)
+    precision = models.CharField(max_length=8)
+    collection = models.CharField(max_length=200)
+    dim = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=SpaceState.choices, default=SpaceState.CANDIDATE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    promoted_at = models.DateTimeField(null=True, blank=True)
+    dropped_at = models.DateTimeField(null=True, blank=True)
+    job = models.ForeignKey("Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    source = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    gate_report = models.JSONField(default=dict, blank=True)
+    cutoff_image = models.FloatField(null=True, blank=True)
+    cutoff_text = models.FloatField(null=True, blank=True)
+    calibration = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ("created_at",)
+        constraints = [
+            models.UniqueConstraint(fields=["state"], condition=models.Q(state="active"), name="one_active_space"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_id} ({self.state})"
+
+
 class Job(models.Model):
-    """A bulk embedding job: many images, split into chunks of ``chunk_size`` image ids."""
+    """A bulk embedding job: many images, split into chunks of ``chunk_size`` image ids. A
+    ``migration`` job re-embeds the catalogue's live images under ``model_id`` (issue 13)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=200, blank=True)
+    kind = models.CharField(max_length=16, choices=JobKind.choices, default=JobKind.INGEST)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED)
     priority = models.CharField(max_length=16, choices=JobPriority.choices, default=JobPriority.BACKGROUND)
     deadline = models.DateTimeField(null=True, blank=True)
@@ -115,6 +194,10 @@ class Image(models.Model):
     model_id = models.CharField(max_length=200)
     point_id = models.UUIDField()
     duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    #: Set on a row that re-embeds a user's upload under another space (a migration, or dual
+    #: embedding of a new upload): the user's row. Such rows are internal: lists and search results
+    #: show the user's row, whose id never changes across a model switch. Deleting it deletes them.
+    source = models.ForeignKey("self", null=True, blank=True, on_delete=models.CASCADE, related_name="copies")
     width = models.PositiveIntegerField(null=True, blank=True)
     height = models.PositiveIntegerField(null=True, blank=True)
     format = models.CharField(max_length=16, blank=True)

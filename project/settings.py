@@ -162,7 +162,17 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- The pipeline -------------------------------------------------------------------------------
+#: The model a deployment starts with (CLIP_MODEL, CLIP_PRETRAINED, CLIP_PRECISION, CLIP_SEED): the
+#: first embedding space. Once the database has an active space, that row decides (issue 13,
+#: embeddings/services/spaces.py); changing these variables afterwards is a migration, not a switch.
 PIPELINE = PipelineConfig.from_env()
+#: Other models the workers may load, for migrations: comma-separated ``model:pretrained[:precision]``
+#: (e.g. ``ViT-B-16:openai,ViT-L-14:/models/l14.pt:fp32``; precision defaults to CLIP_PRECISION). A
+#: worker process holds at most these and the active model (docs/operations.md: memory per model).
+CLIP_MODELS = env.list("CLIP_MODELS", default=[])
+#: How long (s) a process may keep using its cached copy of the active-space row: a promotion or a
+#: rollback takes effect in every process within this time.
+SPACE_CACHE_S = env.float("SPACE_CACHE_S", default=0.5)
 BLOB_ROOT = VAR_DIR / "blobs"
 # Image bytes and thumbnails (embeddings/storage.py) go through Django's storage API, STORAGES["blobs"]:
 # STORAGE_URL empty: files under BLOB_ROOT (one host). s3://bucket[/prefix]: S3-compatible object
