@@ -287,7 +287,8 @@ def worker_sampler():
 def job_record_utilisation(*, job_id, since: float, config) -> int:
     """Append this process's utilisation samples taken while a chunk of ``job_id`` ran (and the
     worker's pipeline settings, once) to the job. Several bulk processes sample the same machine:
-    one row per second is kept (``workers.utilisation.merge_rows``).
+    one row per second is kept, merged into longer buckets past ``workers.utilisation.MAX_JOB_ROWS``
+    rows (``workers.utilisation.merge_rows``), so the JSON stays small however long the job runs.
 
     Args:
         job_id: the job.
@@ -310,8 +311,9 @@ def job_record_utilisation(*, job_id, since: float, config) -> int:
             return 0
         fields = {}
         if new:
-            rows = merge_rows(job.utilisation.get("rows", []), new)
-            fields["utilisation"] = {"interval_s": sampler.interval_s, "rows": rows}
+            rows, interval_s = merge_rows(job.utilisation.get("rows", []), new,
+                                          interval_s=job.utilisation.get("interval_s") or sampler.interval_s)
+            fields["utilisation"] = {"interval_s": interval_s, "rows": rows}
         if not job.pipeline:
             fields["pipeline"] = pipeline_settings(config)
         if fields:
@@ -331,7 +333,8 @@ def pipeline_settings(config) -> dict:
 
 
 def job_utilisation(job) -> dict:
-    """``{"summary": {...}, "interval_s": s, "rows": [...]}`` for the job API (rows as stored)."""
+    """``{"summary": {...}, "interval_s": s, "rows": [...]}`` for the job API (rows as stored: one a
+    second, or buckets of ``interval_s`` with their sample count as a fifth element)."""
     from workers.utilisation import Sample, summarise
 
     rows = (job.utilisation or {}).get("rows", [])

@@ -186,17 +186,56 @@ def summarise(samples: Iterable[Sample]) -> dict:
     return out
 
 
-def merge_rows(existing: Sequence[Sequence], new: Iterable[Sample], *, limit: int = 86_400) -> list[list]:
-    """``existing`` sample rows plus ``new`` ones, one row per wall-clock second, sorted, at most
-    ``limit`` (the newest). Several processes of one job sample the same machine: the first
-    reading of a second wins."""
-    by_second: dict[int, list] = {}
-    for row in existing:
-        by_second.setdefault(int(row[0]), list(row))
-    for s in new:
-        by_second.setdefault(int(s.t), s.as_row())
-    rows = [by_second[k] for k in sorted(by_second)]
-    return rows[-limit:]
+#: Rows a job keeps at most (``merge_rows``). One row a second would grow a ten-hour job's JSON to
+#: 36,000 rows (~1.4 MB), rewritten after every chunk and sent whole by every ``GET /api/jobs/{id}/``;
+#: past this count adjacent rows merge into buckets twice as long instead, so any job stays under
+#: ~50 KB. 1,200 rows keep one-second resolution for the first 20 minutes.
+MAX_JOB_ROWS = 1_200
+
+
+def _bucket(rows: Iterable[Sequence], interval_s: float) -> list[list]:
+    """Rows merged into buckets of ``interval_s`` seconds (start aligned to multiples of it):
+    CPU and GPU % averaged weighted by the samples each row holds, GPU memory the maximum, and the
+    sample count as a fifth element."""
+    sums: dict[int, list] = {}  # key → [cpu·n, n, gpu·n_gpu, n_gpu, max MiB]
+    for row in rows:
+        n = row[4] if len(row) > 4 else 1
+        acc = sums.setdefault(int(row[0] // interval_s), [0.0, 0, 0.0, 0, None])
+        acc[0] += row[1] * n
+        acc[1] += n
+        if row[2] is not None:
+            acc[2] += row[2] * n
+            acc[3] += n
+        if row[3] is not None:
+            acc[4] = row[3] if acc[4] is None else max(acc[4], row[3])
+    return [[round(k * interval_s, 3), round(a[0] / a[1], 1), round(a[2] / a[3], 1) if a[3] else None, a[4], a[1]]
+            for k, a in sorted(sums.items())]
+
+
+def merge_rows(existing: Sequence[Sequence], new: Iterable[Sample], *, interval_s: float = 1.0,
+               max_rows: int = MAX_JOB_ROWS) -> tuple[list[list], float]:
+    """``existing`` rows (at ``interval_s``) plus ``new`` samples → ``(rows, interval_s)``, sorted.
+
+    At one-second resolution there is one row per wall-clock second, ``[t, cpu %, gpu %, gpu MiB]``:
+    several processes of one job sample the same machine, and the first reading of a second wins.
+    Once there are more than ``max_rows`` rows, the interval doubles (as often as needed) and rows
+    become buckets ``[start t, mean cpu %, mean gpu %, max gpu MiB, samples]`` (:func:`_bucket`);
+    new samples then join the bucket of their time. The job's whole span is always covered.
+    """
+    if interval_s <= 1.0:
+        by_second: dict[int, list] = {}
+        for row in existing:
+            by_second.setdefault(int(row[0]), list(row))
+        for s in new:
+            by_second.setdefault(int(s.t), s.as_row())
+        rows = [by_second[k] for k in sorted(by_second)]
+        interval_s = 1.0
+    else:
+        rows = _bucket([*existing, *(s.as_row() for s in new)], interval_s)
+    while len(rows) > max_rows:
+        interval_s *= 2
+        rows = _bucket(rows, interval_s)
+    return rows, interval_s
 
 
 @functools.cache
