@@ -36,3 +36,12 @@ def test_embedding_workers_ask_for_a_gpu_and_the_vector_owner_does_not():
 def test_shared_worker_lists_interactive_first():
     cmd = processes.shared_worker_command({})
     assert f"-Q {lanes.INTERACTIVE},{lanes.BULK} " in cmd
+
+
+def test_compose_gpu_worker_runs_the_shared_worker_with_the_storage_it_needs_across_hosts():
+    gpu = compose()["worker-gpu"]
+    assert gpu["command"] == processes.shared_worker_command({})
+    assert gpu["profiles"] == ["gpu"] and gpu["environment"]["CLIP_DEVICE"] == "cuda"
+    # on another host than the web, image bytes come from S3-compatible storage (docs/operations.md)
+    for name in ("STORAGE_URL", "S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "CLIP_MODELS"):
+        assert name in gpu["environment"], name
