@@ -28,17 +28,21 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
    - *overhead, scale, margin*: the web records every admitted request's answer (admitted and
      answered times, its ``work_s`` at admission, 200 or not) in a capped list
      (:func:`interactive_answered`, :data:`ANSWERS_KEY`), and fits ``wait = overhead + scale ×
-     work`` on the last :data:`FIT_WINDOW_S` s of them, weighted with a :data:`FIT_HALF_LIFE_S` s
-     half-life (:func:`fit_wait`). ``scale`` absorbs what the workers' figure misses (the vectors
-     hop, the web), ``overhead`` what every request pays, ``margin`` the spread (the 95th
-     percentile of the residuals). A slower machine shows both in the workers' drain rate and in
-     the answers within seconds.
+     work`` on the last :data:`FIT_WINDOW_S` s of them, each weighted by a :data:`FIT_HALF_LIFE_S` s
+     half-life and a :data:`FIT_HALF_LIFE_ANSWERS` answers half-life (:func:`fit_wait`: an
+     exponentially weighted moving fit of the whole service times). ``scale`` absorbs what the
+     workers' figure misses (the vectors hop, the web, a machine slower than 10 s ago),
+     ``overhead`` what every request pays, ``margin`` the spread (the 95th percentile of the
+     residuals). A slower machine shows in the answers within a few of them, and in the workers'
+     drain rate within seconds.
 
    Everything above is read in one Redis round trip (a pipeline) per request. With no worker
    measurement yet every request is admitted: there is nothing to predict with. A Redis error
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
-   so admission is skipped there. A refused request's ``Retry-After`` is the predicted wait of the
-   work ahead of it now (its own images left out) in whole seconds: by then that work has drained.
+   so admission is skipped there. A refused request's ``extra.wait_ahead_s`` is the predicted wait
+   of the work ahead of it now (its own images left out, s, 3 decimals): about the wait of a request
+   admitted at that moment. ``Retry-After`` is that rounded **up** to whole seconds (RFC 9110
+   delay-seconds, ≥ 1): no earlier has that work drained, so a client never retries too early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries above and the
    dynamic batcher's batch records, appended to a capped list (:data:`BATCHES_KEY`) that
@@ -62,7 +66,6 @@ import functools
 import json
 import logging
 import math
-import statistics
 import threading
 import time
 from typing import Iterator, Sequence
@@ -97,21 +100,30 @@ ANSWERS_KEY = f"lanes:{lanes.INTERACTIVE}:answers"
 ANSWERS_KEPT = 5_000
 #: Newest answers the web reads on each admission (the fit only uses those of :data:`FIT_WINDOW_S`).
 ANSWERS_READ = 128
-#: The wait model is fitted on answers of the last this-many seconds, each weighted by
-#: ``0.5 ** (age / FIT_HALF_LIFE_S)``: a machine that slows shows in the fit within a few answers.
+#: The wait model is fitted on answers of the last this-many seconds, each weighted by recency twice
+#: over: ``0.5 ** (age / FIT_HALF_LIFE_S)`` (time) × ``0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
+#: (observations: ``newer`` answers arrived after it). The weighted fit is an exponentially weighted
+#: moving average of the lane's whole admitted→answered service times: under load a change of the
+#: machine's speed is followed within a few answers (half the weight after 6), whatever the answer
+#: rate; with few answers, within a few seconds.
 FIT_WINDOW_S = 30.0
 FIT_HALF_LIFE_S = 5.0
+FIT_HALF_LIFE_ANSWERS = 6.0
+#: The margin's errors are weighted the same way with a longer observation half-life: the 95th
+#: percentile needs more than the last handful of answers to mean anything (~17 fresh answers in all).
+MARGIN_HALF_LIFE_ANSWERS = 12.0
 #: A request answered 202 waited *at least* its deadline; it enters the fit as this × its wait.
 CENSORED_FACTOR = 1.25
 #: Ridge pull of the fitted scale towards 1 (s²): with few or tightly bunched answers the workers'
-#: own capacity figure is trusted; ~ one answer with 0.7 s of work ahead.
-PRIOR_WEIGHT = 0.5
+#: own capacity figure is trusted; ~ one fresh answer with 0.3 s of work ahead (the answers of the
+#: fit weigh ~9 fresh ones in all under load).
+PRIOR_WEIGHT = 0.1
 #: The admission margin is this quantile of the recent residuals (actual − predicted wait): the
 #: issue asks that ≥ 95 % of admitted requests answer within their deadline.
 MARGIN_QUANTILE = 0.95
-#: The margin is scaled by ``W / (W + MARGIN_PRIOR_WEIGHT)``, ``W`` the answers' summed recency
-#: weights (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot
-#: keep refusing everything once no new answer arrives to correct it (seen in the load benchmark).
+#: The margin is scaled by ``W / (W + MARGIN_PRIOR_WEIGHT)``, ``W`` the answers' summed time weights
+#: (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot keep
+#: refusing everything once no new answer arrives to correct it (seen in the load benchmark).
 MARGIN_PRIOR_WEIGHT = 2.0
 #: An empty lane admits one request (a probe) when the newest answer is older than this (s), even
 #: if the model predicts a miss: without answers the model cannot learn that the machine got faster.
@@ -171,7 +183,7 @@ class WaitFit:
         overhead_s: seconds every request waits whatever the backlog (decode, batching window, the
             vectors hop, the web's own round trips).
         scale: actual drain time / the workers' own capacity figure (1.0: the workers are right).
-        margin_s: the :data:`MARGIN_QUANTILE` of recent residuals (actual − predicted, s, ≥ 0).
+        margin_s: the :data:`MARGIN_QUANTILE` of recent errors (actual − predicted at admission, s, ≥ 0).
         samples: answers the fit used (0: the prior ``overhead 0, scale 1, margin 0``).
         age_s: seconds since the newest answer it used (``inf``: none).
     """
@@ -218,39 +230,57 @@ def _weighted_quantile(values: list[float], weights: list[float], q: float) -> f
 def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
 
-    Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``, weighted by recency
-    (half-life :data:`FIT_HALF_LIFE_S`); ``y`` is the admitted→answered time (s), × :data:`CENSORED_FACTOR`
-    for a 202 (it waited at least that long). No answer is dropped as an outlier: after a change of
-    regime (a process stealing cores) the first slow answers *are* the new truth; they move the
-    margin at once (a weighted quantile) and the fit within a few half-lives.
+    Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
+    admitted→answered time (s), × :data:`CENSORED_FACTOR` for a 202 (it waited at least that long).
+    Each answer weighs ``0.5 ** (age / FIT_HALF_LIFE_S) × 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
+    (``newer``: answers that came after it): an exponentially weighted least squares, i.e. EWMAs of
+    the sums it needs, so a machine that gets slower (or faster) moves the prediction within a few
+    answers under load and within a few seconds when answers are rare. No answer is dropped as an
+    outlier: after a change of regime the first slow answers *are* the new truth; they move the
+    margin at once and the fit within a few answers
+    (``test_the_prediction_follows_a_service_time_that_doubles``). The margin is a weighted quantile
+    of admission's own errors: each answer's wait minus the ``predicted_s`` it was admitted with
+    (minus this fit's prediction for a record without one), so it measures what the model as used
+    got wrong, including its lag after a change, and a machine that gets faster does not widen it.
 
     Args:
-        answers: dicts with ``admitted``, ``answered`` (Unix s), ``work_s`` (s) and ``status``.
+        answers: dicts with ``admitted``, ``answered`` (Unix s), ``work_s`` (s), ``status`` and
+            optionally ``predicted_s`` (s).
         now: Unix s.
 
     Returns:
-        The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the residuals'
-        :data:`MARGIN_QUANTILE`, shrunk while the evidence is thin or old (:data:`MARGIN_PRIOR_WEIGHT`).
+        The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the errors'
+        :data:`MARGIN_QUANTILE` (weights with :data:`MARGIN_HALF_LIFE_ANSWERS`), shrunk while the
+        evidence is thin or old (:data:`MARGIN_PRIOR_WEIGHT`).
     """
-    rows = []
-    for r in answers:
-        if r.get("work_s") is None or not (now - FIT_WINDOW_S <= r["answered"] <= now + 1):
-            continue
+    recent = sorted((r for r in answers
+                     if r.get("work_s") is not None and now - FIT_WINDOW_S <= r["answered"] <= now + 1),
+                    key=lambda r: r["answered"])
+    if not recent:
+        return WaitFit()
+    rows, margin_weights, time_weights = [], [], []
+    n = len(recent)
+    for i, r in enumerate(recent):
         y = r["answered"] - r["admitted"]
         if r.get("status") != 200:
             y *= CENSORED_FACTOR
-        rows.append((float(r["work_s"]), y, 0.5 ** (max(0.0, now - r["answered"]) / FIT_HALF_LIFE_S)))
-    if not rows:
-        return WaitFit()
+        newer = n - 1 - i
+        w_time = 0.5 ** (max(0.0, now - r["answered"]) / FIT_HALF_LIFE_S)
+        rows.append((float(r["work_s"]), y, w_time * 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)))
+        margin_weights.append(w_time * 0.5 ** (newer / MARGIN_HALF_LIFE_ANSWERS))
+        time_weights.append(w_time)
     a, c = _solve(rows)
-    res = [y - a - c * x for x, y, _ in rows]
-    weights = [w for *_, w in rows]
+    # The margin is how wrong admission was: each answer's wait against what was predicted when it
+    # was admitted (by the fit of that moment), or against this fit where no prediction was made.
+    res = [y - (r["predicted_s"] if r.get("predicted_s") is not None else a + c * x)
+           for (x, y, _), r in zip(rows, recent)]
     margin = 0.0
-    if len(rows) >= 3:
-        total = sum(weights)
-        margin = max(0.0, _weighted_quantile(res, weights, MARGIN_QUANTILE)) * total / (total + MARGIN_PRIOR_WEIGHT)
-    newest = max(r["answered"] for r in answers if r.get("work_s") is not None and r["answered"] >= now - FIT_WINDOW_S)
-    return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=len(rows), age_s=max(0.0, now - newest))
+    if n >= 3:
+        total = sum(time_weights)
+        margin = (max(0.0, _weighted_quantile(res, margin_weights, MARGIN_QUANTILE))
+                  * total / (total + MARGIN_PRIOR_WEIGHT))
+    return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=n,
+                   age_s=max(0.0, now - recent[-1]["answered"]))
 
 
 def drain_rate(tasks: Sequence[tuple[float, float, int]], *, now: float,
@@ -324,15 +354,28 @@ class LaneLoad:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """``admitted``; the ``predicted_wait_s`` it was based on (``None``: unknown); when refused,
-    ``retry_after_s``: whole seconds for the work ahead now to drain (about what a request admitted
-    now waits). ``work_s`` and ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
+    """``admitted``; the ``predicted_wait_s`` it was based on (``None``: unknown).
+
+    When refused: ``wait_ahead_s``, the predicted wait of the work ahead now (the refused request's
+    own images left out, s): about what a request admitted at this moment waits; and
+    ``retry_after_s``, the same rounded **up** to whole seconds (≥ 1), the ``Retry-After`` header
+    (RFC 9110 delay-seconds): no earlier than that has the work ahead drained, so a client that
+    waits it never comes back into the same backlog. ``work_s``, ``ahead_images`` and
+    ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
 
     admitted: bool
     predicted_wait_s: float | None
     retry_after_s: int | None = None
     work_s: float | None = None
     admitted_at: float | None = None
+    wait_ahead_s: float | None = None
+    ahead_images: float | None = None
+
+
+def retry_after(wait_ahead_s: float) -> int:
+    """``Retry-After`` (whole seconds, ≥ 1) for a predicted wait of the work ahead (s): rounded up,
+    so that a client never retries before that work has drained. Pure."""
+    return max(1, math.ceil(round(wait_ahead_s, 3)))
 
 
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
@@ -340,10 +383,11 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     empty lane admits a request whose predicted wait alone fits, or any request once the newest
     answer is older than :data:`PROBE_AFTER_S` (a probe). Pure.
 
-    ``Retry-After`` is the predicted wait of the work ahead now (the backlog, without the refused
-    request's own images), rounded to whole seconds (≥ 1): by then that work has drained, and a
-    request admitted now waits about that long. Not "until it fits the deadline", which under
-    sustained overload is a fraction of a second, always rounded up to 1 s.
+    A refusal carries ``wait_ahead_s``, the predicted wait of the work ahead now (the backlog,
+    without the refused request's own images): by then that work has drained, and a request
+    admitted now waits about that long; and ``retry_after_s`` = :func:`retry_after` of it. Not
+    "until it fits the deadline", which under sustained overload is a fraction of a second, always
+    rounded up to 1 s.
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
@@ -353,9 +397,10 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     empty = load.backlog_images == 0
     if (wait is None or wait + load.fit.margin_s <= deadline_s
             or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
-        return Decision(True, wait, work_s=work)
+        return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
     ahead = load.predicted_wait_s(0)  # the work ahead of it now, without its own images
-    return Decision(False, wait, max(1, math.floor(ahead + 0.5)), work_s=work)
+    return Decision(False, wait, retry_after(ahead), work_s=work, wait_ahead_s=ahead,
+                    ahead_images=load.backlog_images)
 
 
 def _stale_after_s() -> float:
@@ -436,15 +481,17 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     if not decision.admitted:
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s is longer "
-            f"than the deadline {deadline_s:.2f} s; retry after {decision.retry_after_s} s or use POST /api/jobs/",
+            f"than the deadline {deadline_s:.2f} s; the work ahead drains in about {decision.wait_ahead_s:.2f} s: "
+            f"retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
-                   "retry_after_s": decision.retry_after_s,
-                   # Retry-After before rounding: HTTP's delay-seconds are whole seconds
-                   "wait_ahead_s": round(load.predicted_wait_s(0), 3), "queued_messages": load.queued_messages,
-                   "inflight_images": load.inflight_images, "capacity_ips": round(load.capacity_ips, 2),
-                   "workers": load.workers, "overhead_s": round(load.fit.overhead_s, 3),
-                   "scale": round(load.fit.scale, 3), "margin_s": round(load.fit.margin_s, 3)},
+                   # Retry-After (whole seconds, rounded up) and its precise value: the predicted
+                   # wait of the work ahead now, about what a request admitted now waits
+                   "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
+                   "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
+                   "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
+                   "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
+                   "margin_s": round(load.fit.margin_s, 3)},
         )
     return dataclasses.replace(decision, admitted_at=time.time())
 
@@ -452,7 +499,7 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
 def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:
     """Record an admitted request's answer for the wait model (web side; never raises).
 
-    Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status"}`` to
+    Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status", "ahead"}`` to
     :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`). ``status`` 200: answered within the
     deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
     that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
@@ -462,7 +509,8 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
     record = {"admitted": round(decision.admitted_at, 4), "answered": round(answered_at or time.time(), 4),
               "images": images, "status": status,
               "work_s": None if decision.work_s is None else round(decision.work_s, 4),
-              "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4)}
+              "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4),
+              "ahead": None if decision.ahead_images is None else round(decision.ahead_images, 2)}
     try:
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
