@@ -26,4 +26,5 @@ def image_deleted(sender, instance, origin=None, **kwargs) -> None:
     from embeddings.models import Image
     from embeddings.services.images import image_deleted as settle
 
-    settle(image=instance, single=isinstance(origin, Image))
+    # single: the row deleted on its own (not its copies in other spaces, which go in the background)
+    settle(image=instance, single=isinstance(origin, Image) and origin.pk == instance.pk)

@@ -115,10 +115,10 @@ def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], pri
     return send("index_chunk", (job_id, stat_id, items), kwargs, **vectors_options(interactive=False, priority=priority))
 
 
-def send_forget_point(*, point_id: str, sha256: str, interactive: bool):
-    """Queue ``forget_point`` (delete a point or rewrite its payload) for the vectors worker: at
-    interactive priority, or at background bulk priority (cascades, bulk deletes)."""
-    return send("forget_point", (point_id, sha256), **vectors_options(interactive=interactive))
+def send_forget_point(*, point_id: str, sha256: str, interactive: bool, model_id: str | None = None):
+    """Queue ``forget_point`` (delete a point of space ``model_id``, or rewrite its payload) for the
+    vectors worker: at interactive priority, or at background bulk priority (cascades, bulk deletes)."""
+    return send("forget_point", (point_id, sha256, model_id), **vectors_options(interactive=interactive))
 
 
 # --- interactive lane ----------------------------------------------------------------------------
@@ -144,19 +144,22 @@ def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int
                 **interactive_options(deadline_ts)).apply_async()
 
 
-def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None):
+def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str | None = None):
     """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
-    deadline, interactive queue) and, when ``search`` = ``(owner_id, k, job_id)`` is given, chain it
-    to ``search_vector`` on the vectors queue; every message expires at ``deadline_ts``. Returns the
-    last task's ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
-    sig = task(embed, *args, deadline_ts, immutable=True, **interactive_options(deadline_ts))
+    deadline and the space ``model_id``, interactive queue) and, when ``search`` =
+    ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
+    vectors queue; every message expires at ``deadline_ts``. Returns the last task's
+    ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
+    sig = task(embed, *args, deadline_ts, model_id, immutable=True, **interactive_options(deadline_ts))
     if search is None:
         return sig.apply_async()
-    return chain(sig, task("search_vector", *search, **vectors_options(interactive=True, deadline_ts=deadline_ts))
-                 ).apply_async()
+    return chain(sig, task("search_vector", *search, model_id,
+                           **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 
 
-def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float):
-    """Queue ``search_point`` (top-k by a stored point) on the vectors queue, expiring at ``deadline_ts``."""
-    return send("search_point", (point_id, owner_id, k, job_id),
+def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float,
+                      model_id: str | None = None):
+    """Queue ``search_point`` (top-k by a stored point of space ``model_id``) on the vectors queue,
+    expiring at ``deadline_ts``."""
+    return send("search_point", (point_id, owner_id, k, job_id, model_id),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))

@@ -117,6 +117,8 @@ class EmbeddingSpace(models.Model):
     state = models.CharField(max_length=16, choices=SpaceState.choices, default=SpaceState.CANDIDATE)
     created_at = models.DateTimeField(auto_now_add=True)
     promoted_at = models.DateTimeField(null=True, blank=True)
+    #: When it last stopped being the active space (a rollback goes to the most recent one).
+    demoted_at = models.DateTimeField(null=True, blank=True)
     dropped_at = models.DateTimeField(null=True, blank=True)
     job = models.ForeignKey("Job", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     source = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")

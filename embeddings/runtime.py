@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
+import types
 from pathlib import Path
 
 from django.conf import settings
@@ -45,29 +47,87 @@ def blob_store() -> BlobStore:
     return BlobStore(backend(**options))
 
 
-@functools.cache
-def encoder_holder():
-    """The process's lazily-loaded open_clip model (``workers.model.EncoderHolder``)."""
+class _PerModel:
+    """A per-process cache of one object per embedding space (key: ``model_id``), built on first
+    use under a lock (eight interactive task threads must not load a model twice). ``None`` means
+    the process's configured model (``settings.PIPELINE``); callers doing work for a space pass its
+    ``model_id`` (a chunk: its job's; an upload: its rows'; a query: the active space's).
+    ``cache_clear()`` / ``cache_info().currsize`` as ``functools.cache`` (tests)."""
+
+    def __init__(self, build, on_clear=None) -> None:
+        self._build, self._on_clear = build, on_clear
+        self._lock = threading.RLock()
+        self._items: dict[str, object] = {}
+        functools.update_wrapper(self, build)
+
+    def __call__(self, model_id: str | None = None):
+        key = model_id or configured_model_id()
+        got = self._items.get(key)
+        if got is None:
+            with self._lock:
+                got = self._items.get(key)
+                if got is None:
+                    got = self._items[key] = self._build(key)
+        return got
+
+    def held(self) -> dict[str, object]:
+        """``{model_id: object}`` built so far in this process."""
+        return dict(self._items)
+
+    def forget(self, model_id: str):
+        """Drop one space's object (returned, or None)."""
+        with self._lock:
+            return self._items.pop(model_id, None)
+
+    def cache_info(self):
+        return types.SimpleNamespace(currsize=len(self._items))
+
+    def cache_clear(self) -> None:
+        with self._lock:
+            items, self._items = list(self._items.values()), {}
+        if self._on_clear is not None:
+            for item in items:
+                self._on_clear(item)
+
+
+def _config(model_id: str):
+    from embeddings.services import spaces
+
+    return spaces.config_for_model_id(model_id)
+
+
+def _encoder_holder(model_id: str):
+    """The lazily-loaded open_clip model of space ``model_id`` (``workers.model.EncoderHolder``).
+
+    Raises:
+        embeddings.services.spaces.ModelNotConfigured: this process may not load that model.
+    """
     from workers.model import EncoderHolder
 
-    return EncoderHolder(settings.PIPELINE)
+    return EncoderHolder(_config(model_id))
 
 
-@functools.cache
-def batch_runner():
-    """The process's ``workers.runner.BatchRunner`` (decode thread pool + model)."""
+#: ``encoder_holder(model_id=None)``: the process's model holder of one space (see :class:`_PerModel`).
+encoder_holder = _PerModel(_encoder_holder)
+
+
+def _batch_runner(model_id: str):
+    """The ``workers.runner.BatchRunner`` (decode thread pool + model) of space ``model_id``."""
     from workers.runner import BatchRunner
 
-    return BatchRunner(settings.PIPELINE, encoder_holder())
+    return BatchRunner(_config(model_id), encoder_holder(model_id))
 
 
-@functools.cache
-def dynamic_batcher():
-    """The interactive lane's ``workers.batcher.DynamicBatcher`` over the process's model."""
+#: ``batch_runner(model_id=None)``: one ``BatchRunner`` per space held by this process.
+batch_runner = _PerModel(_batch_runner)
+
+
+def _dynamic_batcher(model_id: str):
+    """The interactive lane's ``workers.batcher.DynamicBatcher`` over space ``model_id``'s model."""
     from workers.batcher import DynamicBatcher
     from workers.preprocess import normalize
 
-    holder = encoder_holder()
+    holder = encoder_holder(model_id)
 
     def run_batch(pixels):
         encoder = holder.get()
@@ -81,11 +141,18 @@ def dynamic_batcher():
     )
 
 
-@functools.cache
-def vector_store():
-    """The collection of this embedding space on the ``VECTOR_STORE`` backend; opened, created or
-    checked on first use. With the edge backend this also starts the process's background optimizer
+#: ``dynamic_batcher(model_id=None)``: one dynamic batcher (and model thread) per space.
+dynamic_batcher = _PerModel(_dynamic_batcher, on_clear=lambda b: b.close())
+
+
+def _vector_store(model_id: str):
+    """The collection of embedding space ``model_id`` on the ``VECTOR_STORE`` backend; opened,
+    created or checked on first use (edge: one shard folder per collection under QDRANT_PATH). With
+    the edge backend this also starts the store's background optimizer
     (``VECTOR_STORE_OPTIMIZE_IDLE_S`` > 0), which optimises only while the store is idle.
+
+    The collection and size come from the space's row (any space, configured or not: the vectors
+    worker loads no model), else from the configured model (a process before the first space row).
 
     Raises:
         workers.vector_store.CollectionMismatch: the existing collection has another size/distance.
@@ -94,8 +161,19 @@ def vector_store():
     from workers.model_config import embed_dim
     from workers.vector_store import open_store
 
+    collection = dim = None
     cfg = settings.PIPELINE
-    store = open_store(settings.VECTOR_STORE, collection=cfg.collection_name, dim=embed_dim(cfg.model_name),
+    if model_id != configured_model_id():
+        from embeddings.models import EmbeddingSpace
+
+        row = EmbeddingSpace.objects.filter(model_id=model_id).values_list("collection", "dim").first()
+        if row is not None:
+            collection, dim = row
+        else:
+            cfg = _config(model_id)
+    if collection is None:
+        collection, dim = cfg.collection_name, embed_dim(cfg.model_name)
+    store = open_store(settings.VECTOR_STORE, collection=collection, dim=dim,
                        url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC)
     store.ensure_collection()
     old_folder = Path(settings.VAR_DIR) / "qdrant"
@@ -110,7 +188,67 @@ def vector_store():
     return store
 
 
-@functools.cache
+def _close_store(store) -> None:
+    try:
+        store.close()
+    except Exception:  # noqa: BLE001 - closing twice, an engine already gone: nothing to release
+        log.debug("closing %s failed", getattr(store, "collection", store), exc_info=True)
+
+
+#: ``vector_store(model_id=None)``: one open collection per space (see :func:`_vector_store`).
+vector_store = _PerModel(_vector_store, on_clear=_close_store)
+
+
+def drop_collection(model_id: str, collection: str, dim: int) -> bool:
+    """Delete space ``model_id``'s collection with every point in it (``drop``): an edge shard's
+    folder is removed, a server collection deleted. Idempotent.
+
+    Returns:
+        True when something was deleted.
+    """
+    import shutil
+
+    from workers.vector_store import open_store
+
+    store = vector_store.forget(model_id)
+    if store is None:
+        store = open_store(settings.VECTOR_STORE, collection=collection, dim=dim, url=settings.QDRANT_URL or None,
+                           path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC)
+    if store.kind == "server":
+        return bool(store.client.delete_collection(collection))
+    _close_store(store)
+    folder = getattr(store, "folder", None)
+    if folder is not None and Path(folder).exists():
+        shutil.rmtree(folder)
+        return True
+    if store.kind == "local" and store.client.collection_exists(collection):
+        return bool(store.client.delete_collection(collection))
+    return False
+
+
 def model_id() -> str:
-    """``settings.PIPELINE.model_id`` (hashes a checkpoint file once per process)."""
-    return settings.PIPELINE.model_id
+    """The active embedding space's ``model_id`` (``embeddings.services.spaces.active``, cached
+    ≤ ``SPACE_CACHE_S``): the space new uploads and searches use."""
+    from embeddings.services import spaces
+
+    return spaces.active().model_id
+
+
+def _forget_active() -> None:
+    from embeddings.services import spaces
+
+    spaces.forget_cache()
+
+
+model_id.cache_clear = _forget_active  # type: ignore[attr-defined]
+
+
+def configured_model_id() -> str:
+    """``settings.PIPELINE.model_id``: the model this process was started with (hashes a checkpoint
+    file once per process)."""
+    return _configured_model_id(settings.PIPELINE)
+
+
+@functools.cache
+def _configured_model_id(cfg) -> str:
+    return cfg.model_id

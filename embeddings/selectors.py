@@ -6,20 +6,23 @@ from typing import Sequence
 
 from django.db.models import QuerySet
 
-from embeddings.models import Image, ImageStatus, Job
+from embeddings.models import Image, ImageStatus, Job, JobKind
 from workers.timing import STAGES
 
 
 def images_visible_to(user) -> QuerySet[Image]:
-    """Images ``user`` may see: their own, or all for staff."""
-    qs = Image.objects.all()
+    """Images ``user`` may see: their own, or all for staff; never the rows that re-embed an upload
+    in another embedding space (``source`` set: issue 13), which staff see through the migration
+    job and the admin."""
+    qs = Image.objects.filter(source__isnull=True)
     return qs if user.is_staff else qs.filter(owner=user)
 
 
 def jobs_visible_to(user) -> QuerySet[Job]:
-    """Jobs ``user`` may see: their own, or all for staff."""
+    """Jobs ``user`` may see: their own, or all for staff. Migration jobs (re-embedding for another
+    model, and the dual-embedding jobs of new uploads) are staff-only."""
     qs = Job.objects.all()
-    return qs if user.is_staff else qs.filter(owner=user)
+    return qs if user.is_staff else qs.filter(owner=user).exclude(kind=JobKind.MIGRATION)
 
 
 def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> list[dict]:
@@ -27,10 +30,15 @@ def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> l
     best first.
 
     A hit maps to the embedded image row with its sha256 that the owner may see (any owner when
-    ``owner_id`` is None). A point whose rows were all deleted meanwhile is left out.
+    ``owner_id`` is None): the *user's* row (``source`` null), in whichever embedding space it was
+    uploaded, never a copy made by a migration (issue 13), so the ids a user holds never change
+    across a model switch. A point whose rows were all deleted meanwhile is left out.
+
+    Args:
+        model_id: the space searched (the hits' collection); the rows may be of any space.
     """
     shas = [h.payload.get("sha256") for h in hits]
-    rows = Image.objects.filter(model_id=model_id, sha256__in=shas, status=ImageStatus.EMBEDDED)
+    rows = Image.objects.filter(source__isnull=True, sha256__in=shas, status=ImageStatus.EMBEDDED)
     if owner_id is not None:
         rows = rows.filter(owner_id=owner_id)
     by_sha: dict[str, Image] = {}

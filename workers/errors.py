@@ -25,6 +25,7 @@ class Reason(enum.StrEnum):
     EXPIRED = "expired"  #: an interactive request whose deadline passed before the model
     CANCELLED = "cancelled"  #: its job was cancelled before it ran
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  #: delivered BULK_MAX_ATTEMPTS times without finishing
+    MODEL_NOT_CONFIGURED = "model_not_configured"  #: work for a model this worker may not load (CLIP_MODELS)
 
 
 class ImageRejected(Exception):

@@ -13,7 +13,17 @@ from django.db.models import Count
 from django.utils import timezone
 
 from embeddings import runtime
-from embeddings.models import TERMINAL_IMAGE_STATUSES, BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
+from embeddings.models import (
+    TERMINAL_IMAGE_STATUSES,
+    BatchStat,
+    Image,
+    ImageStatus,
+    Job,
+    JobKind,
+    JobPriority,
+    JobStatus,
+    Lane,
+)
 from embeddings.selectors import stage_summary
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_cancelled, images_create
@@ -140,6 +150,10 @@ def job_refresh(*, job_id) -> Job:
         changed = 0
     if changed:
         job.refresh_from_db()
+        if job.status == JobStatus.DONE and job.kind == JobKind.MIGRATION:  # issue 13: gate the new space
+            from embeddings.services.migrations import migration_job_done
+
+            transaction.on_commit(lambda: migration_job_done(job))
     return job
 
 

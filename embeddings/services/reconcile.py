@@ -249,7 +249,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
                    .values_list("sha256", "model_id"))
         for _, pid, sha, model_id in lost_interactive:
             if (sha, model_id) not in busy:
-                dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True)
+                dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True, model_id=model_id)
 
     refreshed = 0
     active_jobs = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exclude(
@@ -312,6 +312,9 @@ def reconciler_start(*, interval_s: float, stop: threading.Event | None = None) 
         while not stop.wait(interval_s):
             try:
                 reconcile_once()
+                from embeddings.services import cutoff  # issue 13: recalibrate a grown collection
+
+                cutoff.calibrate_if_due()
             except Exception:
                 log.exception("reconcile round failed; retrying in %s s", interval_s)
             finally:

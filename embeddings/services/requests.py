@@ -19,12 +19,13 @@ from django.conf import settings
 from embeddings import dispatch, runtime
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.selectors import jobs_visible_to
-from embeddings.services import admission, sink
+from embeddings.services import admission, sink, spaces
 from embeddings.services.calls import RETRY_AFTER_S
 from embeddings.services.errors import ApplicationError
 from embeddings.services.images import images_create, quick_check
 from embeddings.services.sources import SourceFile, iter_blocks
 from workers.errors import Reason
+from workers.ids import point_id
 
 #: HTTP status for a single refused image, by reason code (issue: 400 / 413 / 415 per case).
 REASON_STATUS = {
@@ -157,6 +158,9 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     if job_id is not None and not jobs_visible_to(user).filter(id=job_id).exists():  # before any query runs
         raise ApplicationError("no such job", code="not_found", status=404)
     owner_filter = None if user.is_staff else user.id
+    # One space for the whole search (embedding and look-up), read once: the active one
+    # (``spaces.active``, ≤ SPACE_CACHE_S old), so a promotion never mixes two models' vectors.
+    model_id = spaces.active().model_id
     deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
     # Every message of a search expires at its deadline: after it nobody waits for the answer.
     def query(embed: str, *args) -> dict | None:
@@ -164,9 +168,10 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         or here against a Qdrant server (the query vector comes back in the result)."""
         if not sink.is_direct():
             return _wait(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts,
-                                             search=(owner_filter, k, job_id)), deadline_ts)
-        vector = _wait(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts, search=None), deadline_ts)
-        return None if vector is None else sink.store_call("search_vector", vector, owner_filter, k, job_id)
+                                             search=(owner_filter, k, job_id), model_id=model_id), deadline_ts)
+        vector = _wait(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts, search=None,
+                                           model_id=model_id), deadline_ts)
+        return None if vector is None else sink.store_call("search_vector", vector, owner_filter, k, job_id, model_id)
 
     if text is not None:
         if not text.strip():
@@ -191,7 +196,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         finally:
             store.delete(key)
     else:
-        im = Image.objects.filter(id=image_id).first()
+        im = Image.objects.filter(id=image_id, source__isnull=True).first()  # copies are not users' ids
         if im is None or (not user.is_staff and im.owner_id != user.id):
             raise ApplicationError("no such image", code="not_found", status=404)
         if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # a skipped duplicate shares the point
@@ -201,12 +206,19 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
             raise ApplicationError(f"image {image_id} is a copy of an image that is "
                                    f"{original.status if original else 'gone'}, not embedded yet",
                                    code="not_embedded", status=409)
+        # the stored bytes' point in the active space: the row's own, or (a row from before a model
+        # switch) the one its re-embedded copy wrote there, uuid5(active model, sha256)
+        pid = point_id(im.sha256, model_id)
+        if im.model_id != model_id and not Image.objects.filter(
+                model_id=model_id, sha256=im.sha256, point_id=pid, status=ImageStatus.EMBEDDED).exists():
+            raise ApplicationError(f"image {image_id} is not embedded in the active space {model_id} yet",
+                                   code="not_embedded", status=409, extra={"model_id": model_id})
         if sink.is_direct():  # a Qdrant server: asked here, an answer or an error, never a timeout
             r = None
-            results = sink.store_call("search_point", str(im.point_id), owner_filter, k, job_id)
+            results = sink.store_call("search_point", str(pid), owner_filter, k, job_id, model_id)
         else:
-            r = dispatch.send_search_point(point_id=str(im.point_id), owner_id=owner_filter, k=k, job_id=job_id,
-                                           deadline_ts=deadline_ts)
+            r = dispatch.send_search_point(point_id=str(pid), owner_id=owner_filter, k=k, job_id=job_id,
+                                           deadline_ts=deadline_ts, model_id=model_id)
             results = _wait(r, deadline_ts)
         if results is None and (r is None or r.ready()):  # the store answered: no such point
             raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)

@@ -93,3 +93,77 @@ def by_model_id(model_id: str) -> EmbeddingSpace:
         EmbeddingSpace.DoesNotExist: no such space.
     """
     return EmbeddingSpace.objects.get(model_id=model_id)
+
+
+class ModelNotConfigured(LookupError):
+    """Work for an embedding space whose model this process may not load: neither the configured
+    model (CLIP_MODEL...), one of ``settings.CLIP_MODELS``, nor the active space. Stable reason code
+    :data:`MODEL_NOT_CONFIGURED` (an image fails with it; ``POST /api/migrations/`` answers 400)."""
+
+    code = "model_not_configured"
+
+
+#: Reason code of :class:`ModelNotConfigured` (``workers.errors.Reason.MODEL_NOT_CONFIGURED``).
+MODEL_NOT_CONFIGURED = ModelNotConfigured.code
+
+
+def parse_model_spec(spec: str, base: PipelineConfig) -> PipelineConfig:
+    """One ``CLIP_MODELS`` entry, ``model:pretrained[:precision]``, as ``base`` with that model.
+
+    ``pretrained`` may be an open_clip tag, ``random`` (seeded with ``base.seed``, CLIP_SEED) or a
+    checkpoint file path; the precision defaults to ``base.precision`` (CLIP_PRECISION).
+
+    Raises:
+        ValueError: no ``:`` (a model without weights), or an invalid precision.
+    """
+    parts = spec.strip().split(":")
+    if len(parts) < 2 or not parts[0] or not parts[1]:
+        raise ValueError(f"CLIP_MODELS entry {spec!r} is not model:pretrained[:precision]")
+    precision = base.precision
+    if len(parts) > 2 and parts[-1] in ("fp32", "bf16", "fp16", "auto"):
+        precision = parts.pop()
+    return base.replace(model_name=parts[0], pretrained=":".join(parts[1:]), precision=precision)
+
+
+_configured_lock = threading.Lock()
+_configured: dict[tuple, dict[str, PipelineConfig]] = {}
+
+
+def configured_configs() -> dict[str, PipelineConfig]:
+    """``{model_id: PipelineConfig}`` of the models this process is configured to load: the
+    deployment's model (``settings.PIPELINE``) and every ``settings.CLIP_MODELS`` entry. Computed
+    once per settings value (a checkpoint file is hashed for its model id).
+
+    Raises:
+        ValueError: a malformed ``CLIP_MODELS`` entry.
+        FileNotFoundError: a ``CLIP_MODELS`` checkpoint file is missing.
+    """
+    base, extra = settings.PIPELINE, tuple(settings.CLIP_MODELS)
+    key = (base, extra)
+    with _configured_lock:
+        if key in _configured:
+            return _configured[key]
+    out = {base.model_id: base}
+    for spec in extra:
+        cfg = parse_model_spec(spec, base)
+        out[cfg.model_id] = cfg
+    with _configured_lock:
+        _configured[key] = out
+    return out
+
+
+def config_for_model_id(model_id: str) -> PipelineConfig:
+    """The configuration a worker loads for space ``model_id``: a configured model
+    (:func:`configured_configs`), or the active space's model (``config_of``).
+
+    Raises:
+        ModelNotConfigured: neither (a worker never loads a model it was not configured for).
+    """
+    configured = configured_configs()
+    if model_id in configured:
+        return configured[model_id]
+    space = active()
+    if space.model_id == model_id:
+        return config_of(space)
+    raise ModelNotConfigured(f"model {model_id} is not configured in this process (CLIP_MODEL, CLIP_MODELS: "
+                             f"{', '.join(sorted(configured))}; active space {space.model_id})")
