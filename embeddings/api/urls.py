@@ -1,6 +1,6 @@
 from django.urls import path
 
-from embeddings.api import views
+from embeddings.api import migrations, views
 
 urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="api-token"),
@@ -11,4 +11,7 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
     path("search/", views.SearchView.as_view(), name="search"),
     path("stats/", views.StatsView.as_view(), name="stats"),
+    path("migrations/", migrations.MigrationListView.as_view(), name="migrations"),
+    path("migrations/<int:space_id>/", migrations.MigrationDetailView.as_view(), name="migration-detail"),
+    path("migrations/<int:space_id>/<str:action>/", migrations.MigrationActionView.as_view(), name="migration-action"),
 ]
