@@ -173,6 +173,17 @@ CLIP_MODELS = env.list("CLIP_MODELS", default=[])
 #: How long (s) a process may keep using its cached copy of the active-space row: a promotion or a
 #: rollback takes effect in every process within this time.
 SPACE_CACHE_S = env.float("SPACE_CACHE_S", default=0.5)
+#: Quality gate (embeddings/services/gate.py): the lowest share of re-encoded copies (3/4 size, JPEG
+#: 85) that must find their original first for ``promote`` (the issue's 0.99), and how many images
+#: are probed (200: one miss passes, two do not).
+MIGRATION_GATE_THRESHOLD = env.float("MIGRATION_GATE_THRESHOLD", default=0.99)
+MIGRATION_GATE_SAMPLE = env.int("MIGRATION_GATE_SAMPLE", default=200)
+#: Calibrated cutoff (embeddings/services/cutoff.py): the percentile of cosine scores between
+#: unrelated pairs (image–image, text–image) taken as a space's default ``min_score``.
+CUTOFF_PERCENTILE = env.float("CUTOFF_PERCENTILE", default=99.0)
+#: Points a collection needs before it gets a cutoff (fewer: nothing is cut): 100 points give 4,950
+#: pairs, so the 99th percentile rests on the top ~50 of them, not on a few near-duplicates.
+CUTOFF_MIN_POINTS = env.int("CUTOFF_MIN_POINTS", default=100)
 BLOB_ROOT = VAR_DIR / "blobs"
 # Image bytes and thumbnails (embeddings/storage.py) go through Django's storage API, STORAGES["blobs"]:
 # STORAGE_URL empty: files under BLOB_ROOT (one host). s3://bucket[/prefix]: S3-compatible object

@@ -52,6 +52,12 @@ class SearchSerializer(FormSerializer):
     image_id = serializers.UUIDField(required=False)
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False)
+    min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0)
+
+
+#: ``min_score`` of a search (embeddings/services/cutoff.py): hits scoring below it are dropped.
+MIN_SCORE_HELP = ("cosine in [-1, 1]; hits scoring below it are dropped. Default: the searched space's "
+                  "calibrated cutoff for the query kind (text, or image / image_id); 0 switches the cutoff off")
 
 
 class ImageSerializer(serializers.ModelSerializer):
@@ -116,6 +122,7 @@ class _SearchScope(serializers.Serializer):
 
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
+    min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0, help_text=MIN_SCORE_HELP)
 
 
 class SearchTextSerializer(_SearchScope):
@@ -244,6 +251,14 @@ class SearchResponseSerializer(serializers.Serializer):
 
     results = NeighbourSerializer(many=True)
     k = serializers.IntegerField()
+    model_id = serializers.CharField(help_text="the embedding space searched (its scores and cutoffs are its own)")
+    min_score = serializers.FloatField(allow_null=True, help_text="the cutoff applied; null: none")
+    min_score_source = serializers.ChoiceField(
+        choices=["calibrated", "request", "uncalibrated"],
+        help_text="calibrated: the space's cutoff for this query kind; request: the caller's min_score "
+                  "(0: off); uncalibrated: the space has no cutoff yet, nothing was cut")
+    message = serializers.CharField(required=False, help_text='"no match above the cutoff" when the cutoff left '
+                                                              'no hit (still 200, results empty)')
 
 
 class StatsSerializer(serializers.Serializer):

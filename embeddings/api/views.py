@@ -279,11 +279,16 @@ class SearchView(APIView):
         s.is_valid(raise_exception=True)
         v = s.validated_data
         image = from_uploads([v["image"]])[0] if v.get("image") else None
+        from embeddings.services import cutoff, spaces
+
+        space = spaces.active()  # the space this search reads (cached: the one search() uses)
         results = request_services.search(
             user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
             text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
         )
-        return Response({"results": results, "k": v["k"]})
+        answer = cutoff.apply_min_score(results, space=space, kind=cutoff.TEXT if v.get("text") is not None
+                                        else cutoff.IMAGE, requested=v.get("min_score"))
+        return Response({**answer, "k": v["k"]})
 
 
 class StatsView(APIView):

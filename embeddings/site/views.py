@@ -63,7 +63,13 @@ def search(request):
         ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
     elif query:
         try:
-            ctx["results"] = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
+            from embeddings.services import cutoff, spaces
+
+            space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
+            found = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
+            ctx["cutoff"] = cutoff.apply_min_score(found, space=space, kind=cutoff.TEXT if q and "image" not in query
+                                                   else cutoff.IMAGE, requested=None)
+            ctx["results"] = ctx["cutoff"]["results"]
         except ApplicationError as e:
             ctx["error"], ctx["status"] = _error(e), e.status
         if like and ctx["results"] is not None:

@@ -1,0 +1,260 @@
+"""The quality gate of an embedding space (issue 13): may this model's collection be searched?
+
+A probe takes a seeded sample of the space's embedded images (distinct sha256, all owners), makes a
+*re-encoded copy* of each (:func:`reencode`: resized to 3/4 of each side, saved as JPEG quality 85),
+embeds the copies with the space's model and checks that each copy's nearest point in the space's
+collection is its original's point (top-1). A model that maps an image and a lightly degraded copy
+of it to different places cannot serve "find this photo again", whatever else it does; a broken
+checkpoint (collapsed or noise-driven image tower) fails it at once, while any working CLIP
+(trained or seeded random weights, measured: docs/operations.md) finds every original.
+
+The probe runs in the workers as one Celery chain, never a task waiting on another:
+``gate_embed`` on the bulk queue at background priority (a worker holding the space's model,
+``runtime.batch_runner(model_id)``) → ``gate_check`` on the vectors queue (the store's owner,
+``runtime.vector_store(model_id)``), which writes ``space.gate_report``. :func:`gate_verdict` reads
+it for ``promote`` (``embeddings.services.migrations``).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import random
+import time
+import uuid
+
+from django.conf import settings
+from django.utils import timezone
+
+from embeddings.models import EmbeddingSpace, Image, ImageStatus
+
+#: Verdict codes (stable): no finished report (never run, still running, or lost), or a report
+#: below the threshold (or a probe that could not embed: its ``error``).
+GATE_MISSING = "gate_missing"
+GATE_FAILED = "gate_failed"
+
+#: Each side of the copy, relative to the stored image: 3/4 (56 % of the pixels), the size change of
+#: a typical "saved again, smaller" copy; resized with OpenCV's INTER_AREA (anti-aliased downscale).
+REENCODE_SCALE = 0.75
+#: JPEG quality of the copy: 85, the issue's figure and a common default of photo tools (visible
+#: block artefacts are rare above it, the file is ~4x smaller than quality 100).
+REENCODE_JPEG_QUALITY = 85
+#: Failures listed in a report (the counts cover all of them).
+REPORT_MAX_FAILURES = 50
+
+
+def _space(space_or_id) -> EmbeddingSpace:
+    return space_or_id if isinstance(space_or_id, EmbeddingSpace) else EmbeddingSpace.objects.get(pk=space_or_id)
+
+
+def reencode(data: bytes) -> bytes:
+    """The probe's copy of an image: decoded upright (``workers.decode``, as the workers see it),
+    resized to :data:`REENCODE_SCALE` of each side (at least 1 pixel), JPEG at
+    :data:`REENCODE_JPEG_QUALITY` (no EXIF: the pixels are already upright).
+
+    Raises:
+        workers.errors.ImageRejected: the stored bytes do not decode (their reason code).
+    """
+    import cv2
+
+    from workers.decode import decode_image
+
+    rgb = decode_image(data).rgb
+    h, w = rgb.shape[:2]
+    size = (max(1, round(w * REENCODE_SCALE)), max(1, round(h * REENCODE_SCALE)))
+    small = cv2.resize(rgb, size, interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(small, cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_JPEG_QUALITY, REENCODE_JPEG_QUALITY])
+    if not ok:  # pragma: no cover - OpenCV encodes any uint8 RGB array
+        raise ValueError("OpenCV could not encode the copy as JPEG")
+    return buf.tobytes()
+
+
+def gate_sample(space: EmbeddingSpace, *, size: int, seed: int = 0) -> list[dict]:
+    """A seeded sample of ``size`` distinct points of ``space`` (all owners): one embedded row per
+    sha256 (the oldest), drawn with ``random.Random(seed)`` from the rows ordered by sha256, so the
+    same catalogue and seed give the same sample.
+
+    Returns:
+        ``[{"id", "storage_key", "sha256", "point_id"}]`` (strings), at most ``size``.
+    """
+    rows: dict[str, dict] = {}
+    for i, key, sha, pid in (Image.objects.filter(model_id=space.model_id, status=ImageStatus.EMBEDDED)
+                             .order_by("sha256", "created_at").values_list("id", "storage_key", "sha256", "point_id")):
+        rows.setdefault(sha, {"id": str(i), "storage_key": key, "sha256": sha, "point_id": str(pid)})
+    distinct = list(rows.values())
+    return random.Random(seed).sample(distinct, min(max(0, size), len(distinct)))
+
+
+def gate_start(space_or_id, *, sample: int | None = None, seed: int = 0, calibrate: bool = True) -> dict:
+    """Start the quality gate of a space (an ``EmbeddingSpace`` or its pk): draw the sample, record a
+    ``running`` report, send the chain ``gate_embed`` (bulk, background) → ``gate_check`` (vectors).
+    With ``calibrate`` the space's cutoffs are recomputed first (``services.cutoff``), so a finished
+    migration has both before anyone reads them. Runs inline with eager Celery (tests).
+
+    Args:
+        sample: images to probe (default ``settings.MIGRATION_GATE_SAMPLE``, 200).
+        seed: the sample's seed (recorded).
+
+    Returns:
+        The space's ``gate_report`` as recorded when the chain was sent (``state`` ``running``), or
+        the finished one when it ran inline.
+
+    Raises:
+        EmbeddingSpace.DoesNotExist: no such space.
+    """
+    from celery import chain
+
+    from embeddings import dispatch
+    from embeddings.services import cutoff
+
+    space = _space(space_or_id)
+    if calibrate:
+        cutoff.calibrate_start(space)
+    size = settings.MIGRATION_GATE_SAMPLE if sample is None else sample
+    picks = gate_sample(space, size=size, seed=seed)
+    run = uuid.uuid4().hex
+    report = {"state": "running", "run": run, "model_id": space.model_id, "requested": size, "seed": seed,
+              "sample": len(picks), "threshold": settings.MIGRATION_GATE_THRESHOLD,
+              "started_at": timezone.now().isoformat(),
+              "reencode": {"scale": REENCODE_SCALE, "jpeg_quality": REENCODE_JPEG_QUALITY}}
+    EmbeddingSpace.objects.filter(pk=space.pk).update(gate_report=report)
+    embed = dispatch.task("gate_embed", space.model_id, picks, immutable=True, **dispatch.bulk_options("background"))
+    check = dispatch.task("gate_check", space.model_id, run, **dispatch.vectors_options(interactive=False))
+    chain(embed, check).apply_async()
+    return EmbeddingSpace.objects.get(pk=space.pk).gate_report
+
+
+def gate_embed(*, model_id: str, picks: list[dict]) -> dict:
+    """Embed the re-encoded copies of ``picks`` (:func:`gate_sample` rows) with ``model_id``'s model,
+    in forward passes of ``BULK_BATCH_SIZE`` (bulk worker).
+
+    Returns:
+        ``{"items": [{"id", "sha256", "point_id", "vector": base64}], "failed": [[id, reason, detail]],
+        "embed_s": s}``, or ``{"error": code, "detail"}`` when this process cannot load the model
+        (``model_not_configured``, ``weights_unavailable``): the check then records the error.
+    """
+    from embeddings import runtime
+    from embeddings.messages import encode_vector
+
+    by_id = {p["id"]: p for p in picks}
+    blobs = runtime.blob_store()
+    t0 = time.perf_counter()
+    try:
+        runner = runtime.batch_runner(model_id)
+        runner.encoder.get()
+    except Exception as e:  # noqa: BLE001 - ModelNotConfigured, WeightsUnavailable, a missing checkpoint
+        return {"error": getattr(e, "code", None) or "weights_unavailable", "detail": f"{type(e).__name__}: {e}"}
+
+    def load(key: str) -> bytes:
+        p = by_id[key]
+        return reencode(blobs.read(p["storage_key"], p["sha256"]))
+
+    keys = list(by_id)
+    size = max(1, settings.PIPELINE.batch_size)
+    items, failed = [], []
+    for result in runner.run_many([keys[i : i + size] for i in range(0, len(keys), size)], load):
+        failed += [[f.key, f.reason, f.detail] for f in result.failed]
+        items += [{"id": m.key, "sha256": by_id[m.key]["sha256"], "point_id": by_id[m.key]["point_id"],
+                   "vector": encode_vector(v)} for m, v in zip(result.metas, result.vectors)]
+    return {"items": items, "failed": failed, "embed_s": round(time.perf_counter() - t0, 3)}
+
+
+def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
+    """Search each copy's top-1 in ``model_id``'s collection (all owners) and record the report in
+    the space's ``gate_report`` (vectors worker). A report of another run (a newer ``gate_start``)
+    is not overwritten.
+
+    Report fields: ``state`` (``done`` / ``error``), ``model_id``, ``sample`` (copies probed),
+    ``hits`` (copies whose top-1 is their original), ``rate`` (hits / sample; None for an empty
+    catalogue), ``threshold``, ``passed``, ``failures`` (at most :data:`REPORT_MAX_FAILURES`: image id,
+    sha256, the first hit's point and image id and score, the original's score), ``unreadable``
+    (images whose stored bytes did not decode), ``started_at``/``finished_at`` (ISO), ``duration_s``,
+    ``embed_s`` (the copies' embedding), ``search_ms`` (all searches), ``reencode``, ``seed``.
+
+    Returns:
+        The report.
+    """
+    from embeddings import runtime
+    from embeddings.messages import decode_vector
+
+    space = EmbeddingSpace.objects.get(model_id=model_id)
+    report = dict(space.gate_report or {})
+    if report.get("run") != run:
+        return report
+    threshold = float(report.get("threshold", settings.MIGRATION_GATE_THRESHOLD))
+    started = dt.datetime.fromisoformat(report["started_at"]) if report.get("started_at") else timezone.now()
+    now = timezone.now()
+    report.update(finished_at=now.isoformat(), duration_s=round((now - started).total_seconds(), 3))
+    if "error" in embedded:
+        report.update(state="error", passed=False, error=embedded["error"], detail=embedded.get("detail", ""))
+    else:
+        store = runtime.vector_store(model_id)
+        items = embedded.get("items", [])
+        originals = store.vectors([uuid.UUID(it["point_id"]) for it in items])
+        hits, failures = 0, []
+        t0 = time.perf_counter()
+        for it in items:
+            vector = decode_vector(it["vector"])
+            top = store.search(vector, k=1)
+            pid = uuid.UUID(it["point_id"])
+            if top and top[0].id == pid:
+                hits += 1
+                continue
+            own = originals.get(pid)
+            failures.append({
+                "image_id": it["id"], "sha256": it["sha256"],
+                "first": ({"point_id": str(top[0].id), "sha256": top[0].payload.get("sha256"),
+                           "image_id": _row_of(model_id, top[0].payload.get("sha256")),
+                           "score": round(float(top[0].score), 6)} if top else None),
+                "original_score": None if own is None else round(float(vector @ own), 6),
+            })
+        search_ms = (time.perf_counter() - t0) * 1000
+        n = len(items)
+        rate = hits / n if n else None
+        report.update(state="done", sample=n, hits=hits, rate=None if rate is None else round(rate, 6),
+                      passed=rate is None or rate >= threshold, failures=failures[:REPORT_MAX_FAILURES],
+                      failed_count=len(failures), unreadable=embedded.get("failed", []),
+                      embed_s=embedded.get("embed_s"), search_ms=round(search_ms, 2))
+        if rate is None:
+            report["note"] = "empty catalogue: nothing to probe"
+    EmbeddingSpace.objects.filter(model_id=model_id, gate_report__run=run).update(gate_report=report)
+    return report
+
+
+def _row_of(model_id: str, sha256: str | None) -> str | None:
+    """The id of ``model_id``'s oldest embedded row with ``sha256`` (a failure's first hit)."""
+    if not sha256:
+        return None
+    got = (Image.objects.filter(model_id=model_id, sha256=sha256, status=ImageStatus.EMBEDDED)
+           .order_by("created_at").values_list("id", flat=True).first())
+    return None if got is None else str(got)
+
+
+def gate_verdict(space: EmbeddingSpace, threshold: float | None = None) -> tuple[bool, str | None, str]:
+    """May ``space`` be promoted, by its last gate report?
+
+    Args:
+        threshold: the lowest top-1 rate accepted (default ``settings.MIGRATION_GATE_THRESHOLD``,
+            0.99: one miss in a 200-image sample passes, two do not).
+
+    Returns:
+        ``(True, None, detail)``, or ``(False, code, detail)`` with code :data:`GATE_MISSING` (no
+        report, still running) or :data:`GATE_FAILED` (rate below ``threshold``, or the probe could
+        not embed: its error).
+    """
+    threshold = settings.MIGRATION_GATE_THRESHOLD if threshold is None else float(threshold)
+    report = space.gate_report or {}
+    state = report.get("state")
+    if state == "running":
+        return False, GATE_MISSING, f"the quality gate of {space.model_id} is running since {report.get('started_at')}"
+    if state == "error":
+        return False, GATE_FAILED, f"the quality gate could not embed: {report.get('error')}: {report.get('detail', '')}"
+    if state != "done":
+        return False, GATE_MISSING, f"no quality gate report for {space.model_id}: run the gate first"
+    rate = report.get("rate")
+    if rate is None:
+        return True, None, "empty catalogue: nothing to probe"
+    detail = f"{report.get('hits')}/{report.get('sample')} re-encoded copies found their original first " \
+             f"(rate {rate:.4f}, threshold {threshold:.4f})"
+    if rate < threshold:
+        return False, GATE_FAILED, detail
+    return True, None, detail
