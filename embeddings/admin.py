@@ -8,7 +8,7 @@ from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
+from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
 from embeddings.services import jobs as job_services
 from embeddings.services.images import image_delete, images_delete, images_retry
 
@@ -31,8 +31,8 @@ class ImageInline(admin.TabularInline):
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
-    list_display = ("__str__", "owner", "status", "priority", "progress", "total", "created_at", "finished_at")
-    list_filter = ("status", "priority")
+    list_display = ("__str__", "owner", "kind", "status", "priority", "progress", "total", "created_at", "finished_at")
+    list_filter = ("kind", "status", "priority")
     readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings")
     inlines = (ImageInline,)
     actions = ("pause", "resume", "cancel")
@@ -134,3 +134,56 @@ class BatchStatAdmin(admin.ModelAdmin):
     list_display = ("created_at", "lane", "job", "images", "failed", "decode_ms", "preprocess_ms", "embed_ms",
                     "upsert_ms", "total_ms")
     list_filter = ("lane",)
+
+
+@admin.register(EmbeddingSpace)
+class EmbeddingSpaceAdmin(admin.ModelAdmin):
+    """Embedding spaces (issue 13, docs/operations.md "Changing the model"): promote (through the
+    quality gate), roll back, drop. Started from the API or ``manage.py model_migration start``."""
+
+    list_display = ("model_id", "state", "dim", "collection", "job", "promoted_at", "demoted_at", "dropped_at")
+    list_filter = ("state",)
+    readonly_fields = [f.name for f in EmbeddingSpace._meta.fields]
+    actions = ("promote", "promote_forced", "rollback", "drop")
+
+    def _each(self, request, queryset, act) -> None:
+        from embeddings.services.errors import ApplicationError
+
+        for space in queryset:
+            try:
+                act(space)
+                self.message_user(request, f"{space.model_id}: done")
+            except ApplicationError as e:
+                self.message_user(request, f"{space.model_id}: {e.code}: {e}", messages.WARNING)
+
+    @admin.action(description="Promote (the quality gate must pass)")
+    def promote(self, request, queryset):
+        from embeddings.services import migrations
+
+        self._each(request, queryset, lambda s: migrations.promote(s, by=request.user.get_username()))
+
+    @admin.action(description="Promote past the quality gate (force; recorded)")
+    def promote_forced(self, request, queryset):
+        from embeddings.services import migrations
+
+        self._each(request, queryset, lambda s: migrations.promote(s, force=True, by=request.user.get_username()))
+
+    @admin.action(description="Roll back to the standby that was active before")
+    def rollback(self, request, queryset):
+        from embeddings.services import migrations
+
+        # whichever rows are selected: a rollback leaves the active space for the latest standby
+        self._each(request, EmbeddingSpace.objects.filter(state="active"),
+                   lambda s: migrations.rollback(by=request.user.get_username()))
+
+    @admin.action(description="Drop (delete the collection and the copies; not the active space)")
+    def drop(self, request, queryset):
+        from embeddings.services import migrations
+
+        self._each(request, queryset, migrations.space_drop)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False

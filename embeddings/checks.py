@@ -57,6 +57,25 @@ def check_time_limits(app_configs, **kwargs) -> list[checks.CheckMessage]:
                          "CELERY_VISIBILITY_TIMEOUT_S (docs/operations.md)") for e in time_limit_errors()]
 
 
+@checks.register(checks.Tags.compatibility)
+def check_configured_model(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    """Django system check ``embeddings.W002``: CLIP_MODEL (and its weights and precision) names
+    another model than the active embedding space's (issue 13: the active row decides; changing
+    the variables no longer points the service at an empty collection). Silent without a database."""
+    from django.db import DatabaseError
+
+    from embeddings import runtime
+
+    try:
+        warning = runtime.configured_model_warning()
+    except (DatabaseError, FileNotFoundError, ValueError):
+        return []
+    if warning is None:
+        return []
+    return [checks.Warning(warning, id="embeddings.W002", hint="python manage.py model_migration start --model ... "
+                           "(docs/operations.md \"Changing the model\"), or set CLIP_MODEL back")]
+
+
 @worker_init.connect(dispatch_uid="embeddings.checks.refuse_unsafe_worker")
 def refuse_unsafe_worker(sender=None, **kwargs) -> None:
     """Refuse to start a Celery worker whose chunks could outlive the visibility timeout.

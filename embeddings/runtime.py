@@ -252,3 +252,45 @@ def configured_model_id() -> str:
 @functools.cache
 def _configured_model_id(cfg) -> str:
     return cfg.model_id
+
+
+def warm_spaces() -> list[str]:
+    """Load, in this process, the model of every space that may become (or is) the active one and
+    that this process is configured for: the active space, each ``candidate`` and ``standby``. An
+    interactive worker calls it at start and then every second (``tasks.warm_model``), so after a
+    promotion or a rollback no waiting person pays for a model load.
+
+    Returns:
+        The model ids loaded by this call (already loaded ones are not counted).
+    """
+    from embeddings.models import EmbeddingSpace, SpaceState
+    from embeddings.services import spaces
+
+    configured = spaces.configured_configs()
+    wanted = set(EmbeddingSpace.objects.filter(state__in=(SpaceState.ACTIVE, SpaceState.CANDIDATE, SpaceState.STANDBY))
+                 .values_list("model_id", "state"))
+    loaded = []
+    for mid, state in sorted(wanted):
+        if mid not in configured and state != SpaceState.ACTIVE:
+            continue  # a worker never loads a model it is not configured for
+        holder = encoder_holder(mid)
+        if not holder.loaded:
+            holder.get()
+            loaded.append(mid)
+        dynamic_batcher(mid)
+    return loaded
+
+
+def configured_model_warning() -> str | None:
+    """A sentence when the configured model (CLIP_MODEL, CLIP_PRETRAINED, CLIP_PRECISION) is not
+    the active space's: since issue 13 the active row decides, and changing the variables is a
+    migration (docs/operations.md "Changing the model"), not a switch. None when they agree or when
+    no space exists yet (the first read creates it from the configuration)."""
+    from embeddings.models import EmbeddingSpace, SpaceState
+
+    active = EmbeddingSpace.objects.filter(state=SpaceState.ACTIVE).values_list("model_id", flat=True).first()
+    configured = configured_model_id()
+    if active is None or active == configured:
+        return None
+    return (f"CLIP_MODEL names {configured} but the active space is {active}: searches and uploads keep using "
+            f"{active}; to change the model, start a migration (manage.py model_migration start, docs/operations.md)")

@@ -75,7 +75,7 @@ def test_each_error_status_uses_the_error_component_and_retry_after(served):
 
 def test_every_secured_operation_documents_401_and_every_id_404(served):
     ops = [(path, method, op) for path, item in served["paths"].items() for method, op in item.items()]
-    assert len(ops) == 13
+    assert len(ops) == 18  # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)
@@ -96,7 +96,9 @@ def test_stats_is_marked_staff_only(served):
     op = _op(served, "/api/stats/", "get")
     assert op["x-staff-only"] is True and "403" in op["responses"]
     staff = [(p, m) for p, item in served["paths"].items() for m, op in item.items() if op.get("x-staff-only")]
-    assert staff == [("/api/stats/", "get")]
+    assert sorted(staff) == [("/api/migrations/", "get"), ("/api/migrations/", "post"),
+                     ("/api/migrations/{space_id}/", "delete"), ("/api/migrations/{space_id}/", "get"),
+                     ("/api/migrations/{space_id}/{action}/", "post"), ("/api/stats/", "get")]
 
 
 def test_job_actions_are_an_enum(served):
