@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks._common import ROOT, markdown_table, write_json
+from benchmarks._common import ROOT, markdown_table, pyplot, write_json
 
 CHUNK = 64
+#: Points written (and not measured) before a run, so that it measures a warm worker.
+WARM_UP = 10 * CHUNK
 
 
 def unit_vector(i: int, dim: int) -> np.ndarray:
@@ -54,7 +57,6 @@ def seed_and_send(n: int, *, owners: int = 10, send: bool = True, first: int = 0
     from django.conf import settings
     from django.contrib.auth import get_user_model
 
-    from embeddings import tasks
     from embeddings.messages import encode_vector
     from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
     from workers.ids import point_id
@@ -142,49 +144,158 @@ def django_call(stack, code: str, **env) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--points", type=int, default=20_000)
-    ap.add_argument("--store", default="edge", choices=["edge", "local"])
-    ap.add_argument("--slice", type=int, default=None, help="VECTORS_WRITE_SLICE (default: the setting's)")
-    ap.add_argument("--out", type=Path, default=ROOT / "var" / "bench-sink")
-    a = ap.parse_args(argv)
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (``/proc/<pid>/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_once(points: int, store: str, slice_: int | None) -> dict:
+    """One sink run on a fresh stack (private Redis, one vectors worker, scratch SQLite and store).
+
+    Returns:
+        ``{"seconds", "points_per_s", "redis_commands_per_point", "redis_commands" (per point, by
+        command), "worker_cpu_ms_per_point", "redis_cpu_ms_per_point", "load_average_1m", ...}``
+        plus :func:`round_trips_per_point`'s figures (measured in-process on the same settings).
+    """
     import redis
 
-    from benchmarks._common import machine, machine_line
     from scripts.stack import Stack
 
-    env = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0", "VECTOR_STORE": a.store, "RECONCILE_INTERVAL_S": "0",
+    env = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0", "VECTOR_STORE": store, "RECONCILE_INTERVAL_S": "0",
            "DATABASE_URL": ""}
-    if a.slice:
-        env["VECTORS_WRITE_SLICE"] = str(a.slice)
-    info = machine()
+    if slice_:
+        env["VECTORS_WRITE_SLICE"] = str(slice_)
     with tempfile.TemporaryDirectory() as tmp, Stack(Path(tmp) / "var", env, private_redis=True,
                                                      only=("worker-vectors",), log=lambda *x: None) as stack:
         trips = django_call(stack, "import json; from benchmarks.sink import round_trips_per_point as f; "
                                    "print(json.dumps(f()))", QDRANT_PATH=str(Path(tmp) / "scratch"))
         r = redis.Redis.from_url(stack.env["REDIS_URL"])
-        before = r.info("stats")["total_commands_processed"]
-        sent = django_call(stack, f"import json; from benchmarks.sink import seed_and_send as f; "
-                                  f"o = f({a.points}); print(json.dumps({{'job_id': o['job_id'], 'sent_at': o['sent_at']}}))")
+        worker = stack.pid("worker-vectors")
         db = stack.var_dir / "db.sqlite3"
-        while (done := embedded_count(db, sent["job_id"])) < a.points:
-            time.sleep(0.2)
+        warm = django_call(stack, f"import json; from benchmarks.sink import seed_and_send as f; "
+                                  f"print(json.dumps({{'job_id': f({WARM_UP}, first=2 * 10**9)['job_id']}}))")
+        while embedded_count(db, warm["job_id"]) < WARM_UP:  # the worker's first chunks load the store
+            time.sleep(0.05)
+        before, cmds = r.info("stats")["total_commands_processed"], r.info("commandstats")
+        cpu = r.info("cpu")
+        worker_cpu, load = _cpu_s(worker), os.getloadavg()[0]  # idle while the rows are created
+        sent = django_call(stack, f"import json, time; from benchmarks.sink import seed_and_send as f; "
+                                  f"o = f({points}); print(json.dumps({{'job_id': o['job_id'], 'sent_at': o['sent_at'], "
+                                  f"'send_s': time.time() - o['sent_at']}}))")
+        while embedded_count(db, sent["job_id"]) < points:
+            time.sleep(0.05)
         seconds = time.time() - sent["sent_at"]
+        worker_cpu = _cpu_s(worker) - worker_cpu
         redis_cmds = r.info("stats")["total_commands_processed"] - before
-    result = {"machine": info, "store": a.store, "points": a.points, "seconds": seconds,
-              "points_per_s": a.points / seconds, "redis_commands_per_point": redis_cmds / a.points, **trips,
-              "slice": a.slice or "default"}
-    table = markdown_table(["store", "points", "slice", "seconds", "points/s", "Redis cmds/point", "SQL/point",
-                            "store calls/point", "one chunk ms: all / SQL / store"],
-                           [[a.store, a.points, result["slice"], seconds, round(result["points_per_s"]),
-                             result["redis_commands_per_point"], result["sql_per_point"],
-                             result["store_calls_per_point"],
-                             f"{trips['chunk_ms']:.0f} / {trips['chunk_sql_ms']:.0f} / {trips['chunk_store_ms']:.0f}"]])
-    print(f"{machine_line(info)}\nmachine: {info}\n{table}")
+        after, cpu2 = r.info("commandstats"), r.info("cpu")
+    by_command = {k.removeprefix("cmdstat_"): (v["calls"] - cmds.get(k, {}).get("calls", 0)) / points
+                  for k, v in after.items() if v["calls"] - cmds.get(k, {}).get("calls", 0)}
+    redis_cpu = sum(cpu2[k] - cpu[k] for k in ("used_cpu_sys", "used_cpu_user"))
+    return {"seconds": seconds, "points_per_s": points / seconds, "send_s": sent["send_s"],
+            "redis_commands_per_point": redis_cmds / points, "redis_commands": by_command,
+            "worker_cpu_ms_per_point": worker_cpu * 1000 / points, "redis_cpu_ms_per_point": redis_cpu * 1000 / points,
+            "load_average_1m": round(load, 2), **trips}
+
+
+def run_in(checkout: Path, points: int, store: str, slice_: int | None) -> dict:
+    """:func:`run_once` in a new process that imports ``checkout``'s code (this file's harness, that
+    checkout's services, worker and stack): the same measurement of the code before a change
+    (``git worktree add``) as of this one."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    if not (checkout / ".env").exists():  # its settings need a secret key; this checkout's has one
+        from django.conf import settings
+
+        env.setdefault("DJANGO_SECRET_KEY", settings.SECRET_KEY)
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--run-once", "--points", str(points),
+                          "--store", store, "--slice", str(slice_ or "")], cwd=checkout, env=env, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--points", type=int, default=20_000)
+    ap.add_argument("--store", default="edge", choices=["edge", "local"])
+    ap.add_argument("--slice", default="", help="VECTORS_WRITE_SLICE values to compare, comma-separated "
+                                                "(default: the setting's)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each configuration, taking turns")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout (the code before a change) measured in turn with this one")
+    ap.add_argument("--run-once", action="store_true", help=argparse.SUPPRESS)  # run_in's child: JSON on stdout
+    ap.add_argument("--out", type=Path, default=ROOT / "var" / "bench-sink")
+    ap.add_argument("--docs", action="store_true", help="also write the plot to docs/bench/sink.png")
+    a = ap.parse_args(argv)
+    if a.run_once:
+        print(json.dumps(run_once(a.points, a.store, int(a.slice) if a.slice else None)))
+        return
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    django.setup()
+    from django.conf import settings
+
+    from benchmarks._common import machine, machine_line
+
+    slices = [int(x) for x in a.slice.split(",") if x.strip()] or [None]
+    configs = ([("before", None)] if a.baseline else []) + [("after" if a.baseline else "this", s) for s in slices]
+    a.baseline = a.baseline.resolve() if a.baseline else None
+    info = machine()
+    print(machine_line(info), flush=True)
+    runs: dict[tuple, list[dict]] = {c: [] for c in configs}
+    for rep in range(a.repeat):  # configurations take turns, so the machine's load hits them alike
+        for code, slice_ in configs:
+            r = run_in(a.baseline if code == "before" else ROOT, a.points, a.store, slice_)
+            runs[(code, slice_)].append(r)
+            print(f"run {rep + 1}/{a.repeat} {code} slice {slice_ or 'default'}: {r['points_per_s']:.0f} points/s "
+                  f"(load {r['load_average_1m']})", flush=True)
+    rows, results = [], []
+    for (code, slice_), rs in runs.items():
+        med = lambda key: statistics.median(r[key] for r in rs if r.get(key) is not None) \
+            if any(r.get(key) is not None for r in rs) else None  # noqa: E731
+        slice_label = slice_ or ("its default" if code == "before" else settings.VECTORS_WRITE_SLICE)
+        pps = [r["points_per_s"] for r in rs]
+        results.append({"code": code, "slice": slice_label, "runs": rs, "points_per_s_median": med("points_per_s")})
+        rows.append([code, a.store, a.points, slice_label, round(med("points_per_s")),
+                     f"{round(min(pps))}–{round(max(pps))}", med("redis_commands_per_point"), med("sql_per_point"),
+                     med("store_calls_per_point"), med("worker_cpu_ms_per_point"),
+                     f"{med('chunk_ms'):.1f} / {med('chunk_sql_ms'):.1f} / {med('chunk_store_ms'):.1f}",
+                     "–".join(f"{x:.1f}" for x in sorted({min(r['load_average_1m'] for r in rs),
+                                                          max(r['load_average_1m'] for r in rs)}))])
+    table = markdown_table(["code", "store", "points", "slice", "points/s (median)", "range", "Redis cmds/point",
+                            "SQL/point", "store calls/point", "worker CPU ms/point",
+                            "one warm chunk ms: all / SQL / store", "load 1 min"], rows)
+    if a.baseline:
+        before, after = results[0]["points_per_s_median"], results[1]["points_per_s_median"]
+        table += f"\n\nafter / before: {after / before:.2f}x ({a.repeat} runs each, taking turns)"
+    print(f"\n{machine_line(info)}\n{table}")
     a.out.mkdir(parents=True, exist_ok=True)
-    write_json(a.out / f"sink-{a.store}.json", result)
-    (a.out / f"sink-{a.store}.md").write_text(table + "\n")
+    write_json(a.out / f"sink-{a.store}.json", {"machine": info, "store": a.store, "points": a.points,
+                                                "results": results})
+    (a.out / f"sink-{a.store}.md").write_text(f"{machine_line(info)}\n\n{table}\n")
+    plot(results, a.out / "sink.png", title=f"{a.points:,} points, {a.store} store, {info['cpu']}")
+    if a.docs:
+        plot(results, ROOT / "docs" / "bench" / "sink.png", title=f"{a.points:,} points, {a.store} store, {info['cpu']}")
+
+
+def plot(results: list[dict], path: Path, *, title: str) -> None:
+    """Points/s of every run, one column per configuration, the median marked, the 3,000 target drawn."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for x, r in enumerate(results):
+        ys = [run["points_per_s"] for run in r["runs"]]
+        ax.plot([x] * len(ys), ys, "o", alpha=0.6)
+        ax.plot([x - 0.2, x + 0.2], [r["points_per_s_median"]] * 2, "k-")
+    ax.axhline(3000, color="grey", ls="--", label="target 3,000 points/s")
+    ax.set_xticks(range(len(results)), [f"{r['code']}\nslice {r['slice']}" for r in results])
+    ax.set_ylabel("points/s, Redis → vectors worker → store → marks")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

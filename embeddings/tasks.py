@@ -137,7 +137,9 @@ def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) 
     metrics.count_images(lane=lanes.INTERACTIVE, status="expired", n=len(image_ids))
 
 
-@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None)
+# ignore_result: nobody reads a chunk's result (its outcome is in the database), so neither the
+# worker (GET, SETEX, PUBLISH per task) nor its sender (SUBSCRIBE) talks to the result backend.
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None, ignore_result=True)
 def index_chunk(job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
                 upsert_ms: float = 0.0) -> dict:
     """Write a bulk chunk's points and mark its images embedded, yielding to interactive work

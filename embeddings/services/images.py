@@ -320,10 +320,13 @@ def images_still_queued(image_ids: Iterable[str]) -> set[str]:
             .values_list("id", flat=True)}
 
 
-def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict[str, object] | None = None) -> int:
+def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict[str, object] | None = None,
+                    returning: bool = False) -> int | set[str]:
     """One ``UPDATE`` giving each row its own ``(width, height, format)``: ``SET width = CASE key
     WHEN id THEN value ... ELSE width END, ...`` over the rows whose ``key`` (``id`` or
     ``duplicate_of``) is in ``rows`` and whose status is ``status``; ``sets`` adds plain columns.
+    ``returning``: the same statement also names the rows it changed (``RETURNING id``: PostgreSQL,
+    SQLite ≥ 3.35).
 
     Written as SQL because the ORM's ``Case(When(...))`` resolves every branch as an expression:
     measured here, that cost more than the statements it saves (0.45 s of Python per 64-image chunk
@@ -331,7 +334,7 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
     hex text on SQLite, ``uuid`` on PostgreSQL), so it runs on both backends.
 
     Returns:
-        The number of rows updated.
+        The number of rows updated; with ``returning``, their ids.
     """
     meta = Image._meta
     qn = connection.ops.quote_name
@@ -350,8 +353,12 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
             params += [i, facts[n]]
     sql = (f"UPDATE {qn(meta.db_table)} SET {', '.join(assignments)} WHERE {qn(key_field.column)} IN "
            f"({', '.join(['%s'] * len(ids))}) AND {qn(meta.get_field('status').column)} = %s")
+    if returning:
+        sql += f" RETURNING {qn(meta.pk.column)}"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *ids, status])
+        if returning:  # hex text on SQLite, uuid on PostgreSQL
+            return {str(meta.pk.to_python(r[0])) for r in cursor.fetchall()}
         return cursor.rowcount
 
 
@@ -361,11 +368,13 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     its decision. Their skipped duplicates get the same width, height and format.
     ``items``: ``{"id", "width", "height", "format"}`` dicts.
 
-    Three statements per call whatever its length (issue 11: it was two UPDATEs per image): read
-    which rows are still queued, locking them (``FOR UPDATE`` on PostgreSQL; SQLite's ``IMMEDIATE``
-    transactions hold the write lock from ``BEGIN``), one UPDATE of those rows with per-row values
-    (:func:`_update_per_row`), one UPDATE of their skipped copies. Nobody can change the rows
-    between the read and the write, so the rows read are exactly the rows marked.
+    Two statements per call whatever its length (issue 11: it was two UPDATEs per image; issue 10:
+    three), in one transaction: one ``UPDATE ... WHERE status = 'queued' RETURNING id`` of the rows
+    with per-row values (:func:`_update_per_row`), whose answer is exactly the rows it changed (on
+    PostgreSQL a concurrent writer's row is re-checked after its lock is released; SQLite's
+    ``IMMEDIATE`` transactions hold the write lock from ``BEGIN``), then one UPDATE of their skipped
+    copies. A database without ``RETURNING`` (SQLite < 3.35) reads the queued rows first, locking
+    them (``FOR UPDATE``): three statements.
 
     Returns:
         The ids marked embedded now.
@@ -373,21 +382,25 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     facts = {str(it["id"]): (it["width"], it["height"], it["format"]) for it in items}
     if not facts:
         return set()
+    sets = {"status": ImageStatus.EMBEDDED.value, "reason": "", "reason_detail": "", "embedded_at": timezone.now()}
     with transaction.atomic():
-        live = [str(i) for i in Image.objects.select_for_update().filter(id__in=list(facts), status=ImageStatus.QUEUED)
-                .order_by().values_list("id", flat=True)]
+        if connection.features.can_return_columns_from_insert:  # the same SQLite versions have UPDATE ... RETURNING
+            live = _update_per_row(key="id", rows=facts, status=ImageStatus.QUEUED, sets=sets, returning=True)
+        else:
+            live = {str(i) for i in Image.objects.select_for_update().filter(id__in=list(facts),
+                                                                             status=ImageStatus.QUEUED)
+                    .order_by().values_list("id", flat=True)}
+            if live:
+                _update_per_row(key="id", rows={i: facts[i] for i in live}, status=ImageStatus.QUEUED, sets=sets)
         if not live:
             return set()
-        rows = {i: facts[i] for i in live}
-        _update_per_row(key="id", rows=rows, status=ImageStatus.QUEUED, sets={
-            "status": ImageStatus.EMBEDDED.value, "reason": "", "reason_detail": "", "embedded_at": timezone.now()})
         # their skipped copies carry their facts (they were created while it was queued)
-        _update_per_row(key="duplicate_of", rows=rows, status=ImageStatus.SKIPPED)
-    return set(live)
+        _update_per_row(key="duplicate_of", rows={i: facts[i] for i in live}, status=ImageStatus.SKIPPED)
+    return live
 
 
 def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = (),
-                   point_ids: Iterable[str] | None = None) -> dict[str, dict]:
+                   point_ids: Iterable[str] | None = None, queued: set[str] | None = None) -> dict[str, dict]:
     """Qdrant payload per sha256, recomputed from the database: ``{"sha256", "owner_ids", "job_ids"}``.
 
     Owners and jobs come from every embedded row with those bytes under ``model_id``, plus the rows
@@ -397,6 +410,12 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     them on a hot path: the ``point_id`` index then finds the rows, where ``model_id`` + ``sha256``
     alone has no index of its own (the one on them starts with ``owner``) and scans the whole table
     per call (issue 11: 2.2 s per chunk at 100,000 images on SQLite, measured).
+
+    ``queued``: a set to fill, for a writer about to write the points of ``including`` (one read
+    where it took two, ``pipeline.chunk_index``): a row of ``including`` then counts only while it
+    is still ``queued`` or ``embedded`` (one cancelled or expired meanwhile is not written), and the
+    ids of those still queued are added to the set. Those rows must share the points' model, bytes
+    and ``point_ids``, as every row being written does.
     """
     shas = set(shas)
     payloads = {s: {"sha256": s, "owner_ids": set(), "job_ids": set()} for s in shas}
@@ -405,8 +424,12 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
         rows = rows.filter(point_id__in=list(point_ids))
     rows = rows.filter(
         Q(status=ImageStatus.EMBEDDED) | Q(id__in=list(including))
-    ).values_list("sha256", "owner_id", "job_id")
-    for sha, owner_id, job_id in rows:
+    ).values_list("sha256", "owner_id", "job_id", "id", "status")
+    for sha, owner_id, job_id, image_id, status in rows:
+        if queued is not None and status != ImageStatus.EMBEDDED:
+            if status != ImageStatus.QUEUED:  # a row of ``including`` decided meanwhile
+                continue
+            queued.add(str(image_id))
         payloads[sha]["owner_ids"].add(owner_id)
         if job_id:
             payloads[sha]["job_ids"].add(str(job_id))

@@ -159,13 +159,15 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
             "stat_id": stat.id}
 
 
-def _write_points(items: list[dict]) -> float:
-    """Upsert ``items`` with payloads recomputed from the database; returns the upsert wall time (ms)."""
+def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:
+    """Upsert ``items`` with ``payloads`` (by sha256; ``None``: recomputed from the database, counting
+    the items' rows); returns the upsert wall time (ms)."""
     model_id = runtime.model_id()
-    payloads = image_services.point_payloads(
-        model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
-        point_ids=[it["point_id"] for it in items],
-    )
+    if payloads is None:
+        payloads = image_services.point_payloads(
+            model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
+            point_ids=[it["point_id"] for it in items],
+        )
     points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
               for it in items]
     t0 = time.perf_counter()
@@ -173,7 +175,21 @@ def _write_points(items: list[dict]) -> float:
     return (time.perf_counter() - t0) * 1000
 
 
-def _write_queued(items: list[dict]) -> tuple[list[dict], float]:
+def _queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
+    """One read before writing ``items``' points: the ids of those whose images are still queued,
+    and the payload (by sha256) of every item's point, counting those rows
+    (``images.point_payloads`` with ``queued``)."""
+    if not items:
+        return set(), {}
+    queued: set[str] = set()
+    payloads = image_services.point_payloads(
+        model_id=runtime.model_id(), shas=[it["sha256"] for it in items],
+        including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
+    return queued, payloads
+
+
+def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None
+                  ) -> tuple[list[dict], float]:
     """Write the points of the items whose images are still queued, then mark those embedded.
 
     An image decided meanwhile by another process is left alone: cancelled with its job, expired
@@ -182,14 +198,18 @@ def _write_queued(items: list[dict]) -> tuple[list[dict], float]:
     payload rewritten from the database when other rows share it), so Qdrant never holds a point
     that no embedded row accounts for.
 
+    Args:
+        read: :func:`_queued_payloads` of these items or of a larger batch holding them, read
+            earlier by the caller (one read per chunk instead of one per slice); ``None``: read now.
+
     Returns:
         ``(items marked embedded now, upsert wall time in ms)``.
     """
-    live_ids = image_services.images_still_queued(it["id"] for it in items)
-    live = [it for it in items if it["id"] in live_ids]
+    queued, payloads = read if read is not None else _queued_payloads(items)
+    live = [it for it in items if it["id"] in queued]
     if not live:
         return [], 0.0
-    upsert_ms = _write_points(live)
+    upsert_ms = _write_points(live, payloads)
     marked = image_services.images_mark_embedded(live)
     for it in live:
         if it["id"] not in marked:
@@ -200,9 +220,11 @@ def _write_queued(items: list[dict]) -> tuple[list[dict], float]:
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
                 upsert_ms: float = 0.0) -> dict:
     """Write a chunk's points slice by slice, marking each slice's images embedded once (and only
-    once) its points are written; refresh the job when the chunk is written. Images no longer
-    queued when their slice comes (the job was cancelled meanwhile) are not written
-    (:func:`_write_queued`).
+    once) its points are written; refresh the job when the chunk is written. Which images are still
+    queued, and their points' payloads, are read once for the whole part (:func:`_queued_payloads`);
+    an image no longer queued then is not written, and one decided between that read and its
+    slice's mark (the job was cancelled meanwhile) has its point taken back (:func:`_write_queued`).
+    Per slice: one store call, two SQL statements (``images_mark_embedded``), one look at the queue.
 
     Between slices (``VECTORS_WRITE_SLICE`` points) the vectors worker looks at its queue: when
     interactive work waits there, the chunk yields: the rest goes back to the ``vectors`` queue as
@@ -231,6 +253,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
+    read = _queued_payloads(items)
 
     def send_rest() -> dict:
         """Queue the unwritten rest as a new ``index_chunk`` at the chunk's priority; this part's result."""
@@ -242,7 +265,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         part = items[written : written + size]
         try:
             try:
-                marked, part_ms = _write_queued(part)
+                marked, part_ms = _write_queued(part, read)
                 upsert_ms += part_ms
             except UnexpectedResponse as e:
                 if (e.status_code or 0) < 500:

@@ -347,8 +347,8 @@ def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, 
     job, args = embedded_chunk(user, sent, n=4)
     real_write, writes = pipeline._write_points, []
 
-    def write_then_cancel(items):
-        ms = real_write(items)
+    def write_then_cancel(items, *payloads):
+        ms = real_write(items, *payloads)
         writes.append(len(items))
         if len(writes) == 2:  # second slice: cancelled after its points were written
             job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
