@@ -100,20 +100,24 @@ def _end_if_expired(task, out: dict, deadline_ts: float | None) -> dict:
 
 
 @shared_task(bind=True)
-def embed_query(self, storage_key: str, sha256: str, deadline_ts: float | None = None) -> dict:
-    """Embed a query image → ``{"vector": base64}`` or ``{"reason", "detail"}``; reason
-    ``expired`` without running the model once ``deadline_ts`` (Unix s) has passed."""
+def embed_query(self, storage_key: str, sha256: str, deadline_ts: float | None = None,
+                model_id: str | None = None) -> dict:
+    """Embed a query image with space ``model_id``'s model (None: this worker's configured model) →
+    ``{"vector": base64}`` or ``{"reason", "detail"}``; reason ``expired`` without running the
+    model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
         return _end_if_expired(self, pipeline.query_embed(storage_key=storage_key, sha256=sha256,
-                                                          deadline_ts=deadline_ts), deadline_ts)
+                                                          deadline_ts=deadline_ts, model_id=model_id), deadline_ts)
 
 
 @shared_task(bind=True)
-def encode_text(self, text: str, deadline_ts: float | None = None) -> dict:
-    """Embed a text query → ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without
-    running the model once ``deadline_ts`` (Unix s) has passed."""
+def encode_text(self, text: str, deadline_ts: float | None = None, model_id: str | None = None) -> dict:
+    """Embed a text query with space ``model_id``'s model (None: this worker's configured model) →
+    ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without running the model once
+    ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
-        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts), deadline_ts)
+        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts, model_id=model_id),
+                               deadline_ts)
 
 
 @task_revoked.connect
@@ -162,21 +166,31 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
 
 
 @shared_task
-def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None) -> dict:
-    """Top-k by a query ``{"vector": base64}`` → ``{"results": [...]}`` (refusals pass through)."""
-    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id)
+def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str | None = None) -> dict:
+    """Top-k by a query ``{"vector": base64}`` in space ``model_id`` (None: this worker's configured model) →
+    ``{"results": [...]}`` (refusals pass through)."""
+    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id)
 
 
 @shared_task
-def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None) -> list[dict] | None:
-    """Top-k by a stored point's vector (None when the point does not exist)."""
-    return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id)
+def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None,
+                 model_id: str | None = None) -> list[dict] | None:
+    """Top-k by a stored point's vector in space ``model_id`` (None when the point does not exist)."""
+    return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id)
 
 
 @shared_task
-def forget_point(point_id: str, sha256: str) -> str:
-    """Delete a point (or its deleted row's share of it)."""
-    return pipeline.point_forget(point_id=point_id, sha256=sha256)
+def forget_point(point_id: str, sha256: str, model_id: str | None = None) -> str:
+    """Delete a point of space ``model_id`` (or its deleted row's share of it)."""
+    return pipeline.point_forget(point_id=point_id, sha256=sha256, model_id=model_id)
+
+
+@shared_task
+def drop_collection(model_id: str, collection: str, dim: int) -> bool:
+    """Delete a dropped space's collection with its points (``services.migrations.space_drop``)."""
+    from embeddings import runtime
+
+    return runtime.drop_collection(model_id, collection, dim)
 
 
 def worker_niceness(queues) -> int:
@@ -239,12 +253,64 @@ def warm_model(sender, **kwargs) -> None:
             # EX_CONFIG, so the process manager shows a configuration error.
             log.critical("refusing to serve the interactive lane: %s", e)
             raise SystemExit(EX_CONFIG) from e
+        _start_space_warmer()
+
+
+#: Seconds between two looks for spaces an interactive worker should hold loaded (issue 13).
+WARM_SPACES_INTERVAL_S = 1.0
+
+
+def _start_space_warmer() -> None:
+    """A daemon thread of an interactive worker: every :data:`WARM_SPACES_INTERVAL_S` it loads the
+    model of each candidate / standby / active space this worker is configured for
+    (``runtime.warm_spaces``), so a promotion or a rollback never makes a waiting person pay for a
+    model load. A failed round is logged and retried."""
+    import threading
+
+    from embeddings import runtime
+
+    def loop() -> None:
+        failures = 0
+        while True:
+            try:
+                for model_id in runtime.warm_spaces():
+                    log.info("loaded the model of space %s ahead of a promotion", model_id)
+                failures = 0
+            except Exception:  # noqa: BLE001 - database down, weights missing: keep the worker serving
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.exception("warming the embedding spaces' models failed (%d in a row)", failures)
+            time.sleep(WARM_SPACES_INTERVAL_S)
+
+    threading.Thread(target=loop, name="space-warmer", daemon=True).start()
+
+
+@worker_ready.connect
+def warn_configured_model_not_active(sender, **kwargs) -> None:
+    """At a worker's start: say so loudly when CLIP_MODEL is not the active space's model (the
+    active row decides; changing the variables is a migration: docs/operations.md)."""
+    from embeddings import runtime
+
+    try:
+        warning = runtime.configured_model_warning()
+    except Exception:  # noqa: BLE001 - no database yet: the first read creates the space
+        return
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def migration_fill(space_id: int) -> int:
+    """Create and queue a migration's copy rows, a batch at a time (``services.migrations``)."""
+    from embeddings.services.migrations import migration_fill as fill
+
+    return fill(space_id=space_id)
 
 
 @shared_task
-def collection_stats() -> dict:
-    """The collection's name and exact point count."""
-    return pipeline.point_count()
+def collection_stats(model_id: str | None = None) -> dict:
+    """Space ``model_id``'s collection name and exact point count (None: this worker's configured model)."""
+    return pipeline.point_count(model_id)
 
 
 @shared_task
@@ -265,3 +331,39 @@ def start_reconciler(sender, **kwargs) -> None:
         from embeddings.services.reconcile import reconciler_start
 
         reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)
+
+
+# --- quality gate and cutoff (issue 13B: embeddings/services/gate.py, cutoff.py) -----------------
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
+def gate_embed(model_id: str, picks: list[dict], reference: str | None = None) -> dict:
+    """Embed the quality gate's re-encoded copies with space ``model_id``'s model and the
+    ``reference`` space's (bulk queue, one bulk turn: it computes like a chunk)."""
+    from embeddings.services import gate
+
+    with admission.bulk_turn():
+        return gate.gate_embed(model_id=model_id, picks=picks, reference=reference)
+
+
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
+def gate_check(embedded: dict, model_id: str, run: str) -> dict:
+    """Search each copy's top-1 in space ``model_id``'s collection and record the gate report."""
+    from embeddings.services import gate
+
+    return gate.gate_check(embedded=embedded, model_id=model_id, run=run)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def cutoff_encode_texts(model_id: str) -> dict:
+    """The calibration prompts through space ``model_id``'s text tower (bulk queue)."""
+    from embeddings.services import cutoff
+
+    return cutoff.encode_prompts(model_id=model_id)
+
+
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
+def cutoff_compute(texts: dict, model_id: str) -> dict:
+    """Compute and store space ``model_id``'s cutoffs from its stored vectors (vectors queue)."""
+    from embeddings.services import cutoff
+
+    return cutoff.calibrate(model_id=model_id, texts=texts)

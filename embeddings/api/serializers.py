@@ -82,7 +82,7 @@ class JobSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Job
-        fields = ("id", "name", "status", "priority", "deadline", "model_id", "chunk_size", "total",
+        fields = ("id", "name", "kind", "status", "priority", "deadline", "model_id", "chunk_size", "total",
                   "created_at", "started_at", "finished_at")
         read_only_fields = fields
 
@@ -266,6 +266,9 @@ class StatsSerializer(serializers.Serializer):
 
     images = serializers.DictField(child=serializers.IntegerField(), help_text="images per status")
     distinct_embedded = serializers.IntegerField()
-    collection = serializers.CharField(help_text="the vector store collection of this model and precision")
+    collection = serializers.CharField(help_text="the active embedding space's vector store collection")
     points = serializers.IntegerField(help_text="points in the collection")
+    model_id = serializers.CharField(help_text="the active embedding space")
+    spaces = serializers.ListField(child=serializers.DictField(), help_text="every embedding space: model_id, state, "
+                                   "collection, embedded_rows (its rows, migration copies included)")
     lanes = serializers.DictField(help_text="per lane: stage min / avg / max / p95 over its last batches")

@@ -306,12 +306,22 @@ class StatsView(APIView):
 
         if not request.user.is_staff:
             raise ApplicationError("staff only", code="forbidden", status=403)
-        counts = {r["status"]: r["n"] for r in Image.objects.values("status").annotate(n=Count("id"))}
-        distinct = Image.objects.filter(status="embedded").values("sha256", "model_id").distinct().count()
-        store = sink.store_call("collection_stats")
+        from embeddings.models import EmbeddingSpace
+        from embeddings.services import spaces
+
+        users = Image.objects.filter(source__isnull=True)  # the users' rows, not migration copies (issue 13)
+        counts = {r["status"]: r["n"] for r in users.values("status").annotate(n=Count("id"))}
+        distinct = users.filter(status="embedded").values("sha256").distinct().count()
+        active = spaces.active()
+        store = sink.store_call("collection_stats", active.model_id)
+        embedded = dict(Image.objects.filter(status="embedded").values("model_id").annotate(n=Count("id"))
+                        .values_list("model_id", "n"))
+        per_space = [{"model_id": sp.model_id, "state": sp.state, "collection": sp.collection,
+                      "embedded_rows": embedded.get(sp.model_id, 0)} for sp in EmbeddingSpace.objects.all()]
         from embeddings.metrics import lane_summaries
 
-        return Response({"images": counts, "distinct_embedded": distinct, **store,
+        return Response({"images": counts, "distinct_embedded": distinct, **store, "model_id": active.model_id,
+                         "spaces": per_space,
                          "lanes": lane_summaries()})  # stage min/avg/max/p95 over each lane's last batches
 
 

@@ -11,6 +11,7 @@ from typing import Iterable, Sequence
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from embeddings import runtime
@@ -145,7 +146,21 @@ def images_create(
                 _make_duplicate(im, im.duplicate_of.duplicate_of)
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
+        _dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
     return rows
+
+
+def _dual_copies(originals: list[Image]) -> None:
+    """During a migration, and while a standby space exists (``spaces.dual_targets``): a copy of
+    each new original in every such space, in the creating transaction, queued on the bulk lane
+    at background priority after commit (``migrations.copies_create``): the interactive answer
+    never waits for it, and a rollback or a promotion loses no upload."""
+    if not originals:
+        return
+    from embeddings.services import migrations, spaces
+
+    for space in spaces.dual_targets():
+        migrations.dual_embed(space=space, originals=originals)
 
 
 def _lock_bytes(shas: Iterable[str]) -> None:
@@ -404,7 +419,9 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     """Qdrant payload per sha256, recomputed from the database: ``{"sha256", "owner_ids", "job_ids"}``.
 
     Owners and jobs come from every embedded row with those bytes under ``model_id``, plus the rows
-    in ``including`` (being embedded now), so a shared point lists every owner that may see it.
+    in ``including`` (being embedded now), so a shared point lists every owner that may see it. A
+    row re-embedded for another space (``source`` set: a migration or dual-embedding copy) lists
+    its user row's job, so a ``job_id`` filter finds the user's images after a model switch.
 
     ``point_ids``: the points being written (every row of one model and bytes shares one). Give
     them on a hot path: the ``point_id`` index then finds the rows, where ``model_id`` + ``sha256``
@@ -424,7 +441,7 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
         rows = rows.filter(point_id__in=list(point_ids))
     rows = rows.filter(
         Q(status=ImageStatus.EMBEDDED) | Q(id__in=list(including))
-    ).values_list("sha256", "owner_id", "job_id", "id", "status")
+    ).values_list("sha256", "owner_id", Coalesce("source__job_id", "job_id"), "id", "status")  # a copy: its user row's job
     for sha, owner_id, job_id, image_id, status in rows:
         if queued is not None and status != ImageStatus.EMBEDDED:
             if status != ImageStatus.QUEUED:  # a row of ``including`` decided meanwhile
@@ -454,6 +471,11 @@ def images_delete(*, images: QuerySet[Image]) -> int:
     return images.delete()[1].get(Image._meta.label, 0)
 
 
+#: Spaces whose copy rows this process is deleting with their collection (``migrations.space_drop``):
+#: no per-row settlement, no forget message per point.
+DROPPING: set[str] = set()
+
+
 def image_deleted(*, image: Image, single: bool = True) -> None:
     """What follows the deletion of a row, however it went: ``image_delete``, the admin, or the
     cascade from deleting its job or owner (the ``post_delete`` signal in ``embeddings.models``).
@@ -468,6 +490,8 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
             a 503 when the vectors worker does not answer); otherwise (a cascade, a bulk delete) one
             message per point at bulk priority, so a large delete never holds up searches.
     """
+    if image.model_id in DROPPING:  # a dropped space's copies: their points went with its collection
+        return
     if image.duplicate_of_id is None and image.status in LIVE_ORIGINAL_STATUSES:
         _settle(owner_id=image.owner_id, model_id=image.model_id, sha256=image.sha256, gone=image)
     # a queued row's point may have been written a moment ago (its vectors were on their way)
@@ -481,9 +505,9 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
 
     try:
         if has_point and single:
-            sink.store_call("forget_point", str(image.point_id), image.sha256)
+            sink.store_call("forget_point", str(image.point_id), image.sha256, image.model_id)
         elif has_point:
-            sink.store_send("forget_point", str(image.point_id), image.sha256, interactive=False)
+            sink.store_send("forget_point", str(image.point_id), image.sha256, image.model_id, interactive=False)
     finally:
         key, store = image.storage_key, runtime.blob_store()
         with transaction.atomic():

@@ -21,6 +21,7 @@ from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lan
 from embeddings.selectors import hits_to_results
 from embeddings.services import images as image_services
 from embeddings.services import jobs as job_services
+from embeddings.services.spaces import ModelNotConfigured
 from workers.errors import Reason
 from workers.timing import StageTimings
 from workers.vector_store import Point
@@ -78,9 +79,11 @@ def _thumbnailer(shas: dict[str, str]):
     return on_decoded
 
 
-def _item(meta, vector, point_id: str, sha256: str) -> dict:
+def _item(meta, vector, point_id: str, sha256: str, model_id: str) -> dict:
+    """One computed vector on its way to the store: the image, its point, facts, and the embedding
+    space (``model_id``) whose collection it goes to."""
     return {"id": meta.key, "point_id": point_id, "sha256": sha256, "width": meta.width, "height": meta.height,
-            "format": meta.format, "vector": encode_vector(vector)}
+            "format": meta.format, "vector": encode_vector(vector), "model_id": model_id}
 
 
 def _stat(*, job_id, lane: str, images: int, failed: int, timings: StageTimings) -> BatchStat:
@@ -127,6 +130,12 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         job_services.job_refresh(job_id=job_id)
         return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
     job_services.job_mark_started(job_id=job_id, status=job.status)
+    try:  # the chunk's model is its job's (a migration job: the space it fills)
+        runner = runtime.batch_runner(job.model_id)
+    except ModelNotConfigured as e:
+        image_services.images_mark_failed([(i, Reason.MODEL_NOT_CONFIGURED.value, str(e)) for i in rows])
+        job_services.job_refresh(job_id=job_id)
+        return {"embedded": 0, "failed": len(rows), "skipped": len(image_ids) - len(rows), "stat_id": None}
     if exhausted:  # a poison chunk (its worker dies every time) must not be redelivered forever
         image_services.images_mark_failed([(str(i), Reason.ATTEMPTS_EXHAUSTED.value, f"delivered {settings.BULK_MAX_ATTEMPTS} "
                                             f"times without finishing") for i in exhausted])
@@ -139,14 +148,14 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
     chunk_started = time.time()
-    result = runtime.batch_runner().run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
+    result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
                                         _thumbnailer({k: v[1] for k, v in rows.items()}))
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
     metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))
     metrics.count_images(lane=Lane.BULK, status="skipped", n=len(image_ids) - len(ordered))
     metrics.job_record_utilisation(job_id=job_id, since=chunk_started - sampler.interval_s, config=settings.PIPELINE)
-    items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(result.metas, result.vectors)]
+    items = [_item(m, v, rows[m.key][2], rows[m.key][1], job.model_id) for m, v in zip(result.metas, result.vectors)]
     if items and sink.is_direct():  # a Qdrant server: this worker writes its own points, no vector crosses Redis
         chunk_index(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)
     elif items:
@@ -162,7 +171,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
 def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:
     """Upsert ``items`` with ``payloads`` (by sha256; ``None``: recomputed from the database, counting
     the items' rows); returns the upsert wall time (ms)."""
-    model_id = runtime.model_id()
+    model_id = items[0].get("model_id") or runtime.model_id()  # one space per call: a chunk's job, a request's rows
     if payloads is None:
         payloads = image_services.point_payloads(
             model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
@@ -171,7 +180,7 @@ def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) ->
     points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
               for it in items]
     t0 = time.perf_counter()
-    runtime.vector_store().upsert(points)
+    runtime.vector_store(model_id).upsert(points)
     return (time.perf_counter() - t0) * 1000
 
 
@@ -183,7 +192,7 @@ def _queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
         return set(), {}
     queued: set[str] = set()
     payloads = image_services.point_payloads(
-        model_id=runtime.model_id(), shas=[it["sha256"] for it in items],
+        model_id=items[0].get("model_id") or runtime.model_id(), shas=[it["sha256"] for it in items],
         including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
     return queued, payloads
 
@@ -213,7 +222,7 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     marked = image_services.images_mark_embedded(live)
     for it in live:
         if it["id"] not in marked:
-            point_forget(point_id=it["point_id"], sha256=it["sha256"])
+            point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=it.get("model_id"))
     return [it for it in live if it["id"] in marked], upsert_ms
 
 
@@ -306,17 +315,17 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     """
     from workers.batcher import Expired
 
-    rows = {
-        str(i): (key, sha, str(pid))
-        for i, key, sha, pid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
-            "id", "storage_key", "sha256", "point_id"
-        )
-    }
+    rows, models = {}, set()
+    for i, key, sha, pid, mid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
+            "id", "storage_key", "sha256", "point_id", "model_id"):
+        rows[str(i)] = (key, sha, str(pid))
+        models.add(mid)
+    model_id = models.pop() if len(models) == 1 else runtime.model_id()  # one request: one space
     ordered = [i for i in image_ids if i in rows]
     expired = lambda ids: [[i, Reason.EXPIRED.value, "deadline passed before the model ran"] for i in ids]  # noqa: E731
     if time.time() > deadline_ts:
         return {"items": [], "failed": expired(ordered), "timings": {}}
-    runner = runtime.batch_runner()
+    runner = runtime.batch_runner(model_id)
     prepared = runner.prepare(ordered, _loader({k: v[:2] for k, v in rows.items()}),
                               _thumbnailer({k: v[1] for k, v in rows.items()}))
     failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
@@ -325,10 +334,10 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     if prepared.metas:
         try:
             with timings.measure("embed"):
-                vectors = runtime.dynamic_batcher().embed(prepared.pixels, deadline=deadline_ts)
+                vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
         except Expired:
             return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
-        items = [_item(m, v, rows[m.key][2], rows[m.key][1]) for m, v in zip(prepared.metas, vectors)]
+        items = [_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(prepared.metas, vectors)]
     timings.total = (time.perf_counter() - prepared.started) * 1000
     return {"items": items, "failed": failed, "timings": timings.as_dict()}
 
@@ -354,7 +363,10 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
         stat = _stat(job_id=None, lane=Lane.INTERACTIVE, images=len(items) + len(failed), failed=len(failed), timings=t)
         BatchStat.objects.filter(id=stat.id).update(upsert_ms=upsert_ms, total_ms=t.total + upsert_ms,
                                                     finished_at=timezone.now())
-    store, model_id = runtime.vector_store(), runtime.model_id()
+    # the request's space: its rows' (created in the space active when it arrived)
+    model_id = (items[0].get("model_id") if items else None) or next(iter(
+        Image.objects.filter(id__in=skipped_ids).values_list("model_id", flat=True)[:1]), None) or runtime.model_id()
+    store = runtime.vector_store(model_id)
     out: dict[str, dict] = {}
     queries = {it["id"]: (uuid.UUID(it["point_id"]), decode_vector(it["vector"])) for it in items}
     skipped = Image.objects.filter(id__in=skipped_ids).values_list("id", "point_id")
@@ -383,66 +395,91 @@ def _query_expired(deadline_ts: float | None) -> dict | None:
     return {"reason": Reason.EXPIRED.value, "detail": f"deadline passed {late:.3f} s before the model ran"}
 
 
-def query_embed(*, storage_key: str, sha256: str, deadline_ts: float | None = None) -> dict:
+def query_embed(*, storage_key: str, sha256: str, deadline_ts: float | None = None,
+                model_id: str | None = None) -> dict:
     """Embed a query image (not stored as an Image) through the process's dynamic batcher, shared
     with interactive uploads. A query whose deadline (Unix s) has passed before decoding, or before
     the batcher hands it to the model, is not computed: nobody waits for it any more.
 
+    ``model_id``: the space searched (the web sends the active one; None: this worker's configured model).
+
     Returns:
-        ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded or the
-        deadline passed (reason ``expired``).
+        ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded, the
+        deadline passed (reason ``expired``), or this worker may not load that model
+        (``model_not_configured``).
     """
     from workers.batcher import Expired
 
     if (refused := _query_expired(deadline_ts)) is not None:
         return refused
-    prepared = runtime.batch_runner().prepare([storage_key], lambda key: runtime.blob_store().read(key, sha256))
+    try:
+        runner = runtime.batch_runner(model_id)
+    except ModelNotConfigured as e:
+        return {"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)}
+    prepared = runner.prepare([storage_key], lambda key: runtime.blob_store().read(key, sha256))
     if prepared.failed:
         return {"reason": prepared.failed[0].reason, "detail": prepared.failed[0].detail}
     try:
-        vectors = runtime.dynamic_batcher().embed(prepared.pixels, deadline=deadline_ts)
+        vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
     except Expired:
         return _query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value, "detail": "deadline passed"}
     return {"vector": encode_vector(vectors[0])}
 
 
-def text_embed(*, text: str, deadline_ts: float | None = None) -> dict:
-    """Embed a text query → ``{"vector": base64}``; ``{"reason": "expired", "detail"}`` without
-    running the model when its deadline (Unix s) has passed."""
+def text_embed(*, text: str, deadline_ts: float | None = None, model_id: str | None = None) -> dict:
+    """Embed a text query with space ``model_id``'s text tower (None: this worker's configured
+    model, as in messages sent before issue 13) → ``{"vector": base64}``; ``{"reason": "expired",
+    "detail"}`` without running the model when its deadline (Unix s) has passed;
+    ``model_not_configured`` when this worker may not load it."""
     if (refused := _query_expired(deadline_ts)) is not None:
         return refused
-    return {"vector": encode_vector(runtime.encoder_holder().get().encode_texts([text])[0])}
+    try:
+        holder = runtime.encoder_holder(model_id)
+    except ModelNotConfigured as e:
+        return {"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)}
+    return {"vector": encode_vector(holder.get().encode_texts([text])[0])}
 
 
-def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None) -> dict:
-    """Top-k images for a query ``{"vector": base64}``, restricted to ``owner_id`` (None: all) and a
-    job. A refused query image (``{"reason", "detail"}``) is passed through unchanged.
+def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None,
+                  model_id: str | None = None) -> dict:
+    """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection (None: the
+    active space), restricted to ``owner_id`` (None: all) and a job. A refused query image
+    (``{"reason", "detail"}``) is passed through unchanged.
 
     Returns:
         ``{"results": [...]}`` or the refusal.
     """
     if "vector" not in query:
         return query
-    hits = runtime.vector_store().search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id)
-    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=runtime.model_id())}
+    hits = runtime.vector_store(model_id).search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id)
+    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
 
 
-def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None) -> list[dict] | None:
-    """Top-k images similar to a stored point (itself included); ``None`` if the point is missing."""
-    store = runtime.vector_store()
+def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None,
+                 model_id: str | None = None) -> list[dict] | None:
+    """Top-k images similar to a stored point (itself included) of space ``model_id`` (None: the
+    active space); ``None`` if the point is missing."""
+    store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:
         return None
     hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id)
-    return hits_to_results(hits, owner_id=owner_id, model_id=runtime.model_id())
+    return hits_to_results(hits, owner_id=owner_id, model_id=model_id)
 
 
-def point_forget(*, point_id: str, sha256: str) -> str:
-    """After an image row is deleted: delete its point, or rewrite its payload if other rows share it.
+def point_forget(*, point_id: str, sha256: str, model_id: str | None = None) -> str:
+    """After an image row is deleted: delete its point in space ``model_id``'s collection (the row's
+    space; None: this worker's configured model), or rewrite its payload if other rows share it. A dropped space's
+    points went with its collection: nothing to do.
 
-    Returns ``"deleted"`` or ``"kept"``.
+    Returns ``"deleted"``, ``"kept"`` or ``"dropped"``.
     """
-    store, model_id = runtime.vector_store(), runtime.model_id()
+    from embeddings.models import EmbeddingSpace, SpaceState
+
+    model_id = model_id or runtime.configured_model_id()
+    if EmbeddingSpace.objects.filter(model_id=model_id, state=SpaceState.DROPPED).exists():
+        return "dropped"
+    store = runtime.vector_store(model_id)
     payload = image_services.point_payloads(model_id=model_id, shas=[sha256])[sha256]
     pid = uuid.UUID(point_id)
     with transaction.atomic():
@@ -453,7 +490,7 @@ def point_forget(*, point_id: str, sha256: str) -> str:
         return "deleted"
 
 
-def point_count() -> dict:
-    """``{"collection": name, "points": exact count}`` of this embedding space."""
-    store = runtime.vector_store()
+def point_count(model_id: str | None = None) -> dict:
+    """``{"collection": name, "points": exact count}`` of space ``model_id`` (None: this worker's configured model)."""
+    store = runtime.vector_store(model_id)
     return {"collection": store.collection, "points": store.count()}

@@ -88,10 +88,16 @@ def upload(request):
 
 @login_required
 def job_list(request):
-    """``/jobs/``: the user's jobs (staff: everyone's), newest first, with their counts."""
+    """``/jobs/``: the user's jobs (staff: everyone's, migration jobs included, and the embedding
+    spaces with their state), newest first, with their counts."""
     jobs = list(jobs_visible_to(request.user).select_related("owner")[:200])
     rows = [(job, job_services.job_counts(job)) for job in jobs]
-    return render(request, "site/jobs.html", {"rows": rows})
+    spaces = None
+    if request.user.is_staff:  # the embedding spaces and their roles (issue 13: changing the model)
+        from embeddings.models import EmbeddingSpace
+
+        spaces = list(EmbeddingSpace.objects.select_related("job"))
+    return render(request, "site/jobs.html", {"rows": rows, "spaces": spaces})
 
 
 @login_required

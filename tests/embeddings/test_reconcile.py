@@ -126,7 +126,7 @@ def test_interactive_images_past_their_deadline_expire_and_their_points_are_forg
     on_time.refresh_from_db()
     assert (late.status, late.reason) == ("expired", "expired") and "deadline passed" in late.reason_detail
     assert on_time.status == "queued"
-    assert sent["embeddings.tasks.forget_point"] == [(str(late.point_id), late.sha256)]
+    assert sent["embeddings.tasks.forget_point"] == [(str(late.point_id), late.sha256, late.model_id)]
 
 
 def test_an_interactive_write_arriving_after_the_reconciler_expired_its_image_writes_nothing(service, user, sent):
