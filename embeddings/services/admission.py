@@ -66,6 +66,7 @@ import functools
 import json
 import logging
 import math
+import os
 import threading
 import time
 from typing import Iterator, Sequence
@@ -95,6 +96,9 @@ HEARTBEAT_S = 5.0
 #: A worker's capacity is the images it finished over the last this-many seconds divided by the
 #: time it was busy in them (s): short enough to follow a machine that slows within seconds.
 DRAIN_WINDOW_S = 10.0
+#: Weight of a new forward pass in a worker's per-batch-size service time (EWMA per batch size,
+#: :func:`update_batch_curve`): a size seen five times since a change is ~83 % of the way there.
+BATCH_EWMA_ALPHA = 0.3
 #: Capped list of JSON records of answered interactive requests, newest last (:func:`interactive_answered`).
 ANSWERS_KEY = f"lanes:{lanes.INTERACTIVE}:answers"
 ANSWERS_KEPT = 5_000
@@ -313,6 +317,50 @@ def drain_rate(tasks: Sequence[tuple[float, float, int]], *, now: float,
     return images / busy if busy >= 0.05 else None
 
 
+def update_batch_curve(curve: dict[int, float], records: Sequence, *, alpha: float = BATCH_EWMA_ALPHA) -> dict[int, float]:
+    """Fold new batch records (``workers.batcher.BatchRecord``, oldest first) into a worker's
+    per-batch-size service time: ``{size: EWMA of service_ms}``, one EWMA per size. Pure (returns
+    a new dict)."""
+    out = dict(curve)
+    for r in records:
+        if r.size:
+            prev = out.get(r.size)
+            out[r.size] = r.service_ms if prev is None else (1 - alpha) * prev + alpha * r.service_ms
+    return out
+
+
+def batch_ms(curve: dict[int, float], size: float) -> float:
+    """Service time (ms) of one forward pass of ``size`` images (may be fractional) on a worker with
+    per-batch-size times ``curve`` (``{size: ms}``, non-empty). Pure.
+
+    Between measured sizes: linear interpolation. Below the smallest measured size: that size's
+    time (never cheaper: a pass has a fixed cost). Above the largest: proportional to the size
+    (never more images per second than measured). Both err on the long side.
+    """
+    if size <= 0:
+        return 0.0
+    sizes = sorted(curve)
+    if size <= sizes[0]:
+        return curve[sizes[0]]
+    if size >= sizes[-1]:
+        return curve[sizes[-1]] * size / sizes[-1]
+    for lo, hi in zip(sizes, sizes[1:]):
+        if lo <= size <= hi:
+            return curve[lo] + (curve[hi] - curve[lo]) * (size - lo) / (hi - lo)
+    raise AssertionError("unreachable")
+
+
+def drain_s(curve: dict[int, float], images: float, max_batch: int) -> float:
+    """Seconds of forward passes to drain ``images`` through one worker that forms batches of at most
+    ``max_batch``: full batches first, then the rest (:func:`batch_ms`). Pure.
+
+    This is what makes the prediction depend on the batch size: a worker that runs one image in
+    300 ms and eight in 550 ms drains a backlog of eight in 0.55 s, not 2.4 s.
+    """
+    full, rest = divmod(max(0.0, images), max_batch)
+    return (full * batch_ms(curve, max_batch) + batch_ms(curve, rest)) / 1000
+
+
 @dataclasses.dataclass(frozen=True)
 class LaneLoad:
     """What the interactive lane holds now and how fast it drains.
@@ -325,6 +373,10 @@ class LaneLoad:
         images_per_request: measured mean images per request (1.0 before any measurement).
         fit: the wait model fitted on recent answers (:func:`fit_wait`).
         workers: live interactive workers counted in ``capacity_ips``.
+        curves: per live worker that reported one, its per-batch-size service times
+            (``{size: ms}``, :func:`update_batch_curve`) and its largest batch; when every live
+            worker has one, the work ahead is counted in forward passes at those sizes
+            (:func:`drain_s`), else in images at ``capacity_ips``.
     """
 
     queued_messages: int
@@ -333,6 +385,7 @@ class LaneLoad:
     images_per_request: float = 1.0
     fit: WaitFit = WaitFit()
     workers: int = 0
+    curves: tuple[tuple[dict[int, float], int], ...] = ()
 
     @property
     def backlog_images(self) -> float:
@@ -340,11 +393,20 @@ class LaneLoad:
         return self.queued_messages * self.images_per_request + self.inflight_images
 
     def work_s(self, images: int = 1) -> float | None:
-        """Seconds of work ahead of (and including) a request of ``images`` arriving now, at the
-        workers' measured capacity; ``None`` when unknown."""
+        """Seconds of work ahead of (and including) a request of ``images`` arriving now; ``None``
+        when unknown.
+
+        With every live worker's per-batch-size times (:attr:`curves`): the images are shared
+        between the workers in proportion to their full-batch rates, and the work is the longest
+        worker's forward passes (:func:`drain_s`). Otherwise: images / the summed ``capacity_ips``.
+        """
         if not self.capacity_ips:
             return None
-        return (self.backlog_images + images) / self.capacity_ips
+        total = self.backlog_images + images
+        if self.curves and len(self.curves) == self.workers:
+            rates = [mb / max(1e-6, batch_ms(c, mb)) for c, mb in self.curves]
+            return max(drain_s(c, total * r / sum(rates), mb) for (c, mb), r in zip(self.curves, rates))
+        return total / self.capacity_ips
 
     def predicted_wait_s(self, images: int = 1) -> float | None:
         """Admitted→answered seconds predicted for a request of ``images`` arriving now; ``None`` when unknown."""
@@ -414,7 +476,7 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values). Pure.
 
     Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
-    request is their capacity-weighted mean.
+    request is their capacity-weighted mean; their per-batch-size times go to ``curves``.
     """
     live = []
     for raw in workers.values():
@@ -425,8 +487,10 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     per_request = (sum(w["capacity_ips"] * w.get("images_per_request", 1.0) for w in live) / capacity
                    if capacity else 1.0)
     fit = fit_wait([json.loads(a) for a in answers], now=now)
+    curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
+                   for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
-                    images_per_request=per_request, fit=fit, workers=len(live))
+                    images_per_request=per_request, fit=fit, workers=len(live), curves=curves)
 
 
 def interactive_load(client=None) -> LaneLoad:
@@ -537,6 +601,7 @@ class _Tracker:
         self.lock = threading.Lock()
         self.tasks: collections.deque[tuple[float, float, int]] = collections.deque(maxlen=2_000)
         self.last_record = None
+        self.curve: dict[int, float] = {}
         self.entry: dict | None = None
         self.worker: str | None = None
         self.heartbeat: threading.Thread | None = None
@@ -605,16 +670,19 @@ def window_stats(records: Sequence) -> dict[str, float] | None:
 
 
 def worker_entry(stats: dict | None, tasks: Sequence[tuple[float, float, int]], *, now: float,
-                 previous: dict | None = None) -> dict | None:
+                 previous: dict | None = None, curve: dict[int, float] | None = None,
+                 max_batch: int | None = None) -> dict | None:
     """A worker's :data:`WORKERS_KEY` entry. Pure.
 
     ``capacity_ips`` is :func:`drain_rate` over ``tasks``; with no task in the window, the previous
     entry's figure (an idle worker keeps its last measurement); with none, the forward pass alone
-    (``1000 / ms_per_image``, an over-estimate the web's fitted scale then corrects).
+    (``1000 / ms_per_image``, an over-estimate the web's fitted scale then corrects). ``curve``
+    (per-batch-size forward pass ms, :func:`update_batch_curve`) and ``max_batch`` (the batcher's
+    largest batch) are passed on as ``batch_ms`` and ``max_batch``.
 
     Returns:
-        ``{"capacity_ips", "ms_per_image", "images_per_request", "batch_size", "updated"}``, or
-        ``None`` when nothing was measured yet.
+        ``{"capacity_ips", "ms_per_image", "images_per_request", "batch_size", "updated"}`` (and
+        ``"batch_ms", "max_batch"`` when given), or ``None`` when nothing was measured yet.
     """
     rate = drain_rate(tasks, now=now)
     if rate is None and previous is not None:
@@ -624,9 +692,25 @@ def worker_entry(stats: dict | None, tasks: Sequence[tuple[float, float, int]], 
     if rate is None:
         return None
     stats = stats or previous or {}
-    return {"capacity_ips": round(rate, 4), "ms_per_image": round(stats.get("ms_per_image", 0.0), 3),
-            "images_per_request": round(stats.get("images_per_request", 1.0), 4),
-            "batch_size": round(stats.get("batch_size", 0.0), 3), "updated": round(now, 3)}
+    entry = {"capacity_ips": round(rate, 4), "ms_per_image": round(stats.get("ms_per_image", 0.0), 3),
+             "images_per_request": round(stats.get("images_per_request", 1.0), 4),
+             "batch_size": round(stats.get("batch_size", 0.0), 3), "updated": round(now, 3)}
+    if curve and max_batch:
+        entry["batch_ms"] = {str(k): round(v, 2) for k, v in sorted(curve.items())}
+        entry["max_batch"] = int(max_batch)
+    return entry
+
+
+@functools.cache
+def _max_batch() -> int:
+    """The dynamic batcher's largest batch: ``INTERACTIVE_MAX_BATCH_SIZE`` read as the worker's own
+    configuration reads it (``workers.config.PipelineConfig``, default 8)."""
+    raw = os.environ.get("INTERACTIVE_MAX_BATCH_SIZE")
+    if raw:
+        return int(raw)
+    from workers.config import PipelineConfig
+
+    return PipelineConfig.interactive_max_batch_size
 
 
 def interactive_report(records, *, worker: str = "", heartbeat: bool = False) -> int:
@@ -667,8 +751,10 @@ def _report(records, *, worker: str, heartbeat: bool) -> int:
             new.append(rec)
         new.reverse()
         now = time.time()
+        tracker.curve = update_batch_curve(tracker.curve, new)
         entry = worker_entry(window_stats(snapshot), list(tracker.tasks), now=now,
-                             previous=tracker.entry if tracker.worker == worker else None)
+                             previous=tracker.entry if tracker.worker == worker else None,
+                             curve=tracker.curve, max_batch=_max_batch())
         if not new and entry is None:
             return 0
         client = redis_client()
