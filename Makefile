@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema bench-db
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema bench-db bench-migration
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,12 @@ soak: setup
 # vs actual wait (docs/benchmarks-load.md); e.g. BENCH_ARGS="--deadline 1 2 5 --with-bulk 3000", "--rate 4".
 bench-load: setup
 	$(PY) -m benchmarks.load $(BENCH_ARGS)
+
+# Issue 13 (docs/benchmarks-migration.md): interactive p95 alone and while a migration re-embeds a
+# 500-image catalogue with another model; its images/s, the quality gate, promote→visible. A few
+# minutes; make bench-migration BENCH_ARGS="--images 100 --seconds 20" for a quick check.
+bench-migration: setup
+	$(PY) -m benchmarks.migration $(BENCH_ARGS)
 
 # Issue 10 (docs/benchmarks.md): the embedded stores side by side (qdrant-edge and local mode, same
 # data: upsert points/s, top-10 and filtered top-10 p50/p95, recall@10, memory); and the whole write

@@ -67,8 +67,9 @@ def search(request):
 
             space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
             found = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
+            # ``all=1`` ("show the closest anyway"): min_score 0, the cutoff off
             ctx["cutoff"] = cutoff.apply_min_score(found, space=space, kind=cutoff.TEXT if q and "image" not in query
-                                                   else cutoff.IMAGE, requested=None)
+                                                   else cutoff.IMAGE, requested=0.0 if source.get("all") == "1" else None)
             ctx["results"] = ctx["cutoff"]["results"]
         except ApplicationError as e:
             ctx["error"], ctx["status"] = _error(e), e.status

@@ -99,6 +99,7 @@ def test_calibration_takes_the_percentile_of_unrelated_pairs_in_the_store(servic
 @pytest.mark.django_db(transaction=True)
 def test_min_score_default_explicit_and_off_through_the_api(service, api):
     service.SPACE_CACHE_S = 0.0
+    service.INTERACTIVE_DEADLINE_S = 30.0  # the point here is the cutoff, not the deadline of a busy machine
     ids = [api.post("/api/images/", {"files": [upload(f"{i}.jpg", jpeg_bytes(500 + i))]}, format="multipart")
            .json()["images"][0]["id"] for i in range(3)]
     space = spaces.active(fresh=True)
@@ -144,6 +145,7 @@ def test_the_search_page_says_no_match_above_the_cutoff(service, user, client):
     from rest_framework.authtoken.models import Token
 
     service.SPACE_CACHE_S = 0.0
+    service.INTERACTIVE_DEADLINE_S = 30.0
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.get_or_create(user=user)[0].key}")
     api.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(600))]}, format="multipart")
@@ -154,3 +156,5 @@ def test_the_search_page_says_no_match_above_the_cutoff(service, user, client):
     spaces.forget_cache()
     page = client.get("/search/?q=anything").content.decode()
     assert "No match above the cutoff." in page and 'class="card"' not in page and "1.000" in page
+    assert "q=anything&amp;all=1" in page  # "show the closest anyway": the cutoff off
+    assert 'class="card"' in client.get("/search/?q=anything&all=1").content.decode()

@@ -20,6 +20,7 @@ from embeddings.services import gate, spaces
 from embeddings.services.jobs import job_create
 from embeddings.services.sources import SourceFile
 from tests.conftest import photo_paths
+from workers.ids import sha256_hex
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,7 +91,7 @@ def vit_s32(pretrained: str = "random"):
     return PipelineConfig(model_name="ViT-S-32", pretrained=pretrained, seed=0, torch_threads=os.cpu_count())
 
 
-def test_a_healthy_model_passes_the_gate(stack):
+def test_a_healthy_model_passes_the_gate(stack, user, monkeypatch):
     space = stack(vit_s32())
     report = gate.gate_start(space, calibrate=False)
     n = len(catalogue())
@@ -105,6 +106,24 @@ def test_a_healthy_model_passes_the_gate(stack):
     # a smaller seeded sample is a subset, and the same seed draws the same one
     assert gate.gate_sample(space, size=5, seed=3) == gate.gate_sample(space, size=5, seed=3)
     assert len(gate.gate_sample(space, size=5, seed=3)) == 5
+
+    # A twin in the catalogue: the very copy the probe makes of the first photo, uploaded as an image
+    # of its own. That photo's copy now finds the twin first under any model; the reference model
+    # (here the same one) sees the twin as close to the original as the copy (the same bytes): set
+    # aside as a twin, not a failure of the model being judged.
+    name, data = catalogue()[0]
+    twin = gate.reencode(data)
+    job_create(owner=user, sources=[SourceFile(name="twin.jpg", size=len(twin), open=lambda: io.BytesIO(twin))])
+    monkeypatch.setattr(gate, "reference_of", lambda s: s)
+    report = gate.gate_start(space, calibrate=False)
+    assert (report["sample"], report["reference"]) == (n + 1, space.model_id)
+    first = next(i for i in gate.gate_sample(space, size=200) if i["sha256"] == sha256_hex(data))
+    twin_of_first = next(t for t in report["twin_examples"] if t["image_id"] == first["id"])
+    assert twin_of_first["first"]["sha256"] == sha256_hex(twin) and twin_of_first["twin"]
+    assert twin_of_first["reference"]["first_vs_original"] == pytest.approx(
+        twin_of_first["reference"]["copy_vs_original"], abs=1e-5)  # the twin is the copy's own bytes
+    assert report["raw_hits"] <= n and report["twins"] >= 1 and report["judged"] == n + 1 - report["twins"]
+    assert report["hits"] == report["judged"] - report["failed_count"] and report["rate"] > report["raw_rate"]
 
 
 def test_a_scrambled_checkpoint_is_refused(stack, tmp_path):
