@@ -85,6 +85,30 @@ def test_a_chunk_makes_the_same_queries_in_a_100_image_job_as_in_a_2000_image_jo
     assert len(marks) == 1
 
 
+def test_a_chunk_reads_its_images_once_and_marks_each_slice_with_two_updates(service, user, sent, monkeypatch):
+    """Issue 10: per chunk part one SELECT of the images (still queued? payloads), per slice one store
+    call, one look at the vectors queue between slices, and two UPDATEs (the slice's rows, RETURNING
+    the ones marked; their skipped copies); no ``SELECT ... FOR UPDATE``, no per-slice read."""
+    from embeddings.services import admission
+
+    service.VECTORS_WRITE_SLICE = 2
+    looks: list[int] = []
+    monkeypatch.setattr(admission, "vectors_interactive_waiting", lambda client=None: looks.append(1) or 0)
+    job = job_services.job_create(owner=user, sources=sources(4, 7000))
+    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
+    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+    (args,) = sent["embeddings.tasks.index_chunk"]
+    with CaptureQueriesContext(connection) as q:
+        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    assert (out["written"], out["yielded"], len(looks)) == (4, 0, 1)
+    sql = [x["sql"].upper() for x in q.captured_queries]
+    image_reads = [x for x in sql if x.startswith("SELECT") and 'FROM "EMBEDDINGS_IMAGE"' in x and "SELECT 1 AS" not in x]
+    assert len(image_reads) == 1 and "FOR UPDATE" not in " ".join(sql)
+    marks = [x for x in sql if x.startswith('UPDATE "EMBEDDINGS_IMAGE"')]
+    assert len(marks) == 4 and sum("RETURNING" in x for x in marks) == 2
+    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
+
+
 def test_job_refresh_finishes_a_job_with_an_indexed_exists_whatever_its_size(service, user, sent):
     job = job_services.job_create(owner=user, sources=sources(2, 9000))
     pad(job, 3000, seed=9000)
@@ -103,7 +127,11 @@ def test_job_refresh_finishes_a_job_with_an_indexed_exists_whatever_its_size(ser
     assert len(q.captured_queries) == 1
 
 
-def test_bulk_mark_embedded_equals_a_per_row_recount_after_random_mixes(service, user):
+@pytest.mark.parametrize("returning", [True, False], ids=["update-returning", "select-for-update"])
+def test_bulk_mark_embedded_equals_a_per_row_recount_after_random_mixes(service, user, returning, monkeypatch):
+    """Both ways of marking (``UPDATE ... RETURNING``; a read ``FOR UPDATE`` first where the database
+    has no ``RETURNING``) mark exactly the rows still queued, with their facts and their copies'."""
+    monkeypatch.setattr(type(connection.features), "can_return_columns_from_insert", returning)
     rng = random.Random(11)
     job = Job.objects.create(owner=user, model_id="m", chunk_size=64)
     statuses = [ImageStatus.QUEUED, ImageStatus.QUEUED, ImageStatus.EMBEDDED, ImageStatus.FAILED,

@@ -52,6 +52,28 @@ def test_point_payloads_list_every_owner_and_job(service, user, other_user):
     assert p["owner_ids"] == sorted([user.id, other_user.id])
 
 
+def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, other_user):
+    """``point_payloads(queued=...)``, the vectors worker's one read per chunk: rows of ``including``
+    count while queued (their ids returned) or embedded; one cancelled meanwhile counts for nothing."""
+    third = type(user).objects.create(username="third")
+    job = Job.objects.create(owner=user, model_id="m")
+    shared = image_services.images_create(owner=user, lane=Lane.BULK, job=job, sources=[src("a.png", PNG)])[0]
+    theirs = image_services.images_create(owner=other_user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
+    cancelled = image_services.images_create(owner=third, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
+    alone = image_services.images_create(owner=user, lane=Lane.BULK, job=job, sources=[src("b.jpg", JPG)])[0]
+    Image.objects.filter(id=theirs.id).update(status=ImageStatus.EMBEDDED)  # another delivery wrote it
+    Image.objects.filter(id=cancelled.id).update(status=ImageStatus.CANCELLED)
+    rows = [shared, theirs, cancelled, alone]
+    queued: set[str] = set()
+    p = image_services.point_payloads(model_id=shared.model_id, shas={r.sha256 for r in rows},
+                                      including=[str(r.id) for r in rows], point_ids={str(r.point_id) for r in rows},
+                                      queued=queued)
+    assert queued == {str(shared.id), str(alone.id)}
+    assert p[shared.sha256] == {"sha256": shared.sha256, "owner_ids": sorted([user.id, other_user.id]),
+                                "job_ids": [str(job.id)]}
+    assert p[alone.sha256] == {"sha256": alone.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)]}
+
+
 def test_mark_failed_never_undoes_an_embedded_image(service, user):
     im = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
     image_services.images_mark_embedded([{"id": str(im.id), "width": 4, "height": 3, "format": "png"}])
