@@ -194,6 +194,19 @@ def test_a_chunk_for_a_model_this_worker_is_not_configured_for_fails_its_images(
     im.refresh_from_db()
     assert out["failed"] == 1 and (im.status, im.reason) == ("failed", "model_not_configured")
     assert Job.objects.get(id=job.id).status == "done"
+    # an interactive worker warms only the spaces it is configured for (the candidate here is not)
+    assert runtime.warm_spaces() == [] and set(runtime.encoder_holder.held()) == {A, S}
+
+
+def test_the_configured_model_differing_from_the_active_space_is_a_warning(two_models, settings):
+    from embeddings.checks import check_configured_model
+
+    spaces.active()
+    assert check_configured_model(None) == []
+    settings.PIPELINE = settings.PIPELINE.replace(model_name="ViT-S-32")
+    (warning,) = check_configured_model(None)
+    assert warning.id == "embeddings.W002"
+    assert warning.msg.startswith(f"CLIP_MODEL names {S} but the active space is {A}: ")
 
 
 def test_a_checkpoint_file_through_the_file_path_loader(two_models, settings, tmp_path, small_encoder, api, staff):
