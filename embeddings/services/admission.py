@@ -69,6 +69,7 @@ import math
 import os
 import threading
 import time
+import uuid
 from typing import Iterator, Sequence
 
 from django.conf import settings
@@ -104,6 +105,11 @@ ANSWERS_KEY = f"lanes:{lanes.INTERACTIVE}:answers"
 ANSWERS_KEPT = 5_000
 #: Newest answers the web reads on each admission (the fit only uses those of :data:`FIT_WINDOW_S`).
 ANSWERS_READ = 128
+#: Hash ``{token: JSON}`` of admitted requests not answered yet (``admitted``, ``work_s``,
+#: ``predicted_s``, ``deadline_s``): one that has waited longer than predicted is a lower bound of
+#: its wait, known before its answer (:func:`fit_wait`'s ``pending``), so a machine that slows is
+#: seen after the predicted wait instead of after the whole, longer one.
+PENDING_KEY = f"lanes:{lanes.INTERACTIVE}:pending"
 #: The wait model is fitted on answers of the last this-many seconds, each weighted by recency twice
 #: over: ``0.5 ** (age / FIT_HALF_LIFE_S)`` (time) × ``0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
 #: (observations: ``newer`` answers arrived after it). The weighted fit is an exponentially weighted
@@ -231,7 +237,7 @@ def _weighted_quantile(values: list[float], weights: list[float], q: float) -> f
     return pairs[-1][0]
 
 
-def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
+def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = ()) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
 
     Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
@@ -251,6 +257,10 @@ def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
         answers: dicts with ``admitted``, ``answered`` (Unix s), ``work_s`` (s), ``status`` and
             optionally ``predicted_s`` (s).
         now: Unix s.
+        pending: admitted requests not answered yet (``admitted``, ``work_s``, ``predicted_s``,
+            ``deadline_s``). One that has already waited longer than predicted, and not yet past its
+            deadline (after which it is answered 202 soon, or failed and will never be), enters as
+            an answer now with its wait so far: a lower bound, seen before the answer.
 
     Returns:
         The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the errors'
@@ -260,6 +270,11 @@ def fit_wait(answers: Sequence[dict], *, now: float) -> WaitFit:
     recent = sorted((r for r in answers
                      if r.get("work_s") is not None and now - FIT_WINDOW_S <= r["answered"] <= now + 1),
                     key=lambda r: r["answered"])
+    for p in pending:
+        waited = now - p["admitted"]
+        if (p.get("work_s") is not None and p.get("predicted_s") is not None
+                and p["predicted_s"] < waited <= p.get("deadline_s", 0.0) + 1.0):
+            recent.append({**p, "answered": now, "status": 200})
     if not recent:
         return WaitFit()
     rows, margin_weights, time_weights = [], [], []
@@ -422,8 +437,8 @@ class Decision:
     own images left out, s): about what a request admitted at this moment waits; and
     ``retry_after_s``, the same rounded **up** to whole seconds (≥ 1), the ``Retry-After`` header
     (RFC 9110 delay-seconds): no earlier than that has the work ahead drained, so a client that
-    waits it never comes back into the same backlog. ``work_s``, ``ahead_images`` and
-    ``admitted_at`` (Unix s) are kept for :func:`interactive_answered`."""
+    waits it never comes back into the same backlog. ``work_s``, ``ahead_images``, ``admitted_at``
+    (Unix s) and ``token`` (its :data:`PENDING_KEY` entry) are kept for :func:`interactive_answered`."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -432,6 +447,7 @@ class Decision:
     admitted_at: float | None = None
     wait_ahead_s: float | None = None
     ahead_images: float | None = None
+    token: str | None = None
 
 
 def retry_after(wait_ahead_s: float) -> int:
@@ -472,7 +488,7 @@ def _stale_after_s() -> float:
 
 
 def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
-              answers: Sequence[str], now: float) -> LaneLoad:
+              answers: Sequence[str], now: float, pending: Sequence[str] = ()) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values). Pure.
 
     Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
@@ -486,7 +502,7 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     capacity = sum(w["capacity_ips"] for w in live) or None
     per_request = (sum(w["capacity_ips"] * w.get("images_per_request", 1.0) for w in live) / capacity
                    if capacity else 1.0)
-    fit = fit_wait([json.loads(a) for a in answers], now=now)
+    fit = fit_wait([json.loads(a) for a in answers], now=now, pending=[json.loads(p) for p in pending])
     curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
@@ -507,7 +523,8 @@ def interactive_load(client=None) -> LaneLoad:
         pipe.hgetall(INFLIGHT_KEY)
         pipe.hgetall(WORKERS_KEY)
         pipe.lrange(ANSWERS_KEY, -ANSWERS_READ, -1)
-        *lengths, inflight, workers, answers = pipe.execute()
+        pipe.hgetall(PENDING_KEY)
+        *lengths, inflight, workers, answers, pending = pipe.execute()
     now, stale = time.time(), _stale_after_s()
     inflight_images, dead = 0, []
     for task_id, value in inflight.items():
@@ -518,15 +535,19 @@ def interactive_load(client=None) -> LaneLoad:
             inflight_images += int(images)
     if dead:
         client.hdel(INFLIGHT_KEY, *dead)
+    gone = [token for token, raw in pending.items() if now - json.loads(raw)["admitted"] > stale]
+    if gone:  # admitted by a web process that died before answering
+        client.hdel(PENDING_KEY, *gone)
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
-                     answers=answers, now=now)
+                     answers=answers, now=now, pending=[v for k, v in pending.items() if k not in gone])
 
 
 def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     """Admit a request of ``images`` with ``deadline_s`` to the interactive lane, or refuse it.
 
     Returns:
-        The :class:`Decision` (admitted; ``admitted_at`` set unless admission is off or eager).
+        The :class:`Decision` (admitted; ``admitted_at`` set unless admission is off or eager, and
+        then also recorded as pending in :data:`PENDING_KEY` until :func:`interactive_answered`).
 
     Raises:
         ApplicationError: ``overloaded`` (429) with a ``Retry-After`` header (s) when the predicted
@@ -557,18 +578,32 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
                    "margin_s": round(load.fit.margin_s, 3)},
         )
-    return dataclasses.replace(decision, admitted_at=time.time())
+    decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
+    if decision.work_s is not None:
+        try:  # a lower bound of its wait for the fit until it is answered (fit_wait's pending)
+            redis_client().hset(PENDING_KEY, decision.token, json.dumps(
+                {"admitted": round(decision.admitted_at, 4), "work_s": round(decision.work_s, 4),
+                 "predicted_s": round(decision.predicted_wait_s, 4), "deadline_s": round(deadline_s, 3)}))
+        except Exception as e:
+            log.warning("could not record a pending interactive request: %s", e)
+    return decision
 
 
 def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:
     """Record an admitted request's answer for the wait model (web side; never raises).
 
     Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status", "ahead"}`` to
-    :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`). ``status`` 200: answered within the
+    :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`) and removes it from :data:`PENDING_KEY`.
+    ``status`` 200: answered within the
     deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
     that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
     """
-    if decision.admitted_at is None or images <= 0:
+    if decision.admitted_at is None:
+        return
+    if images <= 0:
+        if decision.token:
+            with contextlib.suppress(Exception):
+                redis_client().hdel(PENDING_KEY, decision.token)
         return
     record = {"admitted": round(decision.admitted_at, 4), "answered": round(answered_at or time.time(), 4),
               "images": images, "status": status,
@@ -579,6 +614,8 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
             pipe.ltrim(ANSWERS_KEY, -ANSWERS_KEPT, -1)
+            if decision.token:
+                pipe.hdel(PENDING_KEY, decision.token)
             pipe.execute()
     except Exception as e:
         log.warning("could not record an interactive answer: %s", e)

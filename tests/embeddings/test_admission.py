@@ -212,6 +212,24 @@ def test_the_prediction_follows_a_service_time_that_doubles(factor):
     assert fit(64).margin_s < 0.1 * after(work)  # the errors made during the change fade from the margin
 
 
+def test_a_request_still_waiting_past_its_prediction_counts_before_its_answer():
+    """The machine slows at t = 60.6: the requests admitted then are not answered yet, but each one
+    that has waited longer than predicted is a lower bound of its wait. Admission sees them at once
+    (prediction + margin up), not a whole (longer) wait later. One within its prediction says
+    nothing; one past its deadline is left out (answered 202 soon, or it failed and never will be)."""
+    answers = as_admitted(observations(lambda w: 0.2 + w, 60, start=0.0))
+    now = 61.5
+    base = admission.fit_wait(answers, now=now)
+    late = [{"admitted": now - 1.5, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0},
+            {"admitted": now - 1.4, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
+    seen = admission.fit_wait(answers, now=now, pending=late)
+    assert seen.samples == base.samples + 2
+    assert seen.predict(0.5) + seen.margin_s >= 1.4 > base.predict(0.5) + base.margin_s
+    on_time = [{"admitted": now - 0.3, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
+    expired = [{"admitted": now - 3.5, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
+    assert admission.fit_wait(answers, now=now, pending=on_time + expired) == base
+
+
 def test_retry_after_is_the_wait_ahead_rounded_up_to_whole_seconds():
     """RFC 9110 delay-seconds: an integer ≥ 1 s, never below the predicted wait of the work ahead
     (to the millisecond: 1.0004 s is 1 s), so a client that waits it never retries too early."""
@@ -410,6 +428,14 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
     assert load.fit.overhead_s == pytest.approx(expected.overhead_s, abs=1e-3)
     assert load.fit.scale == pytest.approx(expected.scale, abs=1e-3)
     assert load.fit.scale > 1.0  # the answers waited longer than the workers' figure said
+    # An admitted request not answered yet is pending (read in the same round trip): once it has
+    # waited longer than predicted it counts; its answer removes it.
+    client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time() - 1.5, "work_s": 0.5,
+                                                          "predicted_s": 0.6, "deadline_s": 2.0}))
+    assert admission.interactive_load().fit.samples == 5
+    admission.interactive_answered(admission.Decision(True, 0.6, work_s=0.5, admitted_at=time.time() - 1.6,
+                                                      token="tok"), images=1, status=200)
+    assert not client.hexists(admission.PENDING_KEY, "tok") and len(admission.answer_records()) == 5
 
 
 # --- the API --------------------------------------------------------------------------------------
