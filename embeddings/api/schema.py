@@ -24,7 +24,12 @@ ERROR_STATUS = {
     413: "a request or an image over a limit; extra names the limit (code: request_too_large, too_large, "
          "too_many_pixels)",
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
-    429: "the interactive lane is overloaded: retry after Retry-After seconds (code: overloaded)",
+    429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
+         "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is the predicted wait of the work ahead "
+         "now, about what a request admitted at this moment waits; Retry-After is the same rounded up to whole "
+         "seconds, so a retry never comes before that work has drained. extra also has predicted_wait_s, "
+         "deadline_s, retry_after_s, queued_messages, inflight_images, capacity_ips, workers, overhead_s, scale, "
+         "margin_s",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
          "(code: vectors_unavailable, worker_error)",
     504: "the search did not finish in time (code: deadline_exceeded)",
@@ -33,7 +38,8 @@ ERROR_STATUS = {
 #: ``Retry-After`` (whole seconds) on the statuses that carry it (services.admission, services.calls).
 RETRY_AFTER = OpenApiParameter(
     "Retry-After", OpenApiTypes.INT, location=OpenApiParameter.HEADER, response=[429, 503], required=True,
-    description="seconds to wait before retrying",
+    description="whole seconds to wait before retrying (RFC 9110 delay-seconds). 429: the predicted wait of the "
+                "work ahead rounded up (the precise value is extra.wait_ahead_s); 503: a fixed back-off",
 )
 
 
