@@ -106,7 +106,10 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
         fields = spaces.space_for_config(cfg)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         raise ApplicationError(f"cannot use model {model_name}:{pretrained}: {e}", code="invalid") from e
-    configured = spaces.configured_configs()
+    try:
+        configured = spaces.configured_configs()
+    except (ValueError, FileNotFoundError) as e:
+        raise ApplicationError(f"CLIP_MODELS cannot be read in this process: {e}", code="invalid") from e
     if fields["model_id"] not in configured:
         raise _error(f"no worker is configured for {fields['model_id']}: add {model_name}:{pretrained}:"
                      f"{cfg.precision} to CLIP_MODELS on every worker and restart them",
