@@ -69,7 +69,7 @@ soak: setup
 
 # The interactive endpoint at 2x its measured capacity for 60 s (issue 15): admitted requests answer
 # within their deadline, Retry-After is honest, goodput holds; no 5xx, worker RSS flat; plots predicted
-# vs actual wait (docs/benchmarks-load.md); e.g. BENCH_ARGS="--deadline 1 2 5 --with-bulk 3000", "--rate 4".
+# vs actual wait (docs/benchmarks-load.md); e.g. BENCH_ARGS="--deadline 1 2 5 --with-bulk 0 3000", "--rate 4".
 bench-load: setup
 	$(PY) -m benchmarks.load $(BENCH_ARGS)
 
