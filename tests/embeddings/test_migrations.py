@@ -8,6 +8,7 @@ checkpoint through the file-path loader. Eager Celery: every task runs in the te
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -231,3 +232,25 @@ def test_a_checkpoint_file_through_the_file_path_loader(two_models, settings, tm
     prepared = runner.prepare([copy.storage_key], lambda key: runtime.blob_store().read(key, copy.sha256))
     expected = small_encoder.encode_images(normalize(prepared.pixels, small_encoder.preprocess_config))[0]
     assert float(vector @ expected) == pytest.approx(1.0, abs=1e-4)
+
+
+def test_the_management_command_start_status_promote_rollback_drop(two_models, staff):
+    import json
+
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    def run(*args) -> dict | list:
+        out = io.StringIO()
+        call_command("model_migration", *args, stdout=out)
+        return json.loads(out.getvalue())
+
+    spaces.active()
+    started = run("start", "--model", "ViT-S-32", "--pretrained", "random", "--here")
+    assert (started["model_id"], started["state"], started["job"]["status"]) == (S, "candidate", "done")
+    assert [s["state"] for s in run("status")] == ["active", "candidate"]
+    assert run("promote", S)["state"] == "active"
+    assert run("rollback")["model_id"] == A
+    assert run("drop", S)["state"] == "dropped"
+    with pytest.raises(CommandError, match="space_active"):
+        run("drop", A)

@@ -1,8 +1,9 @@
-"""``python manage.py model_migration start|status|promote|rollback|drop``: change the model without
+"""``python manage.py model_migration start|status|gate|promote|rollback|drop``: change the model without
 downtime (issue 13, docs/operations.md "Changing the model"). The same services as ``/api/migrations/``.
 
     model_migration start --model ViT-S-32 --pretrained random [--precision fp32] [--seed 0] [--owner admin]
     model_migration status [SPACE]           # every space, or one (id or model id), with its job's progress
+    model_migration gate SPACE               # run the quality gate (and the cutoff calibration) again
     model_migration promote SPACE [--force]  # make it active (the gate must pass unless --force)
     model_migration rollback                 # promote the standby that was active before
     model_migration drop SPACE               # delete a non-active space's collection and copies
@@ -42,6 +43,8 @@ class Command(BaseCommand):
         start.add_argument("--here", action="store_true", help="create the copies in this process instead of a task")
         status = sub.add_parser("status", help="every space, or one, with its migration job's progress")
         status.add_argument("space", nargs="?", help="space id or model id")
+        gate = sub.add_parser("gate", help="run the quality gate and the cutoff calibration of a space again")
+        gate.add_argument("space")
         promote = sub.add_parser("promote", help="make a space the active one")
         promote.add_argument("space")
         promote.add_argument("--force", action="store_true", help="past a refusing (or missing) quality gate")
@@ -64,10 +67,16 @@ class Command(BaseCommand):
                                                    seed=opts["seed"], fill=not opts["here"])
                 if opts["here"]:
                     migrations.migration_fill(space_id=space.id)
-                out = migration_view(space)
+                out = migration_view(EmbeddingSpace.objects.get(pk=space.pk))
             elif action == "status":
                 spaces = [_space(opts["space"])] if opts.get("space") else list(EmbeddingSpace.objects.all())
                 out = [migration_view(s) for s in spaces]
+            elif action == "gate":
+                from embeddings.services import gate
+
+                space = _space(opts["space"])
+                gate.gate_start(space.id)
+                out = migration_view(space)
             elif action == "promote":
                 out = migration_view(migrations.promote(_space(opts["space"]), force=opts["force"], by="manage.py"))
             elif action == "rollback":
