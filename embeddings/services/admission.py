@@ -120,8 +120,8 @@ FIT_WINDOW_S = 30.0
 FIT_HALF_LIFE_S = 5.0
 FIT_HALF_LIFE_ANSWERS = 6.0
 #: The margin's errors are weighted the same way with a longer observation half-life: the 95th
-#: percentile needs more than the last handful of answers to mean anything (~17 fresh answers in all).
-MARGIN_HALF_LIFE_ANSWERS = 12.0
+#: percentile needs more than the last handful of answers to mean anything (~12 fresh answers in all).
+MARGIN_HALF_LIFE_ANSWERS = 8.0
 #: A request answered 202 waited *at least* its deadline; it enters the fit as this × its wait.
 CENSORED_FACTOR = 1.25
 #: Ridge pull of the fitted scale towards 1 (s²): with few or tightly bunched answers the workers'
