@@ -8,8 +8,10 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
    having cost a database row, a blob and a queue slot, and after having pushed every later
    request further back. The prediction is the whole admitted→answered time::
 
-       work_s = (queued messages × images per request + images in flight + its own images)
-                / Σ capacity of the live interactive workers (images/s)
+       images = queued messages × images per request + images in flight + its own images
+       work_s = the forward passes that drain them, full batches first, at each live worker's
+                measured per-batch-size service times (images shared by the workers' rates);
+                images / Σ capacity of the live workers (images/s) until every one reported them
        wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline)
 
    - *queued messages*: ``LLEN`` of the interactive queue's lists in Redis. kombu keeps one list per
@@ -25,6 +27,11 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
      in :data:`WORKERS_KEY` and refreshes it every :data:`HEARTBEAT_S` s; the web sums the entries
      younger than :data:`WORKER_TTL_S`. Two workers therefore admit twice the backlog of one at the
      same predicted wait, and a killed worker stops counting within seconds (issue 11).
+   - *per-batch-size service times*: each worker also folds its dynamic batcher's forward passes
+     into one EWMA per batch size (:func:`update_batch_curve`) and reports them in the same entry
+     (``batch_ms``, ``max_batch``). A backlog of eight is then one batch of eight, not eight lone
+     passes (:func:`drain_s`): with the drain rate alone, an admission that kept the queue short
+     measured batches of one, predicted long waits and kept the queue short (issue 15).
    - *overhead, scale, margin*: the web records every admitted request's answer (admitted and
      answered times, its ``work_s`` at admission, 200 or not) in a capped list
      (:func:`interactive_answered`, :data:`ANSWERS_KEY`), and fits ``wait = overhead + scale ×
@@ -32,9 +39,11 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
      half-life and a :data:`FIT_HALF_LIFE_ANSWERS` answers half-life (:func:`fit_wait`: an
      exponentially weighted moving fit of the whole service times). ``scale`` absorbs what the
      workers' figure misses (the vectors hop, the web, a machine slower than 10 s ago),
-     ``overhead`` what every request pays, ``margin`` the spread (the 95th percentile of the
-     residuals). A slower machine shows in the answers within a few of them, and in the workers'
-     drain rate within seconds.
+     ``overhead`` what every request pays, ``margin`` the spread (the 95th percentile of
+     admission's own errors: wait − the wait predicted at admission). A slower machine shows in
+     the answers within a few of them, in the workers' batch times at once, and in admitted
+     requests that have waited longer than predicted before they are even answered
+     (:data:`PENDING_KEY`).
 
    Everything above is read in one Redis round trip (a pipeline) per request. With no worker
    measurement yet every request is admitted: there is nothing to predict with. A Redis error
