@@ -64,8 +64,8 @@ def _free_components() -> None:
             return None
 
     sent: list = []
-    runtime.batch_runner = lambda: Runner()
-    runtime.vector_store = lambda: Store()
+    runtime.batch_runner = lambda model_id=None: Runner()
+    runtime.vector_store = lambda model_id=None: Store()
     runtime.blob_store = lambda: None
     runtime.model_id = lambda: "bench/model"
     admission.vectors_interactive_waiting = lambda: False
