@@ -28,6 +28,15 @@ share of work), the share counted in images embedded while the job ran.
 
 Writes to ``--out``: ``results.json``, ``table.md`` (the printed table) and ``lanes-latency.png``
 (latency distributions of (1) and (2), and the batch sizes formed).
+
+``--prefill [N]`` (N = 100,000 when not given) measures instead what a full store costs an
+interactive request (issue 10): phase (1) on two stacks taking turns, one whose store is empty and
+one whose edge store folder holds N random unit points of ``--prefill-owners`` owners (the
+benchmark's users among them), written with ``EdgeStore`` before its vectors worker starts and
+optimised once, as in a long-running deployment. On each stack ``--requests`` uploads by a plain
+user (owner-filtered top-k, what every non-staff upload and search runs), then as many by a staff
+user (top-k over every point). Target: p95 with the pre-filled store ≤ 1.2 × p95 with the empty
+one. Writes ``prefill.json``, ``prefill.md`` and ``prefill.png``.
 """
 from __future__ import annotations
 
@@ -41,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import cv2
@@ -301,6 +311,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--postgres", metavar="URL", nargs="?", const="postgres://postgres@127.0.0.1:5432/postgres",
                     default="", help="run on PostgreSQL instead of SQLite: a new database on this server, dropped "
                                      "afterwards (default server: postgres://postgres@127.0.0.1:5432)")
+    ap.add_argument("--prefill", type=int, nargs="?", const=100_000, default=0, metavar="N",
+                    help="compare interactive latency with an empty and an N-point store instead (N: 100,000)")
+    ap.add_argument("--prefill-owners", type=int, default=1000, help="owners of the pre-filled points (default 1000)")
+    ap.add_argument("--rounds", type=int, default=2, help="--prefill: turns of (empty, pre-filled) stacks (default 2)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
     return ap.parse_args(argv)
 
@@ -340,6 +354,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.prefill:
+        return prefill_main(args, out)
     n = args.bulk_images
     print(f"preparing {2 * n + 2 * args.requests + 64 + 10} distinct images in {out}/images ...", flush=True)
     bases = _bases()
@@ -436,6 +452,170 @@ def main(argv=None) -> int:
     plot(res, idle, under, out / "lanes-latency.png")
     print(f"\nwrote {out}/results.json, table.md, lanes-latency.png")
     return 0 if all(t["pass"] for t in res["targets"]) else 1
+
+
+# --- a pre-filled store (--prefill) -----------------------------------------------------------------
+
+def prefill_store(var_dir: Path, env: dict, n: int, owners: int, *, seed: int = 0) -> dict:
+    """Write ``n`` random unit points into the edge store that a stack on ``var_dir`` with ``env``
+    will open (its collection, size and folder as its settings name them), then optimise it once.
+
+    Each point gets a random owner in 1..``owners`` (user ids of a fresh database: the benchmark's
+    users own their share) and a job id among 97, like the payloads the service writes.
+
+    Returns:
+        ``{"points", "owners", "write_s", "optimize_s", "collection"}``.
+    """
+    from workers.vector_store import Point
+    from workers.vector_store.edge import EdgeStore
+
+    code = ("import json; from django.conf import settings; from workers.model_config import embed_dim; "
+            "c = settings.PIPELINE; print(json.dumps([c.collection_name, embed_dim(c.model_name), settings.QDRANT_PATH, "
+            "settings.VECTOR_STORE]))")
+    got = subprocess.run([sys.executable, str(ROOT / "manage.py"), "shell", "-c", code], cwd=ROOT, text=True,
+                         capture_output=True, check=True, env={**os.environ, **env, "VAR_DIR": str(var_dir)})
+    collection, dim, path, kind = json.loads(got.stdout.strip().splitlines()[-1])
+    if kind != "edge":
+        raise SystemExit(f"--prefill writes an edge store; this configuration's VECTOR_STORE is {kind}")
+    store = EdgeStore(path, collection, dim)
+    store.ensure_collection()
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    for start in range(0, n, 1000):
+        m = min(1000, n - start)
+        x = rng.normal(size=(m, dim)).astype(np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        owner = rng.integers(1, owners + 1, size=m)
+        store.upsert([Point(uuid.UUID(int=int(rng.integers(0, 2**63)) << 64 | start + i, version=4), x[i],
+                            {"sha256": f"{start + i:064x}", "owner_ids": [int(owner[i])],
+                             "job_ids": [f"prefill-{int(owner[i]) % 97}"]}) for i in range(m)])
+    write_s = time.perf_counter() - t0
+    _, optimize_s = store.optimize()
+    count = store.count()
+    store.close()
+    return {"points": count, "owners": owners, "write_s": write_s, "optimize_s": optimize_s, "collection": collection}
+
+
+def prefill_main(args, out: Path) -> int:
+    """``--prefill``: phase (1) on an empty and on a pre-filled store, stacks taking turns; p95 ratio."""
+    import shutil
+
+    bases = _bases()
+    counter = iter(range(10**6, 10**9))
+    env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
+           "VECTOR_STORE": "edge", "QDRANT_URL": ""}
+    penv = {k: v for k, v in process_env(args).items() if k != "worker-bulk"}
+    hardware = machine()
+    print(machine_line(hardware), flush=True)
+    runs: list[dict] = []
+    template, template_fill = None, None
+    for rnd in range(args.rounds):
+        for kind in ("empty", "prefilled"):
+            stack_dir = out / f"stack-{kind}"
+            shutil.rmtree(stack_dir, ignore_errors=True)
+            fill = None
+            if kind == "prefilled":
+                if template is None:  # written once, copied for each round: every round starts alike
+                    template = out / "prefill-template"
+                    shutil.rmtree(template, ignore_errors=True)
+                    print(f"writing {args.prefill:,} points into {template} ...", flush=True)
+                    template_fill = prefill_store(template, env, args.prefill, args.prefill_owners)
+                    print(f"  {template_fill['points']:,} points written in {template_fill['write_s']:.1f} s, "
+                          f"optimised in {template_fill['optimize_s']:.1f} s", flush=True)
+                shutil.copytree(template, stack_dir)
+                fill = template_fill
+            print(f"round {rnd + 1}: {kind} store, {args.requests} requests at {args.rate}/s ...", flush=True)
+            with Stack(stack_dir, env, private_redis=True, only=("web", "worker-interactive", "worker-vectors"),
+                       process_env=penv, log=lambda *a: None) as stack:
+                staff = Client(stack.web_url, stack.manage("apiuser", "bench", "--staff").strip())
+                plain = Client(stack.web_url, stack.manage("apiuser", "viewer").strip())
+                for i in range(6):  # warm-up: the model, connections, the store (not measured)
+                    (staff if i % 2 else plain).upload(distinct_jpeg(bases, next(counter)), "warm.jpg")
+                by_user = {}
+                for label, client in (("plain", plain), ("staff", staff)):  # one kind at a time
+                    by_user[label] = open_loop_indexed(
+                        lambda i, data, c=client: c.upload(data, f"i{i}.jpg"),
+                        (distinct_jpeg(bases, next(counter)) for _ in range(args.requests)), args.rate)
+            runs.append({"round": rnd + 1, "store": kind, "fill": fill,
+                         **{k: latency_summary(v) for k, v in by_user.items()},
+                         "samples": {k: [dataclasses.asdict(x) for x in v] for k, v in by_user.items()}})
+            print("  " + ", ".join(f"{k}: p50 {fmt(runs[-1][k]['p50_ms'])} ms, p95 {fmt(runs[-1][k]['p95_ms'])} ms"
+                                   for k in by_user), flush=True)
+    return prefill_report(args, out, hardware, runs)
+
+
+def open_loop_indexed(send, datas, rate: float) -> list[Sample]:
+    """Call ``send(i, data)`` for each of ``datas`` at ``rate`` per second, each on its own thread
+    (open loop); the samples in sending order."""
+    futures = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=64) as pool:
+        t0 = time.perf_counter()
+        for i, data in enumerate(datas):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            futures.append(pool.submit(send, i, data))
+        return [f.result() for f in futures]
+
+
+def prefill_report(args, out: Path, hardware: dict, runs: list[dict]) -> int:
+    """Table (median over rounds of each store's p50/p95, per user kind), the p95 ratio against the
+    1.2 target, JSON and a CDF plot; exit status 0 when the target holds."""
+    import statistics
+
+    keys = ["plain", "staff"]
+    names = {"plain": "plain user (owner-filtered top-k)", "staff": "staff (top-k over every point)"}
+    rows = ["| store | requests | " + " | ".join(f"{names[k]}: p50 / p95 ms" for k in keys) + " |",
+            "| --- | --- | " + " | ".join("---" for _ in keys) + " |"]
+    p95: dict[str, dict[str, float]] = {}
+    for kind in ("empty", "prefilled"):
+        rs = [r for r in runs if r["store"] == kind]
+        cells = []
+        for k in keys:
+            p50s = [r[k]["p50_ms"] for r in rs if r[k]["p50_ms"] is not None]
+            p95s = [r[k]["p95_ms"] for r in rs if r[k]["p95_ms"] is not None]
+            p95.setdefault(kind, {})[k] = statistics.median(p95s) if p95s else None
+            cells.append(f"{fmt(statistics.median(p50s) if p50s else None)} / {fmt(p95[kind][k])}")
+        answered = sum(r[k]["answered_200"] for r in rs for k in keys)
+        label = "empty" if kind == "empty" else f"pre-filled, {args.prefill:,} points"
+        rows.append(f"| {label} | {answered}/{sum(r[k]['n'] for r in rs for k in keys)} | " + " | ".join(cells) + " |")
+    ratios = {k: (p95["prefilled"][k] / p95["empty"][k]) if p95["empty"][k] and p95["prefilled"][k] else None
+              for k in keys}
+    ok = all(v is not None and v <= 1.2 for v in ratios.values())
+    fills = [r["fill"] for r in runs if r["fill"]]
+    text = "\n".join([
+        machine_line(hardware), "",
+        f"interactive uploads of one image at {args.rate}/s, {args.requests} per user kind, stack and round, {args.rounds} "
+        f"round(s) of (empty, pre-filled); pre-filled store: {args.prefill:,} random unit points of "
+        f"{args.prefill_owners} owners, written in {fills[0]['write_s']:.1f} s and optimised in "
+        f"{fills[0]['optimize_s']:.1f} s before its vectors worker started", "", *rows, "",
+        *[f"- {'PASS' if v is not None and v <= 1.2 else 'FAIL'}: {names[k]}: p95 with {args.prefill:,} points <= "
+          f"1.2 x p95 with an empty store ({fmt(v, '.2f')}x)" for k, v in ratios.items()],
+    ])
+    print("\n" + text)
+    (out / "prefill.md").write_text(text + "\n")
+    (out / "prefill.json").write_text(json.dumps({"machine": hardware, "config": vars(args), "runs": runs,
+                                                  "p95_ratio": ratios}, indent=1, default=str))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for kind in ("empty", "prefilled"):
+        for k, style in zip(keys, ("-", "--")):
+            lat = np.sort([s["latency_ms"] for r in runs if r["store"] == kind for s in r["samples"][k]
+                           if s["http"] == 200])
+            if len(lat):
+                ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), style, color="C0" if kind == "empty" else "C1",
+                        label=f"{kind if kind == 'empty' else f'{args.prefill:,} points'}, {k}: "
+                              f"p95 {np.percentile(lat, 95):.0f} ms")
+    ax.set_xlabel("interactive latency, POST /api/images/ (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"empty vs pre-filled edge store ({hardware['cpu']})", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "prefill.png", dpi=110)
+    plt.close(fig)
+    print(f"\nwrote {out}/prefill.json, prefill.md, prefill.png")
+    return 0 if ok else 1
 
 
 def _ts(iso: str) -> float:
