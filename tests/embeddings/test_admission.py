@@ -230,6 +230,40 @@ def test_a_request_still_waiting_past_its_prediction_counts_before_its_answer():
     assert admission.fit_wait(answers, now=now, pending=on_time + expired) == base
 
 
+def test_work_is_counted_in_forward_passes_at_the_measured_batch_times():
+    """A worker measured 300 ms for one image and 550 ms for eight: a backlog of eight drains in one
+    pass of eight, not eight of one; sizes between are interpolated, sizes below the smallest cost
+    that size's pass, above the largest proportionally more (both err long)."""
+    curve = {1: 300.0, 8: 550.0}
+    assert admission.batch_ms(curve, 4) == pytest.approx(300 + 250 * 3 / 7)
+    assert admission.batch_ms({4: 400.0}, 1) == 400.0 and admission.batch_ms({4: 400.0}, 6) == 600.0
+    assert admission.drain_s(curve, 8, 8) == pytest.approx(0.55)
+    assert admission.drain_s(curve, 17, 8) == pytest.approx(2 * 0.55 + 0.3)
+    assert admission.drain_s(curve, 0, 8) == 0.0
+    load = admission.LaneLoad(queued_messages=7, inflight_images=0, capacity_ips=1000 / 300, workers=1,
+                              curves=((curve, 8),))
+    assert load.work_s(1) == pytest.approx(0.55)  # the drain rate alone would say 8 × 0.3 s
+    assert dataclasses.replace(load, curves=()).work_s(1) == pytest.approx(8 * 0.3)
+    # two workers, one twice as fast at full batches: the images are shared by rate, the waits agree
+    two = dataclasses.replace(load, queued_messages=23, workers=2, curves=((curve, 8), ({1: 150.0, 8: 275.0}, 8)))
+    assert two.work_s(1) == pytest.approx(admission.drain_s(curve, 8, 8), rel=1e-6)
+
+
+def test_a_workers_batch_times_follow_a_forward_pass_that_doubles():
+    """Per batch size, an EWMA of the forward pass (weight 0.3): the machine slows to twice the time;
+    within 7 passes of a size its figure is over 90 % of the way there, and other sizes keep theirs."""
+    from workers.batcher import BatchRecord
+
+    rec = lambda size, ms: BatchRecord(size=size, requests=size, queue_delay_ms=1.0, service_ms=ms, expired=0)
+    curve = admission.update_batch_curve({}, [rec(1, 300.0), rec(8, 550.0), rec(0, 0.0)])
+    assert curve == {1: 300.0, 8: 550.0}  # an empty batch (all expired) measures nothing
+    for k in range(1, 8):
+        curve = admission.update_batch_curve(curve, [rec(8, 1100.0)])
+        if k == 3:
+            assert curve[8] > 550 + 0.6 * 550
+    assert curve[8] > 550 + 0.9 * 550 and curve[1] == 300.0
+
+
 def test_retry_after_is_the_wait_ahead_rounded_up_to_whole_seconds():
     """RFC 9110 delay-seconds: an integer ≥ 1 s, never below the predicted wait of the work ahead
     (to the millisecond: 1.0004 s is 1 s), so a client that waits it never retries too early."""
