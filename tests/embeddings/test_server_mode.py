@@ -59,7 +59,7 @@ def server_mode(service, monkeypatch):
     """``VECTOR_STORE=server`` with an in-memory qdrant-client store as every process's server."""
     service.VECTOR_STORE, service.VECTORS_WRITE_SLICE = "server", 64
     store = server_store()
-    monkeypatch.setattr(runtime, "vector_store", functools.cache(lambda: store))  # conftest clears and closes it
+    monkeypatch.setattr(runtime, "vector_store", functools.cache(lambda model_id=None: store))  # conftest clears and closes it
     return store
 
 
@@ -139,7 +139,7 @@ def test_against_a_real_qdrant_server(service, user, sent, monkeypatch):
         pytest.skip("no Qdrant server answers at QDRANT_URL (docs/operations.md, 'Server mode': how to run this)")
     service.VECTOR_STORE, service.QDRANT_URL = "server", url
     store = server_store(url)
-    monkeypatch.setattr(runtime, "vector_store", functools.cache(lambda: store))
+    monkeypatch.setattr(runtime, "vector_store", functools.cache(lambda model_id=None: store))
     try:
         job = job_services.job_create(owner=user, sources=sources(6))
         assert sent == {} and store.count() == 6
