@@ -265,9 +265,12 @@ def main(argv=None) -> None:
     table = markdown_table(["code", "store", "points", "slice", "points/s (median)", "range", "Redis cmds/point",
                             "SQL/point", "store calls/point", "worker CPU ms/point",
                             "one warm chunk ms: all / SQL / store", "load 1 min"], rows)
-    if a.baseline:
-        before, after = results[0]["points_per_s_median"], results[1]["points_per_s_median"]
-        table += f"\n\nafter / before: {after / before:.2f}x ({a.repeat} runs each, taking turns)"
+    if a.baseline:  # medians of runs taking turns: the machine's load hits both alike
+        cpu = [statistics.median(run["worker_cpu_ms_per_point"] for run in r["runs"]) for r in results]
+        table += "\n\n" + "\n".join(
+            f"after (slice {r['slice']}) / before: points/s {r['points_per_s_median'] / results[0]['points_per_s_median']:.2f}x, "
+            f"worker CPU per point {c / cpu[0]:.2f}x" for r, c in zip(results[1:], cpu[1:]))
+        table += f" ({a.repeat} runs each, taking turns)"
     print(f"\n{machine_line(info)}\n{table}")
     a.out.mkdir(parents=True, exist_ok=True)
     write_json(a.out / f"sink-{a.store}.json", {"machine": info, "store": a.store, "points": a.points,

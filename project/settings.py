@@ -90,10 +90,16 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     }
 # Persistent connections (issue 11): a worker task or request reuses its thread's connection instead
 # of opening one (a PostgreSQL connection costs a process fork and an auth round trip on the
-# server); the health check replaces one the server closed meanwhile. Celery's Django fix-up closes
-# a connection only when it is unusable or older than CONN_MAX_AGE (seconds; 0: one per task).
+# server); the health check replaces one the server closed meanwhile. A worker closes a connection
+# only when it is unusable or older than CONN_MAX_AGE (seconds; 0: one per task), checked before
+# each task (project/celery.py), as Django does before each request.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=600)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Celery 5.7's Django fix-up closes every connection before and after each task unless this is set
+# (celery/fixups/django.py, close_database); set, it closes them every that many tasks only. Issue 10
+# measured a new connection per task at 0.8 ms of CPU on SQLite and 8 ms on PostgreSQL, per task of
+# every worker (the vectors worker runs ~50 tasks/s at 3,000 points/s).
+CELERY_DB_REUSE_MAX = 1000 if DATABASES["default"]["CONN_MAX_AGE"] else None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
@@ -236,11 +242,13 @@ SEARCH_MAX_K = 100
 VECTORS_CALL_TIMEOUT_S = env.float("VECTORS_CALL_TIMEOUT_S", default=10.0)
 #: Points a bulk chunk writes between two looks at the vectors queue: when interactive work waits
 #: there, the rest of the chunk goes back to the queue behind it (``pipeline.chunk_index``), so an
-#: interactive request waits behind at most one slice, not a whole chunk. Embedded Qdrant commits
-#: every point to its SQLite file (about 1 ms each on this machine's disk, measured; 60 ms for 64),
-#: so slicing costs nothing there. A Qdrant server prefers bigger requests, and there each embedding
-#: worker writes its own points (nothing to yield to): one slice per chunk of 64.
-VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=64 if VECTOR_STORE == "server" else 8)
+#: interactive request waits behind at most one slice, not a whole chunk. Each slice costs one store
+#: call, two UPDATEs and a look at the queue (one Redis command); the chunk's rows are read once
+#: (issue 10). The embedded stores: half a chunk (32), the most that still keeps an interactive
+#: request from waiting for a whole chunk (the vectors worker's CPU per point with 8: 1.6x that with
+#: 32 in issue 10's sink runs, docs/benchmarks.md). A Qdrant server prefers bigger requests, and there each
+#: embedding worker writes its own points (nothing to yield to): one slice per chunk of 64.
+VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=64 if VECTOR_STORE == "server" else 32)
 
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
 REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
