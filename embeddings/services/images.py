@@ -223,7 +223,9 @@ def images_mark_failed(failures: Sequence[tuple[str, str, str]]) -> None:
     Images already embedded are left alone (a redelivered task must not undo a success). When an
     original leaves the queue this way its skipped duplicates follow (:func:`_original_gone`): the
     same bytes fail the same way; an expired or cancelled request takes its own duplicates along,
-    and a copy uploaded separately takes the original's place.
+    and a copy uploaded separately takes the original's place. A user's row takes along its copies
+    in other embedding spaces that are still queued (``source``: issue 13), so no space gets a point
+    for an upload that ended without one.
     """
     for image_id, reason, detail in failures:
         status = {
@@ -238,6 +240,9 @@ def images_mark_failed(failures: Sequence[tuple[str, str, str]]) -> None:
                 continue
             if was.status == ImageStatus.QUEUED and was.duplicate_of_id is None:
                 _original_gone(was, status=status, reason=reason, detail=detail)
+            if was.source_id is None:  # its copies in other spaces not embedded yet share the outcome
+                Image.objects.filter(source_id=image_id, status=ImageStatus.QUEUED).update(
+                    status=status, reason=reason, reason_detail=f"its upload {image_id} became {status}: {detail}"[:2000])
 
 
 def _same_request(original: Image) -> Q:

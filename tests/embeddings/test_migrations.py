@@ -195,6 +195,16 @@ def test_a_chunk_for_a_model_this_worker_is_not_configured_for_fails_its_images(
     im.refresh_from_db()
     assert out["failed"] == 1 and (im.status, im.reason) == ("failed", "model_not_configured")
     assert Job.objects.get(id=job.id).status == "done"
+    # a user's upload that expires takes its queued copies in other spaces along
+    from embeddings.services.images import images_mark_failed
+
+    mine = Image.objects.create(owner=user, lane="interactive", sha256="c" * 64, size_bytes=1, storage_key="blob/z",
+                                model_id=A, point_id=point_id("c" * 64, A))
+    copy = Image.objects.create(owner=user, job=job, lane="bulk", sha256="c" * 64, size_bytes=1, storage_key="blob/z",
+                                model_id=other, point_id=point_id("c" * 64, other), source=mine)
+    images_mark_failed([(str(mine.id), "expired", "deadline passed")])
+    copy.refresh_from_db()
+    assert (copy.status, copy.reason) == ("expired", "expired")
     # an interactive worker warms only the spaces it is configured for (the candidate here is not)
     assert runtime.warm_spaces() == [] and set(runtime.encoder_holder.held()) == {A, S}
 
