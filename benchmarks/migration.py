@@ -8,8 +8,9 @@ Starts the whole service with ``scripts.stack.Stack`` (private Redis, embedded Q
 ViT-B-32 architecture with seeded random weights, and ``CLIP_MODELS`` naming the target model, so
 the workers may load it) and measures, in this order:
 
-1. a catalogue of ``--images`` distinct images (real photos from ../shared/data/images/photos, each
-   re-encoded with a per-copy mark) ingested as a bulk job into the active space;
+1. a catalogue of ``--images`` distinct pictures (the real photos of ../shared/data/images/photos,
+   then seeded crops and mirror images of them: :func:`picture`) ingested as a bulk job into the
+   active space;
 2. interactive load alone for ``--seconds``: open loop at ``--rate`` requests per second, uploads of
    one new image (``POST /api/images/``, k=5) and text searches (``POST /api/search/``) taking turns;
 3. the same load while a migration (``POST /api/migrations/``) re-embeds the catalogue with
@@ -43,22 +44,47 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, machine, machine_line, pyplot  # noqa: E402
+from benchmarks._common import write_folder  # noqa: E402
 from benchmarks.lanes import (  # noqa: E402
     Client,
     Sample,
     _bases,
-    distinct_jpeg,
     ingest,
     percentile,
     scratch_database,
     wait_job,
-    write_images,
 )
 from scripts.stack import Stack  # noqa: E402
 
 #: Words the search half of the load picks from (any text: the scores are not the point here).
 QUERIES = ("a dog on a beach", "red car", "mountain lake at dawn", "a bowl of fruit", "city street at night",
            "a cat asleep", "people at a table", "snow on trees")
+
+
+def picture(bases: list, index: int) -> bytes:
+    """Image ``index``: photo ``index % len(bases)`` itself the first time, then a different view of
+    it each time round (a crop of 45-85 % of each side at a seeded position, mirrored every other
+    time), at most 640 px wide, JPEG quality 90. Views of one photo are related pictures, not
+    twins: a catalogue of copies differing in a few pixels (``benchmarks.lanes.distinct_jpeg``)
+    would make the probe's copies find their twins and the cutoffs measure twins
+    (docs/benchmarks-migration.md, first run)."""
+    import cv2
+
+    im = bases[index % len(bases)]
+    view = index // len(bases)
+    if view:
+        rng = np.random.default_rng(index)
+        h, w = im.shape[:2]
+        ch, cw = int(h * rng.uniform(0.45, 0.85)), int(w * rng.uniform(0.45, 0.85))
+        y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+        im = im[y : y + ch, x : x + cw]
+        if view % 2:
+            im = im[:, ::-1]
+    if im.shape[1] > 640:
+        im = cv2.resize(im, (640, max(1, round(im.shape[0] * 640 / im.shape[1]))), interpolation=cv2.INTER_AREA)
+    ok, data = cv2.imencode(".jpg", np.ascontiguousarray(im), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    assert ok
+    return data.tobytes()
 
 
 class LoadClient(Client):
@@ -149,7 +175,7 @@ def table(res: dict) -> str:
     lines = [
         f"catalogue {c['images']} images in {c['active_model']}, migration to {c['target_model']}; load: "
         f"{c['rate']}/s open loop (uploads and text searches taking turns), {c['seconds']} s alone; "
-        f"{c['database']}, {c['cores']} cores",
+        f"{c['database']}, {c['cores']} cores, bulk processes {c['bulk_processes']}",
         "",
         "| phase | requests | errors | 429 / 202 | p50 ms | p95 ms | p99 ms | upload p95 ms | search p95 ms | wall s |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -174,7 +200,7 @@ def table(res: dict) -> str:
         f"{fmt(g.get('duration_s'), '.1f')} s |",
         f"| cutoffs of the new space | image {fmt(res['cutoffs']['image'], '.4f')}, text "
         f"{fmt(res['cutoffs']['text'], '.4f')} ({res['cutoffs']['pairs']}) |",
-        f"| promote → a search answers from the new space | {fmt(res['promote_visible_ms'], '.0f')} ms "
+        f"| promote request sent → a search answers from the new space | {fmt(res['promote_visible_ms'], '.0f')} ms "
         f"({res['promote_searches']} searches{', promote forced past the gate' if res['promote_forced'] else ''}) |",
         "",
         f"outcomes alone: {a['outcomes']}",
@@ -247,6 +273,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--seconds", type=float, default=60.0, help="length of the load-alone phase (default 60 s)")
     ap.add_argument("--rate", type=float, default=2.0, help="interactive requests per second (default 2)")
     ap.add_argument("--model", default="ViT-S-32", help="the migration's target architecture (seeded random weights)")
+    ap.add_argument("--bulk-processes", default="",
+                    help="BULK_PROCESSES: prefork children of the bulk worker (default: the project's)")
     ap.add_argument("--postgres", metavar="URL", nargs="?", const="postgres://postgres@127.0.0.1:5432/postgres",
                     default="", help="run on PostgreSQL (a scratch database on this server) instead of SQLite")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-migration"), help="output folder")
@@ -260,18 +288,21 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     bases = _bases()
     shutil.rmtree(out / "images", ignore_errors=True)
-    catalogue = write_images(out / "images" / "catalogue", bases, 0, args.images)
-    next_id = iter(range(10**6, 10**9))
+    catalogue = write_folder(out / "images" / "catalogue", ((f"img{i:06d}.jpg", picture(bases, i))
+                                                             for i in range(args.images)))
+    next_id = iter(range(args.images, 10**9))
 
     def uploads():
         while True:
             i = next(next_id)
-            yield f"u{i}.jpg", distinct_jpeg(bases, i)
+            yield f"u{i}.jpg", picture(bases, i)
 
     stack_dir = out / "stack"
     shutil.rmtree(stack_dir, ignore_errors=True)
     target = f"{args.model}:random:fp32"
     env = {"CLIP_PRETRAINED": "random", "CLIP_PRECISION": "fp32", "CLIP_MODELS": target, "DJANGO_DEBUG": "0"}
+    if args.bulk_processes:
+        env["BULK_PROCESSES"] = args.bulk_processes
     hardware = machine()
     load_before = res_load()
     print(machine_line(hardware) + f"; load average {load_before}", flush=True)
@@ -284,7 +315,11 @@ def main(argv=None) -> int:
         t = time.time()
         job = wait_job(client, ingest(stack, catalogue))
         print(f"    {job['embedded']} embedded in {time.time() - t:.0f} s", flush=True)
-        active = s.get(stack.web_url + "/api/migrations/", timeout=60).json()[0]
+        # The reconciler calibrates the grown catalogue's cutoffs (text tower on the bulk lane): wait
+        # for it, so it does not fall into the measured "alone" phase (it did in an earlier run).
+        print("    waiting for the catalogue's calibration (background work, not measured) ...", flush=True)
+        active = wait_for(lambda: s.get(stack.web_url + "/api/migrations/", timeout=60).json()[0],
+                          lambda sp: (sp.get("calibration") or {}).get("at"), timeout=600, every=2)
         for _ in range(3):  # warm-up: models loaded, connections open; not measured
             client.upload(*reversed(next(uploads())))
             client.search("warm up")
@@ -347,6 +382,7 @@ def main(argv=None) -> int:
     res = {
         "machine": hardware,
         "config": {"images": args.images, "seconds": args.seconds, "rate": args.rate, "cores": os.cpu_count(),
+                   "bulk_processes": args.bulk_processes or "default",
                    "active_model": active["model_id"], "target_model": space["model_id"],
                    "database": "postgresql" if args.postgres else "sqlite"},
         "load_alone": summary(alone), "load_migrating": summary(migrating),
