@@ -15,6 +15,12 @@ Why each worker is shaped as it is:
   next chunk; each child gets half the cores (``PipelineConfig.threads``), so the two never
   oversubscribe them (docs/benchmarks-bulk.md has the measurements).
 - vectors: ``solo``: exactly one process may own embedded Qdrant's folder.
+- web: gunicorn ``gthread``, 2 processes × ``WEB_THREADS`` (32) threads. An interactive request
+  holds its thread for as long as it waits (up to its deadline), so the threads bound how many
+  admitted requests can wait at once: at 6 requests/s and a 5 s deadline about 30 do, and with 16
+  threads the rest queued in front of Django, where admission cannot see them (measured,
+  docs/benchmarks-load.md). A waiting thread holds no database connection
+  (``embeddings.services.requests``), so the threads do not multiply PostgreSQL connections.
 """
 from __future__ import annotations
 
@@ -37,9 +43,10 @@ def commands(env: dict | None = None) -> dict[str, str]:
     interactive_c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
     bulk_c = int(env.get("BULK_PROCESSES", "2"))  # the same variable sizes each child's threads
     web_port = env.get("WEB_PORT", "8000")
+    web_threads = int(env.get("WEB_THREADS", "32"))
     web_bind = env.get("WEB_BIND", "127.0.0.1")
     return {
-        "web": (f"gunicorn project.wsgi -b {web_bind}:{web_port} -k gthread --workers 2 --threads 8 "
+        "web": (f"gunicorn project.wsgi -b {web_bind}:{web_port} -k gthread --workers 2 --threads {web_threads} "
                 f"--timeout 120 --keep-alive 75 --access-logfile -"),
         "worker-interactive": worker(lanes.INTERACTIVE, pool="threads", concurrency=interactive_c, name="interactive"),
         "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=bulk_c, name="bulk"),

@@ -63,12 +63,25 @@ def deadline_for(requested_s: float | None) -> float:
     return min(float(requested_s), default)
 
 
+def _release_database() -> None:
+    """Close this thread's database connection before a long wait (outside a transaction): the
+    web's threads outnumber what PostgreSQL should hold open (``WEB_THREADS``,
+    ``project/processes.py``), and a waiting request needs no connection; the next query after the
+    wait opens one again (a few ms)."""
+    from django.db import connection
+
+    if not connection.in_atomic_block:
+        connection.close()
+
+
 def _wait(result, deadline_ts: float):
-    """The chain's result, or ``None`` when the deadline passes first.
+    """The chain's result, or ``None`` when the deadline passes first. The thread's database
+    connection is released for the wait (:func:`_release_database`).
 
     Raises:
         ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
     """
+    _release_database()
     try:
         return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
     except CeleryTimeout:
