@@ -27,6 +27,8 @@ def _clear_runtime():
 @pytest.fixture
 def service(settings, tmp_path, random_config, encoder):
     """The app wired to temp folders, random weights, and eager Celery."""
+    import embeddings.tasks  # noqa: F401 - eager calls need the tasks registered; importing them
+    # (qdrant-client, httpx: ~2 s cold) inside the first request would spend its 2 s deadline
     from project.celery import app
 
     settings.VAR_DIR = tmp_path
