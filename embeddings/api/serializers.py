@@ -1,6 +1,8 @@
 """Input validation for the API (views validate, call one service, serialise the result)."""
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import PolymorphicProxySerializer
@@ -65,12 +67,22 @@ class ImageSerializer(serializers.ModelSerializer):
 
     thumbnail_url = serializers.SerializerMethodField(
         help_text="WebP thumbnail (256 px on the long side) once the image is embedded; null before")
+    duplicate_of = serializers.SerializerMethodField(
+        help_text="a skipped upload: the id of the caller's image with the same bytes, whose vector it shares")
 
     class Meta:
         model = Image
         fields = ("id", "status", "reason", "reason_detail", "sha256", "size_bytes", "width", "height", "format",
                   "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at", "thumbnail_url")
         read_only_fields = fields
+
+    def get_duplicate_of(self, im: Image) -> uuid.UUID | None:
+        """The user's row of the original: a skipped upload made after a model switch can share the
+        point of a re-embedded copy (``Image.source``), whose id users never see."""
+        if im.duplicate_of_id is None:
+            return None
+        original = im.duplicate_of
+        return original.source_id or original.id
 
     def get_thumbnail_url(self, im: Image) -> str | None:
         """``/api/images/{id}/thumbnail/`` for an embedded (or skipped duplicate) image, else None."""

@@ -176,7 +176,7 @@ class ImageUploadView(GenericAPIView):
     @extend_schema(operation_id="images_list", responses={200: ImageSerializer(many=True), **errors(404)},
                    description="The caller's images (staff: all), newest first, a page at a time.")
     def get(self, request):
-        page = self.paginate_queryset(images_visible_to(request.user))
+        page = self.paginate_queryset(images_visible_to(request.user).select_related("duplicate_of"))
         return self.get_paginated_response(ImageSerializer(page, many=True).data)
 
 

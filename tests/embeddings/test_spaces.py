@@ -51,3 +51,22 @@ def test_the_cached_row_is_used_until_it_is_older_than_space_cache_s(configured,
     clock[0] += 0.2
     assert spaces.active().pk == other.pk  # 0.6 s > SPACE_CACHE_S
     assert [s.model_id for s in spaces.dual_targets()] == [first.model_id]
+
+
+@pytest.mark.django_db
+def test_a_duplicate_of_a_re_embedded_copy_names_the_users_own_image(user):
+    """After a switch, a re-upload's original can be a copy row (``source`` set); users see their row."""
+    from embeddings.api.serializers import ImageSerializer
+    from embeddings.models import Image, ImageStatus
+
+    def row(**kw):
+        return Image.objects.create(owner=user, lane="bulk", sha256="ab" * 32, size_bytes=3, storage_key="blob/x",
+                                    point_id="00000000-0000-0000-0000-000000000001", **kw)
+
+    mine = row(model_id="A", status=ImageStatus.EMBEDDED)
+    copy = row(model_id="M", status=ImageStatus.EMBEDDED, source=mine)
+    again = row(model_id="M", status=ImageStatus.SKIPPED, duplicate_of=copy)
+    plain = row(model_id="A", status=ImageStatus.SKIPPED, duplicate_of=mine)
+    assert ImageSerializer(again).data["duplicate_of"] == mine.id
+    assert ImageSerializer(plain).data["duplicate_of"] == mine.id
+    assert ImageSerializer(mine).data["duplicate_of"] is None
