@@ -16,8 +16,8 @@ original (in the reference's collection that point is at least as close to the o
 re-encoded copy is) is set aside as a ``twin``, not counted against the model: ``rate`` is hits over
 the copies judged, ``raw_rate`` hits over the whole sample. A broken model's misses land on
 unrelated images, which the reference does not excuse. Measured (docs/benchmarks-migration.md): a
-catalogue whose uploads repeat its photos with a 32-pixel mark gave raw rates of 0.77-0.81 with
-healthy seeded models, the current model itself missing a quarter of the twins.
+catalogue of near-identical copies (each photo several times with a 32-pixel mark) gave raw rates
+of 0.13-0.83 with healthy seeded models, every judged copy finding its original (rate 1.0).
 
 The probe runs in the workers as one Celery chain, never a task waiting on another:
 ``gate_embed`` on the bulk queue at background priority (a worker holding the space's model,
