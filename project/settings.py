@@ -307,6 +307,10 @@ RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
 #: Attempts at a bulk image (deliveries that started it + reconciler re-dispatches) before it fails
 #: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
 BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
+#: Migration chunks computing at once per worker host (embeddings/services/admission.py
+#: migration_slot): a migration runs at background priority and must not double the interactive p95
+#: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
+MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1

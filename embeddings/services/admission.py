@@ -867,6 +867,58 @@ def bulk_turn() -> Iterator[Turn]:
             turn.ended = time.time()
 
 
+#: Redis key prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}``.
+MIGRATION_SLOT_KEY = "lanes:bulk:migration-slot:"
+#: How often (s) a migration chunk waiting for a slot looks again.
+MIGRATION_SLOT_POLL_S = 0.2
+
+
+@contextlib.contextmanager
+def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> Iterator[float]:
+    """Hold one of this host's ``slots`` migration slots while the block runs (yields the ms waited).
+
+    A migration re-embeds the whole catalogue at background priority; on a host whose embedding
+    workers share cores, two bulk processes computing migration chunks at once doubled the
+    interactive p95 on 2 cores, one kept 90 % of the migration's speed at a third of that cost
+    (docs/benchmarks-migration.md). So at most ``MIGRATION_BULK_SLOTS`` (default 1) migration
+    chunks compute at once per host; ingest jobs are not limited. Slots are Redis locks that expire
+    after ``hold_s`` (the bulk task's time limit), so a process killed while holding one frees it.
+    ``slots`` 0, or Redis unreachable: no limit (a migration must never stall on its own throttle).
+    """
+    import socket
+
+    import redis
+
+    slots = settings.MIGRATION_BULK_SLOTS if slots is None else slots
+    if slots <= 0:
+        yield 0.0
+        return
+    hold_s = float(settings.CELERY_BULK_TIME_LIMIT_S if hold_s is None else hold_s)
+    host = socket.gethostname()
+    t0 = time.perf_counter()
+    lock = None
+    try:
+        client = redis_client()
+        while lock is None:
+            for n in range(slots):
+                candidate = client.lock(f"{MIGRATION_SLOT_KEY}{host}:{n}", timeout=hold_s, blocking=False)
+                if candidate.acquire():
+                    lock = candidate
+                    break
+            else:
+                time.sleep(MIGRATION_SLOT_POLL_S)
+    except redis.RedisError as e:
+        log.warning("migration slot not taken (Redis: %s): computing without it", e)
+    try:
+        yield (time.perf_counter() - t0) * 1000
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except redis.RedisError:  # expired or Redis gone: the slot frees itself
+                pass
+
+
 def _bulk_messages_held() -> int:
     """Bulk messages this worker process has reserved and not finished (running or waiting)."""
     from celery.worker import state

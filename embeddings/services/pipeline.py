@@ -4,6 +4,7 @@ searches and deletions. Each returns JSON primitives, ready to be a task result.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ from django.utils import timezone
 
 from embeddings import metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobStatus, Lane
 from embeddings.selectors import hits_to_results
 from embeddings.services import images as image_services
 from embeddings.services import jobs as job_services
@@ -109,7 +110,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked.
     """
     from embeddings import dispatch
-    from embeddings.services import sink
+    from embeddings.services import admission, sink
 
     job = Job.objects.filter(id=job_id).first()
     if job is None:
@@ -147,9 +148,11 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
-    chunk_started = time.time()
-    result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
-                                        _thumbnailer({k: v[1] for k, v in rows.items()}))
+    slot = admission.migration_slot() if job.kind == JobKind.MIGRATION else contextlib.nullcontext(0.0)
+    with slot:  # migration chunks compute one at a time per host (MIGRATION_BULK_SLOTS)
+        chunk_started = time.time()
+        result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
+                            _thumbnailer({k: v[1] for k, v in rows.items()}))
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
     metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))

@@ -552,3 +552,49 @@ def test_an_expired_request_is_never_computed_through_the_task_path(service, api
     r = api.post("/api/images/", {"files": [SimpleUploadedFile("ok.jpg", jpeg_bytes(4), content_type="image/jpeg")]},
                  format="multipart")
     assert r.json()["images"][0]["status"] == ImageStatus.EMBEDDED and calls == [1]
+
+
+def test_migration_chunks_take_one_host_slot_at_a_time(lane_redis, settings):
+    """Two bulk processes with migration chunks: the second computes only once the first is done;
+    a slot whose holder died expires; 0 slots, or no Redis, limit nothing."""
+    import threading
+
+    client, _ = lane_redis
+    order: list[str] = []
+    first_in = threading.Event()
+    release_first = threading.Event()
+
+    def first():
+        with admission.migration_slot(1, hold_s=30):
+            order.append("first in")
+            first_in.set()
+            release_first.wait(10)
+            order.append("first out")
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert first_in.wait(10)
+    waiter = threading.Thread(target=lambda: _second(order))
+    waiter.start()
+    time.sleep(0.5)
+    assert order == ["first in"]  # the second chunk waits for the slot
+    release_first.set()
+    t.join(10)
+    waiter.join(10)
+    assert order == ["first in", "first out", "second in"]
+    assert not client.keys(admission.MIGRATION_SLOT_KEY + "*")  # both slots handed back
+
+    # a holder killed mid-chunk: its slot expires after hold_s
+    client.set(f"{admission.MIGRATION_SLOT_KEY}{__import__('socket').gethostname()}:0", "dead", px=300)
+    with admission.migration_slot(1, hold_s=30) as waited_ms:
+        assert waited_ms >= 100
+    with admission.migration_slot(0) as waited_ms:
+        assert waited_ms == 0.0
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens: computing goes on without a slot
+    with admission.migration_slot(1, hold_s=30) as waited_ms:
+        assert waited_ms >= 0
+
+
+def _second(order: list[str]) -> None:
+    with admission.migration_slot(1, hold_s=30):
+        order.append("second in")
