@@ -21,7 +21,10 @@ from scripts.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
-N = 1_024  # 16 chunks of 64
+#: 128 chunks of 64: the sink writes ~2,500 points/s, so all of them take seconds, and the kill after
+#: the first three chunks lands mid-write (with 1,024, every point was written before the test
+#: process, which sends them, could look).
+N = 8_192
 
 
 def _wait(predicate, timeout: float, what: str):
