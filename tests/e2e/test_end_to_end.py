@@ -2,7 +2,8 @@
 
 Asserts: each image's nearest neighbour is itself (score >= 0.99); DB embedded count = Qdrant
 points = distinct images; re-ingesting adds nothing and reports every image skipped; a non-image
-file fails alone with its reason.
+file fails alone with its reason. On the shared stack (tests/e2e/conftest.py) the counts are what
+this module adds, as its own user.
 """
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import cv2
 import pytest
 
 from tests.conftest import ROOT, needs_shared, photo_paths
+from tests.e2e.conftest import settled_stats, stats_added, stats_now
 
 pytestmark = [pytest.mark.e2e, needs_shared]
 
 
-def ingest(stack, folder) -> str:
-    out = subprocess.run([sys.executable, str(ROOT / "manage.py"), "ingest", str(folder), "--user", "e2e",
+def ingest(stack, api, folder) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "manage.py"), "ingest", str(folder), "--user", api.user,
                           "--timeout", "600"], env=stack.env, cwd=ROOT, check=True, text=True, capture_output=True)
     return out.stdout.split()[1].rstrip(":")  # "job <id>: N files queued ..."
 
@@ -35,8 +37,14 @@ def photo_folder(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_job(stack, api, photo_folder):
-    job_id = ingest(stack, photo_folder)
+def before(api):
+    """The service's counts before this module added anything."""
+    return settled_stats(api)
+
+
+@pytest.fixture(scope="module")
+def first_job(stack, api, photo_folder, before):
+    job_id = ingest(stack, api, photo_folder)
     return api.get(f"/api/jobs/{job_id}/").json()
 
 
@@ -52,7 +60,7 @@ def test_bulk_job_embeds_every_photo_and_the_non_image_fails_alone(first_job):
         assert j["timings_ms"][stage]["max"] > 0
 
 
-def test_interactive_uploads_and_counts_match(stack, api, first_job):
+def test_interactive_uploads_and_counts_match(stack, api, first_job, before):
     photos = photo_paths()
     # Two re-encoded photos (new bytes) and one identical to an ingested photo (skipped).
     files = []
@@ -65,9 +73,9 @@ def test_interactive_uploads_and_counts_match(stack, api, first_job):
     a, b, same = r.json()["images"]
     assert (a["status"], b["status"], same["status"]) == ("embedded", "embedded", "skipped")
     assert a["neighbours"] and a["neighbours"][0]["score"] > 0.9
-    stats = api.get("/api/stats/").json()
+    added = stats_added(before, stats_now(api))
     distinct = len({hashlib.sha256(p.read_bytes()).hexdigest() for p in photos}) + 2
-    assert stats["images"]["embedded"] == stats["points"] == stats["distinct_embedded"] == distinct
+    assert added["embedded"] == added["points"] == added["distinct_embedded"] == distinct, added
 
 
 def test_each_image_is_its_own_nearest_neighbour(api, first_job):
@@ -88,7 +96,7 @@ def test_search_by_uploaded_photo_finds_it(api, first_job):
 
 def test_reingest_adds_nothing_and_reports_every_image_skipped(stack, api, photo_folder, first_job):
     before = api.get("/api/stats/").json()
-    job_id = ingest(stack, photo_folder)
+    job_id = ingest(stack, api, photo_folder)
     j = api.get(f"/api/jobs/{job_id}/").json()
     assert j["status"] == "done"
     assert (j["embedded"], j["skipped"], j["failed"]) == (0, len(photo_paths()), 1)
