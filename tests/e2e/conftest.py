@@ -59,7 +59,7 @@ _running: list[Stack] = []
 
 
 @pytest.fixture(scope="session")
-def shared_stack(tmp_path_factory):
+def session_stack(tmp_path_factory):
     """The one stack of every module that takes the default ``stack``, on its own database."""
     with fresh_database() as url:
         s = Stack(tmp_path_factory.mktemp("stack"), {**SHARED_ENV, "DATABASE_URL": url}, private_redis=True,
@@ -72,12 +72,24 @@ def shared_stack(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(shared_stack):
-    return shared_stack
+def stack(session_stack):
+    return session_stack
 
 
-def _takes_shared_stack(item) -> bool:
-    return "shared_stack" in getattr(item, "fixturenames", ())
+def _takes_session_stack(item) -> bool:
+    return "session_stack" in getattr(item, "fixturenames", ())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    """Run the tests on the shared stack one module after another (each in its file order) from
+    where the first of them runs, so that no module with its own stack starts while the shared
+    one is up (its idle processes would hold memory and take CPU beside a timing-sensitive test)."""
+    shared = [item for item in items if _takes_session_stack(item)]
+    if shared:
+        first = items.index(shared[0])
+        others = [item for item in items if not _takes_session_stack(item)]
+        items[:] = others[:first] + shared + others[first:]
 
 
 @pytest.hookimpl(trylast=True)
@@ -86,10 +98,10 @@ def pytest_runtest_teardown(item, nextitem):
     instead of at the end of the session: idle, it would still hold memory and wake up every
     second beside the stacks of later modules (``Stack.stop`` is idempotent: the session's
     teardown finds nothing left to stop)."""
-    if not _running or nextitem is None or not _takes_shared_stack(item):
+    if not _running or nextitem is None or not _takes_session_stack(item):
         return
     items = item.session.items
-    if not any(_takes_shared_stack(later) for later in items[items.index(nextitem):]):
+    if not any(_takes_session_stack(later) for later in items[items.index(nextitem):]):
         _running.pop().stop()
 
 
