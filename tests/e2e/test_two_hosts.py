@@ -63,8 +63,8 @@ def test_web_host_and_worker_hosts_share_only_redis_postgres_s3_and_the_store(tm
     hosts_b: list[Stack] = []
     t0, phases = time.monotonic(), {}
     try:
-        host_a.start()
-        phases["host A up"] = time.monotonic() - t0
+        # A migrates the shared database, then its web and vectors worker start while B1 starts.
+        host_a.start(wait=False)
         shared = {**env, "REDIS_URL": host_a.env["REDIS_URL"]}  # B finds A's Redis answering and uses it
 
         def start_b(name: str) -> Stack:
@@ -74,6 +74,8 @@ def test_web_host_and_worker_hosts_share_only_redis_postgres_s3_and_the_store(tm
 
         b1 = start_b("host-b1")
         phases["host B1 up"] = time.monotonic() - t0
+        host_a.wait_ready(180)
+        phases["host A up"] = time.monotonic() - t0
         api = Api(host_a.web_url, host_a.manage("apiuser", "two-hosts", "--staff").strip())
 
         r = api.post("/api/images/", files=[("files", ("i1.jpg", make_jpeg(1), "image/jpeg")),
