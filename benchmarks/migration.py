@@ -54,6 +54,7 @@ from benchmarks.lanes import (  # noqa: E402
     scratch_database,
     wait_job,
 )
+from benchmarks.lanes import fmt as lanes_fmt  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
 #: Words the search half of the load picks from (any text: the scores are not the point here).
@@ -166,7 +167,8 @@ def wait_for(fetch, ok, *, timeout: float, every: float = 1.0):
 
 
 def fmt(v, spec=".0f") -> str:
-    return "—" if v is None else format(v, spec)
+    """``benchmarks.lanes.fmt`` with whole milliseconds by default."""
+    return lanes_fmt(v, spec)
 
 
 def table(res: dict) -> str:
