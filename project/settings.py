@@ -311,6 +311,11 @@ BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
+#: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
+#: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
+#: never waits; e.g. a GPU host whose lanes do not share cores): admission.migration_yield.
+MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=8)
+MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1

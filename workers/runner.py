@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 #: Reads the encoded bytes of one image given its key. Raises ImageRejected (source_missing, ...).
 Loader = Callable[[str], bytes]
+#: Called before each forward pass of a micro-batched run (and before the next micro-batch's
+#: preparation starts): blocks while the caller's work must give way (a migration waiting for the
+#: interactive lane to fall idle, ``admission.migration_yield``) and returns the milliseconds it waited.
+BeforePass = Callable[[], float]
 #: Called on a decode thread with an image's key and its upright ``(H, W, 3) uint8`` RGB pixels
 #: (possibly DCT-reduced, see ``DecodedImage.scale``) right after a successful decode: the hook that
 #: draws thumbnails where the image is already decoded (``workers.thumbnail``). Its time counts as
@@ -102,12 +106,14 @@ class BatchResult:
         metas: the embedded images, in input order (failed ones removed).
         failed: refused images with reasons.
         timings: every stage up to ``embed``; ``total`` is wall time from the start of ``prepare``.
+        paused_ms: time spent waiting in ``before_pass`` (ms, part of ``total``; 0 without it).
     """
 
     vectors: np.ndarray
     metas: list[ImageMeta]
     failed: list[Failed]
     timings: StageTimings
+    paused_ms: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,15 +351,21 @@ class BatchRunner:
         self._sync(device)
         return x
 
-    def run(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None) -> BatchResult:
-        """``embed(prepare(keys, loader, on_decoded))``; with ``config.micro_batch`` (and more keys than that),
-        forward passes of ``micro_batch`` images through :meth:`run_many`, merged into one result
-        in input order (stages summed over the passes, ``total`` the wall time of them all)."""
-        mb = self.config.micro_batch
+    def run(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None, *,
+            micro_batch: int | None = None, before_pass: BeforePass | None = None) -> BatchResult:
+        """``embed(prepare(keys, loader, on_decoded))``; with a micro-batch size (``micro_batch``, else
+        ``config.micro_batch``) smaller than ``len(keys)``, forward passes of that many images through
+        :meth:`run_many`, merged into one result in input order (stages summed over the passes,
+        ``total`` the wall time of them all, ``paused_ms`` the time ``before_pass`` waited)."""
+        mb = micro_batch or self.config.micro_batch
         if not mb or len(keys) <= mb:
-            return self.embed(self.prepare(keys, loader, on_decoded))
+            paused = before_pass() if before_pass else 0.0
+            result = self.embed(self.prepare(keys, loader, on_decoded))
+            result.paused_ms = paused
+            return result
         started = time.perf_counter()
-        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader, on_decoded))
+        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader, on_decoded,
+                                   before_pass=before_pass))
         timings = StageTimings()
         for part in parts:
             _add(timings, {s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
@@ -363,26 +375,36 @@ class BatchRunner:
             metas=[m for p in parts for m in p.metas],
             failed=[f for p in parts for f in p.failed],
             timings=timings,
+            paused_ms=sum(p.paused_ms for p in parts),
         )
 
     def run_many(self, batches: Iterable[Sequence[str]], loader: Loader,
-                 on_decoded: OnDecoded | None = None) -> Iterator[BatchResult]:
+                 on_decoded: OnDecoded | None = None, *, before_pass: BeforePass | None = None
+                 ) -> Iterator[BatchResult]:
         """Results of ``run`` for each batch, in order, with batch k+1 being loaded, decoded and
         preprocessed (on a helper thread and the decode pool) while batch k is in the model.
 
         Each result's ``total`` runs from the start of its own preparation to the end of its
         forward pass, so it includes any wait for the model to finish the previous batch.
+        ``before_pass`` (when given) runs before the first preparation and before each forward pass
+        (batch k+1's preparation starts after it too), so neither decoding nor the model runs
+        while it blocks; each result's ``paused_ms`` is what it waited before that batch's pass.
         """
         it = iter(batches)
         ahead = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare-ahead")
         try:
             first = next(it, None)
+            paused = before_pass() if before_pass and first is not None else 0.0
             pending = None if first is None else ahead.submit(self.prepare, first, loader, on_decoded)
             while pending is not None:
                 prepared = pending.result()
+                if before_pass is not None:
+                    paused += before_pass()
                 following = next(it, None)
                 pending = None if following is None else ahead.submit(self.prepare, following, loader, on_decoded)
-                yield self.embed(prepared)
+                result = self.embed(prepared)
+                result.paused_ms, paused = paused, 0.0
+                yield result
         finally:
             ahead.shutdown(wait=True, cancel_futures=True)
 

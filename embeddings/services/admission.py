@@ -919,6 +919,61 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
                 pass
 
 
+#: How often (s) a migration micro-batch waiting for the interactive lane to fall idle looks again.
+MIGRATION_YIELD_POLL_S = 0.02
+
+
+def interactive_busy(client=None) -> bool:
+    """Whether the interactive lane has work now (one Redis round trip): a message in its queue, a
+    task a worker is running (:data:`INFLIGHT_KEY`), or an admitted request not answered yet
+    (:data:`PENDING_KEY`: from admission to the answer, the vectors worker's search included).
+    Entries older than the stale bound (a dead web process or worker) do not count.
+
+    Raises:
+        redis.RedisError: Redis cannot be reached.
+    """
+    client = client or redis_client()
+    with client.pipeline(transaction=False) as pipe:
+        for k in queue_keys(lanes.INTERACTIVE):
+            pipe.llen(k)
+        pipe.hvals(INFLIGHT_KEY)
+        pipe.hvals(PENDING_KEY)
+        *lengths, inflight, pending = pipe.execute()
+    if any(lengths):
+        return True
+    now, stale = time.time(), _stale_after_s()
+    return (any(now - float(v.split()[1]) <= stale for v in inflight)
+            or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
+
+
+def migration_yield(max_pause_s: float | None = None) -> float:
+    """Wait while the interactive lane is busy (:func:`interactive_busy`), at most ``max_pause_s``
+    (default ``MIGRATION_YIELD_MAX_S``); returns the milliseconds waited.
+
+    Called by a migration chunk before each of its micro-batches (``BatchRunner.run``'s
+    ``before_pass``): a migration re-embeds the catalogue in the interactive lane's idle time, so on
+    cores shared with the interactive worker a person's request never waits behind more than the
+    micro-batch already running (``MIGRATION_MICRO_BATCH`` images). Nice 19 alone was not enough:
+    the interactive p95 doubled during a migration on 2 cores (docs/benchmarks-migration.md, runs
+    3 and 5), because a bulk forward pass still takes its share of the cores, caches and memory
+    bandwidth. The bound keeps a migration moving under a lane that is never idle: after
+    ``max_pause_s`` one micro-batch runs anyway. ``max_pause_s`` 0, or Redis unreachable: no wait.
+    """
+    import redis
+
+    max_pause_s = settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s
+    if max_pause_s <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    try:
+        client = redis_client()
+        while interactive_busy(client) and time.perf_counter() - t0 < max_pause_s:
+            time.sleep(MIGRATION_YIELD_POLL_S)
+    except redis.RedisError as e:
+        log.warning("migration not yielding (Redis: %s)", e)
+    return (time.perf_counter() - t0) * 1000
+
+
 def _bulk_messages_held() -> int:
     """Bulk messages this worker process has reserved and not finished (running or waiting)."""
     from celery.worker import state

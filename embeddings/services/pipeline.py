@@ -107,7 +107,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
 
     Returns:
         ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
-        vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked.
+        vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked
+        and ``"paused_ms"`` when it computed (a migration chunk: time given to the interactive lane).
     """
     from embeddings import dispatch
     from embeddings.services import admission, sink
@@ -148,11 +149,17 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
-    slot = admission.migration_slot() if job.kind == JobKind.MIGRATION else contextlib.nullcontext(0.0)
-    with slot:  # migration chunks compute one at a time per host (MIGRATION_BULK_SLOTS)
+    slot, passes = contextlib.nullcontext(0.0), {}
+    if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
+        slot = admission.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
+        passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": admission.migration_yield}
+    with slot:
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
-                            _thumbnailer({k: v[1] for k, v in rows.items()}))
+                            _thumbnailer({k: v[1] for k, v in rows.items()}), **passes)
+    if result.paused_ms:
+        log.info("migration chunk of job %s: %d images, paused %.0f ms for interactive work", job_id,
+                 len(ordered), result.paused_ms)
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
     metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))
@@ -168,7 +175,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
         job_services.job_refresh(job_id=job_id)
     return {"embedded": len(items), "failed": len(result.failed), "skipped": len(image_ids) - len(ordered),
-            "stat_id": stat.id}
+            "stat_id": stat.id, "paused_ms": round(result.paused_ms, 1)}
 
 
 def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:

@@ -598,3 +598,43 @@ def test_migration_chunks_take_one_host_slot_at_a_time(lane_redis, settings):
 def _second(order: list[str]) -> None:
     with admission.migration_slot(1, hold_s=30):
         order.append("second in")
+
+
+def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, settings):
+    """migration_yield blocks while a request is admitted and unanswered, a task runs or a message
+    waits, returns as soon as the lane is idle, gives up after its bound, and ignores stale entries."""
+    import threading
+
+    client, app = lane_redis
+    assert admission.interactive_busy(client) is False
+    assert admission.migration_yield(2.0) < 100  # idle lane: one look
+
+    # an admitted request not answered yet: the migration waits until its answer
+    client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time(), "work_s": 0.3,
+                                                          "predicted_s": 0.5, "deadline_s": 2.0}))
+    assert admission.interactive_busy(client) is True
+    threading.Timer(0.4, lambda: client.hdel(admission.PENDING_KEY, "tok")).start()
+    waited = admission.migration_yield(5.0)
+    assert 350 <= waited < 2000
+
+    # a task a worker runs, then a queued message: busy; the bound lets one micro-batch through
+    client.hset(admission.INFLIGHT_KEY, "task-1", f"1 {time.time():.3f}")
+    assert admission.interactive_busy(client) is True
+    assert 300 <= admission.migration_yield(0.3) < 1500
+    client.delete(admission.INFLIGHT_KEY)
+    app.send_task("embeddings.tasks.embed_interactive", queue="interactive")
+    assert admission.interactive_busy(client) is True
+    for k in admission.queue_keys("interactive"):
+        client.delete(k)
+
+    # entries of a dead web process or worker (older than the stale bound) do not hold a migration
+    old = time.time() - admission._stale_after_s() - 5
+    client.hset(admission.PENDING_KEY, "dead", json.dumps({"admitted": old, "work_s": 0.3,
+                                                           "predicted_s": 0.5, "deadline_s": 2.0}))
+    client.hset(admission.INFLIGHT_KEY, "dead-task", f"1 {old:.3f}")
+    assert admission.interactive_busy(client) is False
+    client.delete(admission.PENDING_KEY, admission.INFLIGHT_KEY)
+
+    assert admission.migration_yield(0) == 0.0  # MIGRATION_YIELD_MAX_S=0: never waits
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # Redis gone: computing goes on
+    assert admission.migration_yield(2.0) < 1000

@@ -199,3 +199,37 @@ def test_concurrent_prepares_share_the_pool_without_mixing_images(runner):
     for t in threads:
         t.join()
     assert [out[i] for i in range(4)] == groups
+
+
+def test_before_pass_holds_decoding_and_the_model_while_it_waits(runner):
+    """``run(micro_batch=..., before_pass=...)`` (a migration giving way to interactive work): the
+    hook runs before the first preparation and before every forward pass; while it blocks no image
+    is loaded and no pass runs; what it waited is ``paused_ms``; the vectors are a single pass's."""
+    blobs = blobs_with_bad_ones(10)
+    keys = list(blobs)
+    lock, loads, pauses = threading.Lock(), [], []
+    load = loader_for(blobs)
+
+    def loader(key):
+        with lock:
+            loads.append(time.perf_counter())
+        return load(key)
+
+    def before_pass() -> float:
+        t0 = time.perf_counter()
+        time.sleep(0.15)
+        pauses.append((t0, time.perf_counter()))
+        return (pauses[-1][1] - t0) * 1000
+
+    whole = runner.run(keys, load)
+    split = runner.run(keys, loader, micro_batch=4, before_pass=before_pass)
+    assert len(pauses) == 1 + 3  # before the first preparation, then before each of the 3 passes
+    assert not [t for t in loads for a, b in pauses if a < t < b]
+    assert split.paused_ms == pytest.approx(sum(b - a for a, b in pauses) * 1000, rel=1e-6)
+    assert split.timings.total >= split.paused_ms
+    assert [m.key for m in split.metas] == [m.key for m in whole.metas]
+    np.testing.assert_allclose(split.vectors, whole.vectors, atol=1e-4)
+    # a chunk no larger than one pass: the hook runs once
+    pauses.clear()
+    one = runner.run(keys[:3], loader, micro_batch=4, before_pass=before_pass)
+    assert len(pauses) == 1 and one.paused_ms > 100
