@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import time
 
 from celery import shared_task
@@ -258,18 +259,24 @@ def warm_model(sender, **kwargs) -> None:
 
 #: Seconds between two looks for spaces an interactive worker should hold loaded (issue 13).
 WARM_SPACES_INTERVAL_S = 1.0
+#: Niceness of the thread that loads those models (the worker's request threads stay at 0).
+WARM_SPACES_NICE = 19
 
 
 def _start_space_warmer() -> None:
     """A daemon thread of an interactive worker: every :data:`WARM_SPACES_INTERVAL_S` it loads the
     model of each candidate / standby / active space this worker is configured for
     (``runtime.warm_spaces``), so a promotion or a rollback never makes a waiting person pay for a
-    model load. A failed round is logged and retried."""
+    model load. A failed round is logged and retried. The thread runs at nice
+    :data:`WARM_SPACES_NICE` (Linux sets a thread's own niceness): loading a model (~0.5 s of CPU
+    for ViT-S-32) when a migration starts must not slow the requests this worker is answering."""
     import threading
 
     from embeddings import runtime
 
     def loop() -> None:
+        with contextlib.suppress(AttributeError, OSError):  # os.setpriority: POSIX; per thread on Linux
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_SPACES_NICE)
         failures = 0
         while True:
             try:

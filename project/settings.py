@@ -314,7 +314,7 @@ MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
 #: never waits; e.g. a GPU host whose lanes do not share cores): admission.migration_yield.
-MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=8)
+MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=4)
 MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
