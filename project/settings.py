@@ -310,6 +310,9 @@ BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
 #: Migration chunks computing at once per worker host (embeddings/services/admission.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
+#: Admission's margin: this quantile of its own recent errors (actual − predicted wait, s) is added
+#: to a prediction before it is compared with the deadline (embeddings/services/admission.py fit_wait).
+ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:

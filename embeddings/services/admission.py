@@ -137,9 +137,13 @@ CENSORED_FACTOR = 1.25
 #: own capacity figure is trusted; ~ one fresh answer with 0.3 s of work ahead (the answers of the
 #: fit weigh ~9 fresh ones in all under load).
 PRIOR_WEIGHT = 0.1
-#: The admission margin is this quantile of the recent residuals (actual − predicted wait): the
-#: issue asks that ≥ 95 % of admitted requests answer within their deadline.
-MARGIN_QUANTILE = 0.95
+#: The admission margin is this quantile of the recent residuals (actual − predicted wait), by
+#: default; ``ADMISSION_MARGIN_QUANTILE`` sets it. Issue 15 asks that ≥ 95 % of admitted requests
+#: answer within their deadline; under overload nearly every admitted request sits at the admission
+#: threshold, so the late share is about 1 − this quantile plus the model's lag: the 95th percentile
+#: gave 95.3 % at a 2 s deadline, the 99th 98.5 % (and 98.4 → 100 % at 1 s) with goodput still
+#: 96–107 % of the measured capacity (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
+MARGIN_QUANTILE = 0.99
 #: The margin is scaled by ``W / (W + MARGIN_PRIOR_WEIGHT)``, ``W`` the answers' summed time weights
 #: (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot keep
 #: refusing everything once no new answer arrives to correct it (seen in the load benchmark).
@@ -246,7 +250,8 @@ def _weighted_quantile(values: list[float], weights: list[float], q: float) -> f
     return pairs[-1][0]
 
 
-def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = ()) -> WaitFit:
+def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
+             margin_quantile: float | None = None) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
 
     Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
@@ -270,6 +275,8 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
             ``deadline_s``). One that has already waited longer than predicted, and not yet past its
             deadline (after which it is answered 202 soon, or failed and will never be), enters as
             an answer now with its wait so far: a lower bound, seen before the answer.
+        margin_quantile: the residuals' quantile taken as the margin; ``None``: the setting
+            ``ADMISSION_MARGIN_QUANTILE`` (default :data:`MARGIN_QUANTILE`).
 
     Returns:
         The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the errors'
@@ -305,7 +312,9 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     margin = 0.0
     if n >= 3:
         total = sum(time_weights)
-        margin = (max(0.0, _weighted_quantile(res, margin_weights, MARGIN_QUANTILE))
+        q = margin_quantile if margin_quantile is not None else getattr(settings, "ADMISSION_MARGIN_QUANTILE",
+                                                                        MARGIN_QUANTILE)
+        margin = (max(0.0, _weighted_quantile(res, margin_weights, q))
                   * total / (total + MARGIN_PRIOR_WEIGHT))
     return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=n,
                    age_s=max(0.0, now - recent[-1]["answered"]))

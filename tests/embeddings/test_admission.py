@@ -197,11 +197,13 @@ def test_the_prediction_follows_a_service_time_that_doubles(factor):
     """The whole service time doubles (a second process takes the cores; or halves: it stops): the
     answers say so one by one, with no time passing. Within 4 answers the prediction plus margin
     (what admission compares with the deadline) covers a doubled wait; within 24 the prediction is
-    the new wait ± 10 %, and within 48 the errors made during the change have left the margin.
-    Observation counts, not seconds: under load that is a few seconds, whatever the answer rate."""
+    the new wait ± 10 %, and within 64 the errors made during the change have left the margin (the
+    99th percentile of the errors keeps them ~16 answers longer than the 95th did: 48; the price of
+    fewer late answers at the admission threshold). Observation counts, not seconds: under load
+    that is a few seconds, whatever the answer rate."""
     before = lambda w: 0.2 + 1.0 * w
     after = lambda w: factor * before(w)
-    answers = as_admitted(observations(before, 60, start=0.0) + observations(after, 48, start=0.6, seed=1))
+    answers = as_admitted(observations(before, 60, start=0.0) + observations(after, 64, start=0.6, seed=1))
     fit = lambda k: admission.fit_wait(answers[:60 + k], now=0.6 + 0.01 * k)
     work = 1.0
     assert fit(0).predict(work) == pytest.approx(before(work), rel=0.03) and fit(0).margin_s < 0.05
@@ -209,7 +211,7 @@ def test_the_prediction_follows_a_service_time_that_doubles(factor):
         assert fit(4).predict(work) + fit(4).margin_s >= 0.95 * after(work)
     assert fit(24).predict(work) == pytest.approx(after(work), rel=0.10)
     assert fit(24).scale == pytest.approx(factor, rel=0.15)
-    assert fit(48).margin_s < 0.1 * after(work)  # the errors made during the change fade from the margin
+    assert fit(64).margin_s < 0.1 * after(work)  # the errors made during the change fade from the margin
 
 
 def test_a_request_still_waiting_past_its_prediction_counts_before_its_answer():
