@@ -106,7 +106,8 @@ class BatchResult:
         metas: the embedded images, in input order (failed ones removed).
         failed: refused images with reasons.
         timings: every stage up to ``embed``; ``total`` is wall time from the start of ``prepare``.
-        paused_ms: time spent waiting in ``before_pass`` (ms, part of ``total``; 0 without it).
+        paused_ms: time spent waiting in ``before_pass`` (ms; within ``total`` when the run had several
+            passes, before it when one; 0 without a hook).
     """
 
     vectors: np.ndarray
