@@ -307,12 +307,17 @@ RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
 #: Attempts at a bulk image (deliveries that started it + reconciler re-dispatches) before it fails
 #: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
 BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
+#: Admission's margin: this quantile of its own recent errors (actual − predicted wait, s) is added
+#: to a prediction before it is compared with the deadline (embeddings/services/admission.py
+#: fit_wait). Issue 15 asks that >= 95 % of admitted requests answer within their deadline; under
+#: overload nearly every admitted request sits at the admission threshold, so the late share is
+#: about 1 - this quantile plus the model's lag: the 95th percentile gave 95.3 % at a 2 s deadline,
+#: the 99th 98.5 % (98.4 -> 100 % at 1 s) with goodput still 96-107 % of the measured capacity
+#: (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
+ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
 #: Migration chunks computing at once per worker host (embeddings/services/admission.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
-#: Admission's margin: this quantile of its own recent errors (actual − predicted wait, s) is added
-#: to a prediction before it is compared with the deadline (embeddings/services/admission.py fit_wait).
-ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:

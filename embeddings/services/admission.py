@@ -137,13 +137,6 @@ CENSORED_FACTOR = 1.25
 #: own capacity figure is trusted; ~ one fresh answer with 0.3 s of work ahead (the answers of the
 #: fit weigh ~9 fresh ones in all under load).
 PRIOR_WEIGHT = 0.1
-#: The admission margin is this quantile of the recent residuals (actual − predicted wait), by
-#: default; ``ADMISSION_MARGIN_QUANTILE`` sets it. Issue 15 asks that ≥ 95 % of admitted requests
-#: answer within their deadline; under overload nearly every admitted request sits at the admission
-#: threshold, so the late share is about 1 − this quantile plus the model's lag: the 95th percentile
-#: gave 95.3 % at a 2 s deadline, the 99th 98.5 % (and 98.4 → 100 % at 1 s) with goodput still
-#: 96–107 % of the measured capacity (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
-MARGIN_QUANTILE = 0.99
 #: The margin is scaled by ``W / (W + MARGIN_PRIOR_WEIGHT)``, ``W`` the answers' summed time weights
 #: (a fresh answer weighs 1): old evidence fades, so a margin learnt in a bad moment cannot keep
 #: refusing everything once no new answer arrives to correct it (seen in the load benchmark).
@@ -206,7 +199,7 @@ class WaitFit:
         overhead_s: seconds every request waits whatever the backlog (decode, batching window, the
             vectors hop, the web's own round trips).
         scale: actual drain time / the workers' own capacity figure (1.0: the workers are right).
-        margin_s: the :data:`MARGIN_QUANTILE` of recent errors (actual − predicted at admission, s, ≥ 0).
+        margin_s: the ``ADMISSION_MARGIN_QUANTILE`` quantile of recent errors (actual − predicted at admission, s, ≥ 0).
         samples: answers the fit used (0: the prior ``overhead 0, scale 1, margin 0``).
         age_s: seconds since the newest answer it used (``inf``: none).
     """
@@ -276,11 +269,11 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
             deadline (after which it is answered 202 soon, or failed and will never be), enters as
             an answer now with its wait so far: a lower bound, seen before the answer.
         margin_quantile: the residuals' quantile taken as the margin; ``None``: the setting
-            ``ADMISSION_MARGIN_QUANTILE`` (default :data:`MARGIN_QUANTILE`).
+            ``ADMISSION_MARGIN_QUANTILE`` (0.99 unless configured; project/settings.py says why).
 
     Returns:
         The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the errors'
-        :data:`MARGIN_QUANTILE` (weights with :data:`MARGIN_HALF_LIFE_ANSWERS`), shrunk while the
+        ``ADMISSION_MARGIN_QUANTILE`` quantile (weights with :data:`MARGIN_HALF_LIFE_ANSWERS`), shrunk while the
         evidence is thin or old (:data:`MARGIN_PRIOR_WEIGHT`).
     """
     recent = sorted((r for r in answers
@@ -312,8 +305,7 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     margin = 0.0
     if n >= 3:
         total = sum(time_weights)
-        q = margin_quantile if margin_quantile is not None else getattr(settings, "ADMISSION_MARGIN_QUANTILE",
-                                                                        MARGIN_QUANTILE)
+        q = settings.ADMISSION_MARGIN_QUANTILE if margin_quantile is None else margin_quantile
         margin = (max(0.0, _weighted_quantile(res, margin_weights, q))
                   * total / (total + MARGIN_PRIOR_WEIGHT))
     return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=n,
