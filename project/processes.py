@@ -6,8 +6,13 @@ match). Import-light: no Django, Celery or torch.
 
 Why each worker is shaped as it is:
 - interactive: ``threads`` pool so one process holds one model and one dynamic batcher, task
-  threads hand it their images; concurrency = the largest interactive batch, prefetch 1, so no
-  more messages are reserved than one batch can take.
+  threads hand it their images; concurrency ``INTERACTIVE_THREADS`` = two of the largest
+  interactive batches, prefetch 1: while one batch is in the model, the next batch's tasks are
+  fetched and decoded, so under load every pass is full. With one batch's worth of threads, every
+  thread waited on the pass and the next batch was fetched and decoded only after it: passes of
+  about four alternated, and at a 5 s deadline the lane served 17 % of admitted requests late,
+  predicted for full passes (docs/benchmarks-load.md). Admission counts every started task's
+  images, so the second batch is never invisible to it.
 - bulk: ``prefork`` with ``BULK_PROCESSES`` children (default 2): the model loads in each child
   after fork (celery/celery#3402), and a child killed mid-chunk is noticed by the parent, which
   rejects the message so it is redelivered (``task_reject_on_worker_lost``). Two children overlap
@@ -40,7 +45,7 @@ def worker(queues: tuple[str, ...] | str, *, pool: str, concurrency: int, name: 
 def commands(env: dict | None = None) -> dict[str, str]:
     """``{process name: command line}`` of the default deployment (one worker per queue)."""
     env = os.environ if env is None else env
-    interactive_c = int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))
+    interactive_c = int(env.get("INTERACTIVE_THREADS", 2 * int(env.get("INTERACTIVE_MAX_BATCH_SIZE", "8"))))
     bulk_c = int(env.get("BULK_PROCESSES", "2"))  # the same variable sizes each child's threads
     web_port = env.get("WEB_PORT", "8000")
     web_threads = int(env.get("WEB_THREADS", "32"))
