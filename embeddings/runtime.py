@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 import threading
 import types
 from pathlib import Path
@@ -138,7 +140,20 @@ def _dynamic_batcher(model_id: str):
         run_batch,
         max_batch_size=cfg.interactive_max_batch_size,
         max_queue_delay_ms=cfg.interactive_max_queue_delay_ms,
+        on_pass=_pass_hook(model_id),
     )
+
+
+def _pass_hook(model_id: str):
+    """The dynamic batcher's ``on_pass``: admission counts a running pass as the time it has left
+    (``admission.PASSES_KEY``). None where admission sees nothing (admission off, eager Celery)."""
+    from embeddings.services import admission
+    from project.celery import app
+
+    if not settings.ADMISSION_CONTROL or app.conf.task_always_eager:
+        return None
+    name = f"{socket.gethostname()}:{os.getpid()}:{model_id}"
+    return lambda images, at: admission.interactive_pass(name, images, at)
 
 
 #: ``dynamic_batcher(model_id=None)``: one dynamic batcher (and model thread) per space.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -22,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 import torch
+
+log = logging.getLogger(__name__)
 
 
 class Expired(Exception):
@@ -56,6 +59,10 @@ class DynamicBatcher:
         max_batch_size: most images per forward pass (a larger single request runs alone, split).
         max_queue_delay_ms: longest time the first request of a batch waits for company (ms).
         history: how many :class:`BatchRecord` to keep for metrics.
+        on_pass: called on the model thread as ``on_pass(size, started)`` right before each forward
+            pass (``size`` images, ``started`` Unix s) and ``on_pass(0, ended)`` right after it, so
+            that admission control can count the time a running pass has left; must not raise
+            (what it raises is logged and ignored).
     """
 
     def __init__(
@@ -65,10 +72,12 @@ class DynamicBatcher:
         max_batch_size: int,
         max_queue_delay_ms: float,
         history: int = 10_000,
+        on_pass: Callable[[int, float], None] | None = None,
     ) -> None:
         if max_batch_size < 1 or max_queue_delay_ms < 0:
             raise ValueError("max_batch_size must be >= 1 and max_queue_delay_ms >= 0")
         self._run_batch = run_batch
+        self._on_pass = on_pass
         self.max_batch_size = max_batch_size
         self.max_queue_delay_s = max_queue_delay_ms / 1000
         self._queue: queue.Queue[_Request | None] = queue.Queue()
@@ -135,6 +144,7 @@ class DynamicBatcher:
                 live.append(req)
         service_ms = 0.0
         if live:
+            self._notify(sum(len(r.pixels) for r in live), time.time())
             t0 = time.perf_counter()
             try:
                 pixels = torch.cat([r.pixels for r in live])
@@ -150,6 +160,7 @@ class DynamicBatcher:
                     r.future.set_result(out[start : start + len(r.pixels)])
                     start += len(r.pixels)
             service_ms = (time.perf_counter() - t0) * 1000
+            self._notify(0, time.time())
         self.records.append(
             BatchRecord(
                 size=sum(len(r.pixels) for r in live),
@@ -159,3 +170,11 @@ class DynamicBatcher:
                 expired=len(batch) - len(live),
             )
         )
+
+    def _notify(self, size: int, at: float) -> None:
+        if self._on_pass is None:
+            return
+        try:
+            self._on_pass(size, at)
+        except Exception:  # a metrics hook never stops the model thread
+            log.exception("on_pass hook failed")

@@ -251,6 +251,73 @@ def test_work_is_counted_in_forward_passes_at_the_measured_batch_times():
     assert two.work_s(1) == pytest.approx(admission.drain_s(curve, 8, 8), rel=1e-6)
 
 
+def test_a_running_pass_counts_as_the_time_it_has_left():
+    """Eight images in flight, all in one pass of eight (550 ms expected) started 450 ms ago: a
+    request arriving now waits the 0.1 s that pass has left and then its own pass of one (0.3 s),
+    not a whole second pass of eight first. Two images in flight but outside the running pass
+    (decoding, waiting for the model) join the next pass with it."""
+    curve = {1: 300.0, 8: 550.0}
+    now = 1000.0
+    passes, stale = admission.running_passes({"w:1:m": f"8 {now - 0.45:.3f} 550.0"}, now=now, stale_s=60)
+    assert passes == (pytest.approx((8, 0.1)),) and stale == []
+    load = admission.LaneLoad(queued_messages=0, inflight_images=8, capacity_ips=1000 / 300, workers=1,
+                              curves=((curve, 8),), passes=passes)
+    assert load.work_s(1) == pytest.approx(0.1 + 0.3)
+    assert load.work_s(0) == pytest.approx(0.1)  # the work ahead of it: the rest of that pass
+    assert dataclasses.replace(load, passes=()).work_s(1) == pytest.approx(0.55 + 0.3)  # counted whole
+    outside = dataclasses.replace(load, inflight_images=10)
+    assert outside.work_s(1) == pytest.approx(0.1 + admission.batch_ms(curve, 3) / 1000)
+    # without per-batch-size times: the rest at the drain rate, after the running pass
+    assert dataclasses.replace(outside, curves=()).work_s(1) == pytest.approx(0.1 + 3 * 0.3)
+    # a pass that overran its expected time is about to end: 0 s left, its images still not ahead
+    late, _ = admission.running_passes({"w:1:m": f"8 {now - 0.9:.3f} 550.0"}, now=now, stale_s=60)
+    assert late == ((8, 0.0),) and dataclasses.replace(load, passes=late).work_s(1) == pytest.approx(0.3)
+    # an expected time not measured yet (0) says nothing: the images count whole, as before
+    unknown, _ = admission.running_passes({"w:1:m": f"8 {now - 0.1:.3f} 0.0"}, now=now, stale_s=60)
+    assert unknown == ()
+    # a dead worker's pass, or a garbled entry, is stale: ignored and returned for deletion
+    gone, stale = admission.running_passes({"dead": f"8 {now - 120:.3f} 550.0", "bad": "x"}, now=now, stale_s=60)
+    assert gone == () and sorted(stale) == ["bad", "dead"]
+
+
+def test_the_batcher_reports_each_pass_to_admission(lane_redis, encoder, tracker):
+    """The real dynamic batcher's hook writes the running pass (images, start, expected ms at this
+    worker's curve) while the model computes, and clears it after; admission reads it in its round
+    trip. A hook that raises never stops the model thread."""
+    from workers.batcher import DynamicBatcher
+    from workers.preprocess import normalize
+
+    client, _ = lane_redis
+    seen: list[tuple[int, str | None, int]] = []
+    tracker.curve = {1: 250.0, 4: 400.0}
+
+    def run_batch(px):
+        seen.append((len(px), client.hget(admission.PASSES_KEY, "me"), len(admission.interactive_load().passes)))
+        return encoder.encode_images(normalize(px, encoder.preprocess_config))
+
+    b = DynamicBatcher(run_batch, max_batch_size=4, max_queue_delay_ms=100,
+                       on_pass=lambda n, at: admission.interactive_pass("me", n, at))
+    px = torch_pixels(encoder)
+    before = time.time()
+    futs = [b.submit(px[i : i + 1]) for i in range(3)]
+    vectors = [f.result(timeout=60) for f in futs]
+    assert [v.shape for v in vectors] == [(1, encoder.embed_dim)] * 3
+    (size, raw, read), = seen
+    images, started, expected = raw.split()
+    assert (size, int(images), float(expected), read) == (3, 3, pytest.approx(admission.batch_ms(tracker.curve, 3), abs=0.1), 1)
+    assert before <= float(started) <= time.time()
+    assert not client.hexists(admission.PASSES_KEY, "me")  # cleared when the pass ended
+    b.close()
+
+    def broken(n, at):
+        raise RuntimeError("metrics down")
+
+    b = DynamicBatcher(lambda px: encoder.encode_images(normalize(px, encoder.preprocess_config)),
+                       max_batch_size=4, max_queue_delay_ms=1, on_pass=broken)
+    assert b.embed(px[:1]).shape == (1, encoder.embed_dim)
+    b.close()
+
+
 def test_a_workers_batch_times_follow_a_forward_pass_that_doubles():
     """Per batch size, an EWMA of the forward pass (weight 0.3): the machine slows to twice the time;
     within 7 passes of a size its figure is over 90 % of the way there, and other sizes keep theirs."""
@@ -320,6 +387,18 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     assert not admission.decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert admission.decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 s
     assert admission.decide(dataclasses.replace(fits, queued_messages=75), deadline_s=deadline).retry_after_s == 12  # 11.92 s
+    # A lone pass of 0.3 s nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
+    # the next request admitted waits its own pass; wait_ahead_s is never less than that.
+    lone = admission.LaneLoad(queued_messages=0, inflight_images=1, capacity_ips=1 / 0.3, workers=1,
+                              curves=(({1: 300.0, 8: 550.0}, 8),), passes=((1, 0.02),),
+                              fit=admission.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50))
+    d = admission.decide(lone, deadline_s=0.6)
+    assert not d.admitted and d.predicted_wait_s == pytest.approx(0.05 + 0.02 + 0.3)
+    assert d.wait_ahead_s == pytest.approx(0.05 + 0.3)  # not 0.05 + 0.02: the work ahead alone
+    assert admission.decide(dataclasses.replace(lone, passes=((1, 0.25),)), deadline_s=0.6).wait_ahead_s \
+        == pytest.approx(0.05 + 0.3)  # more left, still under a lone pass: the floor
+    assert admission.decide(dataclasses.replace(lone, queued_messages=8, inflight_images=8, passes=((8, 0.5),)),
+                            deadline_s=0.6).wait_ahead_s == pytest.approx(0.05 + 0.5 + 0.55)  # the backlog's drain
 
 
 def test_capacity_is_summed_over_live_workers():
