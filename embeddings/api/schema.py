@@ -26,9 +26,10 @@ ERROR_STATUS = {
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
     429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is the predicted wait of the work ahead "
-         "now, about what a request admitted at this moment waits; Retry-After is the same rounded up to whole "
-         "seconds, so a retry never comes before that work has drained. extra also has predicted_wait_s, "
-         "deadline_s, retry_after_s, queued_messages, inflight_images, capacity_ips, workers, overhead_s, scale, "
+         "now (at least that of a request of its size alone), about what a request admitted at this moment "
+         "waits; Retry-After is the same rounded up to whole seconds, so a retry never comes before that work "
+         "has drained. extra also has predicted_wait_s, deadline_s, retry_after_s, queued_messages, "
+         "inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, overhead_s, scale, "
          "margin_s",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
          "(code: vectors_unavailable, worker_error)",
