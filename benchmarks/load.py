@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
+import functools
 import json
 import os
 import statistics
@@ -64,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, machine_line, pyplot
+from benchmarks.lanes import scratch_database
 from scripts.soak import make_jpeg, zip_of
 from scripts.stack import Stack
 
@@ -379,7 +382,7 @@ def web_records_since(redis_url: str, since: float) -> list[dict]:
 
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],
              files: int, clients: list[int], capacity_s: float, with_bulk: list[int], max_in_flight: int = 64,
-             warmup: int = 10, log=print) -> dict:
+             warmup: int = 10, log=functools.partial(print, flush=True)) -> dict:
     """Send the load to a running stack; returns the result dict (see module docstring). One round of
     ``deadlines`` per entry of ``with_bulk``: 0 without a bulk job, N after posting a bulk job of N
     images (which then runs on the same cores through that round's phases)."""
@@ -509,6 +512,9 @@ def main() -> int:
                          "Retry-After must not be shorter than it")
     ap.add_argument("--max-growth-mb", type=float, default=16.0,
                     help="largest RSS growth (MiB) allowed over the second half of each round, per process")
+    ap.add_argument("--postgres", metavar="URL", nargs="?", const="postgres://postgres@127.0.0.1:5432/postgres",
+                    default="", help="run on PostgreSQL (a scratch database on this server, dropped afterwards) "
+                                     "instead of SQLite")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-load.json"))
     ap.add_argument("--var-dir", default=None)
     args = ap.parse_args()
@@ -517,8 +523,12 @@ def main() -> int:
     env = {"CLIP_PRETRAINED": "random", "CLIP_PRECISION": "fp32", "DJANGO_DEBUG": "0",
            "INTERACTIVE_DEADLINE_S": str(max(2.0, *args.deadline))}
     hardware = machine()
-    print(machine_line(hardware) + f" (this run: fp32); load average {hardware.get('load_average_1m')}", flush=True)
-    with Stack(var, env, private_redis=True, log=lambda *a: None) as stack:
+    db_name = "PostgreSQL" if args.postgres else "SQLite"
+    print(machine_line(hardware) + f" (this run: fp32, {db_name}); load average {hardware.get('load_average_1m')}",
+          flush=True)
+    database = scratch_database(args.postgres) if args.postgres else contextlib.nullcontext("")
+    with database as database_url, Stack(var, {**env, "DATABASE_URL": database_url}, private_redis=True,
+                                          log=lambda *a: None) as stack:
         result = run_load(stack, rate=args.rate, overload=args.overload, duration=args.duration,
                           deadlines=args.deadline, files=args.files, clients=args.clients,
                           capacity_s=args.capacity_s, with_bulk=args.with_bulk, max_in_flight=args.max_in_flight)
@@ -533,7 +543,8 @@ def main() -> int:
     result["machine"] = hardware
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"{machine_line(hardware)} (this run: fp32); load average {hardware.get('load_average_1m')} → "
+    result["database"] = db_name
+    header = (f"{machine_line(hardware)} (this run: fp32, {db_name}); load average {hardware.get('load_average_1m')} → "
               f"{hardware['load_average_1m_end']}")
     for phase in result["phases"]:
         png = out.with_name(f"{out.stem}-wait-{phase['deadline_s']:g}s{'-bulk' if phase.get('bulk') else ''}.png")
