@@ -15,7 +15,8 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
                 worker's measured per-batch-size service times (images shared by the workers'
                 rates); images / Σ capacity of the live workers (images/s) until every one
                 reported them
-       wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline)
+       wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline,
+                                                    margin_s ≥ ADMISSION_MIN_MARGIN_SHARE × wait_s)
 
    - *queued messages*: ``LLEN`` of the interactive queue's lists in Redis. kombu keeps one list per
      priority step: ``interactive`` for step 0 and ``interactive\\x06\\x16{3,6,9}`` for the others
@@ -28,7 +29,7 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
      pass ends (:func:`interactive_pass`). Those images count as the time their pass has left, not
      as a whole pass: a request arriving 0.9 s into a 1 s pass waits 0.1 s for it, not 1 s. Counted
      whole, the pass's phase was the largest error of the prediction (the wait of requests with
-     the same backlog ranged over a whole pass), and the margin — the errors' 99th percentile —
+     the same backlog ranged over a whole pass), and the margin — the errors' upper spread —
      had to cover it.
    - *capacity*: each interactive worker measures what it really drains: images of the tasks it
      finished over the last :data:`DRAIN_WINDOW_S` s divided by the time it was busy with them
@@ -49,8 +50,9 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
      half-life and a :data:`FIT_HALF_LIFE_ANSWERS` answers half-life (:func:`fit_wait`: an
      exponentially weighted moving fit of the whole service times). ``scale`` absorbs what the
      workers' figure misses (the vectors hop, the web, a machine slower than 10 s ago),
-     ``overhead`` what every request pays, ``margin`` the spread (the 95th percentile of
-     admission's own errors: wait − the wait predicted at admission). A slower machine shows in
+     ``overhead`` what every request pays, ``margin`` the late side of the spread (``z`` of
+     ``ADMISSION_MARGIN_QUANTILE`` × the root mean square of admission's late errors × √2, an
+     error being wait − the wait predicted at admission: :func:`_upper_bound`). A slower machine shows in
      the answers within a few of them, in the workers' batch times at once, and in admitted
      requests that have waited longer than predicted before they are even answered
      (:data:`PENDING_KEY`).
@@ -86,6 +88,7 @@ import json
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 import uuid
@@ -136,14 +139,25 @@ PASSES_KEY = f"lanes:{lanes.INTERACTIVE}:passes"
 #: over: ``0.5 ** (age / FIT_HALF_LIFE_S)`` (time) × ``0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
 #: (observations: ``newer`` answers arrived after it). The weighted fit is an exponentially weighted
 #: moving average of the lane's whole admitted→answered service times: under load a change of the
-#: machine's speed is followed within a few answers (half the weight after 6), whatever the answer
-#: rate; with few answers, within a few seconds.
+#: machine's speed is followed within a few seconds (half the weight after 16 answers, 2–3 s at the
+#: 6–8 answers/s of this 2-core machine), whatever the answer rate; with few answers, within ~10 s.
+#: Until 2026-12-01 the half-lives were 6 answers and 5 s: under a 2× overload the lane then ran a
+#: limit cycle (docs/benchmarks-load.md, "Half-lives"): an answer arrives one wait after its
+#: admission, so at a queue's peak the fit had forgotten the last peak and knew only the trough's
+#: short waits; it under-predicted (scale ~1.0 where the phase's own slope was 1.7), admitted
+#: requests ended 202, the margin jumped to 0.6 × the deadline and the lane emptied. Replayed on
+#: that run's answers, predicted + margin was short for 9–19 % of admitted requests with the old
+#: half-lives and 1–7 % with these.
 FIT_WINDOW_S = 30.0
-FIT_HALF_LIFE_S = 5.0
-FIT_HALF_LIFE_ANSWERS = 6.0
-#: The margin's errors are weighted the same way with a longer observation half-life: the 95th
-#: percentile needs more than the last handful of answers to mean anything (~12 fresh answers in all).
-MARGIN_HALF_LIFE_ANSWERS = 8.0
+FIT_HALF_LIFE_S = 10.0
+FIT_HALF_LIFE_ANSWERS = 16.0
+#: The margin's errors are weighted the same way with their own half-lives: 16 answers (a spread
+#: needs more than the last handful of answers to mean anything, ~23 fresh answers in all; 8 while
+#: the margin was the errors' empirical quantile, :func:`_upper_bound`) and 5 s, so that a margin
+#: learnt in a bad moment fades within seconds when no answer comes to correct it (with the fit's
+#: 10 s, 15 s of silence left two thirds of it).
+MARGIN_HALF_LIFE_ANSWERS = 16.0
+MARGIN_HALF_LIFE_S = 5.0
 #: A request answered 202 waited *at least* its deadline; it enters the fit as this × its wait.
 CENSORED_FACTOR = 1.25
 #: Ridge pull of the fitted scale towards 1 (s²): with few or tightly bunched answers the workers'
@@ -212,7 +226,10 @@ class WaitFit:
         overhead_s: seconds every request waits whatever the backlog (decode, batching window, the
             vectors hop, the web's own round trips).
         scale: actual drain time / the workers' own capacity figure (1.0: the workers are right).
-        margin_s: the ``ADMISSION_MARGIN_QUANTILE`` quantile of recent errors (actual − predicted at admission, s, ≥ 0).
+        margin_s: s (≥ 0) added to a prediction before it is compared with the deadline: the
+            ``ADMISSION_MARGIN_QUANTILE`` quantile of recent errors (actual − predicted at
+            admission) were they zero-mean normal, their spread taken from the late ones
+            (:func:`_upper_bound`).
         samples: answers the fit used (0: the prior ``overhead 0, scale 1, margin 0``).
         age_s: seconds since the newest answer it used (``inf``: none).
     """
@@ -246,14 +263,20 @@ def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
     return a, min(20.0, max(0.25, c))
 
 
-def _weighted_quantile(values: list[float], weights: list[float], q: float) -> float:
-    pairs = sorted(zip(values, weights))
-    total, acc = sum(weights), 0.0
-    for v, w in pairs:
-        acc += w
-        if acc >= q * total:
-            return v
-    return pairs[-1][0]
+def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
+    """``z_q × √(2 · Σ w·max(0, e)² / Σ w)``: the ``q`` quantile of zero-mean normal errors whose
+    standard deviation is estimated from the late side alone (the weighted root mean square of the
+    positive errors, × √2), ``z_q`` the standard normal's ``q`` quantile (2.33 for 0.99). Pure.
+
+    One-sided on purpose: an early answer (the machine got faster, a bulk job ended) never widens
+    the margin, and a run of late ones raises it at once (squared). Why not the errors' empirical
+    quantile, as until 2026-12-01: with the ~20 answers that carry the weight, a 99th percentile is
+    their largest error, so one bad prediction set the margin alone until it aged out. Replayed on
+    six load-benchmark phases (``docs/benchmarks-load.md``, "Margin from the late errors' spread"),
+    2-17 % of admitted requests then waited longer than predicted + margin, against 8-27 % with
+    the quantile of the last ~8 answers, for a margin 10-20 % wider on average."""
+    total = sum(weights)
+    return statistics.NormalDist().inv_cdf(q) * math.sqrt(2 * sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / total)
 
 
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
@@ -268,8 +291,8 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     answers under load and within a few seconds when answers are rare. No answer is dropped as an
     outlier: after a change of regime the first slow answers *are* the new truth; they move the
     margin at once and the fit within a few answers
-    (``test_the_prediction_follows_a_service_time_that_doubles``). The margin is a weighted quantile
-    of admission's own errors: each answer's wait minus the ``predicted_s`` it was admitted with
+    (``test_the_prediction_follows_a_service_time_that_doubles``). The margin is an upper bound of
+    admission's own errors (:func:`_upper_bound`): each answer's wait minus the ``predicted_s`` it was admitted with
     (minus this fit's prediction for a record without one), so it measures what the model as used
     got wrong, including its lag after a change, and a machine that gets faster does not widen it.
 
@@ -281,13 +304,14 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
             ``deadline_s``). One that has already waited longer than predicted, and not yet past its
             deadline (after which it is answered 202 soon, or failed and will never be), enters as
             an answer now with its wait so far: a lower bound, seen before the answer.
-        margin_quantile: the residuals' quantile taken as the margin; ``None``: the setting
+        margin_quantile: the quantile :func:`_upper_bound` aims at; ``None``: the setting
             ``ADMISSION_MARGIN_QUANTILE`` (0.99 unless configured; project/settings.py says why).
 
     Returns:
-        The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is the errors'
-        ``ADMISSION_MARGIN_QUANTILE`` quantile (weights with :data:`MARGIN_HALF_LIFE_ANSWERS`), shrunk while the
-        evidence is thin or old (:data:`MARGIN_PRIOR_WEIGHT`).
+        The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is
+        :func:`_upper_bound` of the errors (weights with :data:`MARGIN_HALF_LIFE_ANSWERS` and
+        :data:`MARGIN_HALF_LIFE_S`), shrunk while the evidence is thin or old
+        (:data:`MARGIN_PRIOR_WEIGHT`).
     """
     recent = sorted((r for r in answers
                      if r.get("work_s") is not None and now - FIT_WINDOW_S <= r["answered"] <= now + 1),
@@ -306,8 +330,10 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
         if r.get("status") != 200:
             y *= CENSORED_FACTOR
         newer = n - 1 - i
-        w_time = 0.5 ** (max(0.0, now - r["answered"]) / FIT_HALF_LIFE_S)
-        rows.append((float(r["work_s"]), y, w_time * 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)))
+        age = max(0.0, now - r["answered"])
+        rows.append((float(r["work_s"]), y,
+                     0.5 ** (age / FIT_HALF_LIFE_S) * 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)))
+        w_time = 0.5 ** (age / MARGIN_HALF_LIFE_S)
         margin_weights.append(w_time * 0.5 ** (newer / MARGIN_HALF_LIFE_ANSWERS))
         time_weights.append(w_time)
     a, c = _solve(rows)
@@ -319,8 +345,7 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     if n >= 3:
         total = sum(time_weights)
         q = settings.ADMISSION_MARGIN_QUANTILE if margin_quantile is None else margin_quantile
-        margin = (max(0.0, _weighted_quantile(res, margin_weights, q))
-                  * total / (total + MARGIN_PRIOR_WEIGHT))
+        margin = _upper_bound(res, margin_weights, q) * total / (total + MARGIN_PRIOR_WEIGHT)
     return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=n,
                    age_s=max(0.0, now - recent[-1]["answered"]))
 
@@ -488,10 +513,25 @@ def retry_after(wait_ahead_s: float) -> int:
     return max(1, math.ceil(round(wait_ahead_s, 3)))
 
 
-def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
-    """Admit unless the predicted wait plus the fit's margin is longer than ``deadline_s`` (s); an
+def margin_s(fit: WaitFit, wait_s: float, *, min_share: float) -> float:
+    """Seconds added to a predicted wait of ``wait_s`` before it is compared with the deadline: the
+    fit's learnt margin, and at least ``min_share`` × the predicted wait (``ADMISSION_MIN_MARGIN_SHARE``).
+
+    The floor is for long deadlines, where an answer arrives one long wait after its admission:
+    at a 5 s deadline the learnt margin had decayed to ~0.1 × the wait by the time the queue
+    reached the deadline, and the errors that said so came ~5 s later, after the 202s. Replayed on
+    four 5 s load-benchmark phases, a floor of 0.2 cut the admitted requests that waited longer
+    than predicted + margin from 12-15 % to 5-9 %, for a margin 0.01-0.03 × the deadline wider on
+    average; at 1 s and 2 s it changed nothing (docs/benchmarks-load.md, "Half-lives and the
+    margin"). Pure."""
+    return max(fit.margin_s, min_share * wait_s)
+
+
+def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
+    """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
+    ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); an
     empty lane admits a request whose predicted wait alone fits, or any request once the newest
-    answer is older than :data:`PROBE_AFTER_S` (a probe). Pure.
+    answer is older than :data:`PROBE_AFTER_S` (a probe).
 
     A refusal carries ``wait_ahead_s``, the predicted wait of the work ahead now (the backlog,
     without the refused request's own images: by then that work has drained, and a request
@@ -505,11 +545,12 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1) -> Decision:
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
+    share = settings.ADMISSION_MIN_MARGIN_SHARE if min_margin_share is None else min_margin_share
     # An empty lane admits whatever the margin, and whatever the prediction once the evidence is
     # stale (a probe): the request goes straight to an idle worker, and its answer is what a model
     # learnt in a bad moment needs to be corrected.
     empty = load.backlog_images == 0
-    if (wait is None or wait + load.fit.margin_s <= deadline_s
+    if (wait is None or wait + margin_s(load.fit, wait, min_share=share) <= deadline_s
             or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
         return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
     # the work ahead of it now, without its own images; and never less than a request of its size
@@ -648,7 +689,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "running_pass_left_s": round(max((x for _, x in load.passes), default=0.0), 3),
                    "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
-                   "margin_s": round(load.fit.margin_s, 3)},
+                   "margin_s": round(margin_s(load.fit, decision.predicted_wait_s,
+                                              min_share=settings.ADMISSION_MIN_MARGIN_SHARE), 3),
+                   "learnt_margin_s": round(load.fit.margin_s, 3)},
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
     if decision.work_s is not None:
