@@ -746,3 +746,29 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     assert admission.migration_yield(0) == 0.0  # MIGRATION_YIELD_MAX_S=0: never waits
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # Redis gone: computing goes on
     assert admission.migration_yield(2.0) < 1000
+
+
+def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misses():
+    """``benchmarks.load_replay.replay`` on the web's records of a lane whose wait is exactly
+    0.2 s + its work: every request after the first few is predicted within ±30 %, none waits past
+    predicted + margin. Make one in ten 1 s late: those are outside ±30 %, and the first of them
+    are short of predicted + margin, but not all: the margin learns the lateness from them."""
+    from benchmarks.load_replay import replay
+
+    def records(late_every: int = 0) -> list[dict]:
+        out = []
+        for i in range(100):
+            work = 0.3 + 0.01 * (i % 40)
+            wait = 0.2 + work + (1.0 if late_every and i % late_every == late_every - 1 else 0.0)
+            out.append({"admitted": i * 0.2, "answered": i * 0.2 + wait, "work_s": work, "status": 200,
+                        "predicted_s": 0.2 + work})
+        return out
+
+    steady = replay(records(), half_life_answers=16, half_life_s=10)
+    assert steady["requests"] >= 90 and steady["within_30pct"] == 1.0 and steady["short"] == 0.0
+    assert abs(steady["error_s"][1]) < 0.01
+    late = replay(records(late_every=10), half_life_answers=16, half_life_s=10)
+    assert late["requests"] == steady["requests"]
+    # the late ones are 1 s over a wait of ~0.7 s: outside ±30 %; short until the margin has seen them
+    assert late["within_30pct"] <= 0.91 and 0.01 <= late["short"] < 0.09
+    assert replay(records()[:4], half_life_answers=16, half_life_s=10)["error_s"] is None  # too few
