@@ -316,8 +316,9 @@ BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
 #: (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
 ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
 #: The margin is never less than this share of the predicted wait (admission.margin_s): at long
-#: deadlines the learnt margin lags by one wait. 0.2 cut the late answers at 5 s without changing 1 s
-#: or 2 s in replays of load-benchmark runs (docs/benchmarks-load.md); 0: the learnt margin alone.
+#: deadlines the learnt margin lags by one wait. 0.2 cut the late answers at 5 s and moved 1 s and 2 s
+#: by at most 1.3 points in replays of load-benchmark runs (docs/benchmarks-load.md); 0: the learnt
+#: margin alone.
 ADMISSION_MIN_MARGIN_SHARE = env.float("ADMISSION_MIN_MARGIN_SHARE", default=0.2)
 #: Migration chunks computing at once per worker host (embeddings/services/admission.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95

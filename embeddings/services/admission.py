@@ -272,9 +272,9 @@ def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
     the margin, and a run of late ones raises it at once (squared). Why not the errors' empirical
     quantile, as until 2026-12-01: with the ~20 answers that carry the weight, a 99th percentile is
     their largest error, so one bad prediction set the margin alone until it aged out. Replayed on
-    six load-benchmark phases (``docs/benchmarks-load.md``, "Margin from the late errors' spread"),
-    2-17 % of admitted requests then waited longer than predicted + margin, against 8-27 % with
-    the quantile of the last ~8 answers, for a margin 10-20 % wider on average."""
+    four load-benchmark runs' records (``docs/benchmarks-load.md``, "Half-lives and the margin"),
+    3-17 % of admitted requests waited longer than predicted + this margin, against 7-27 % with
+    the quantile (half-life 8 answers), for a margin 0-58 % wider on average (most at 5 s)."""
     total = sum(weights)
     return statistics.NormalDist().inv_cdf(q) * math.sqrt(2 * sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / total)
 
@@ -522,8 +522,8 @@ def margin_s(fit: WaitFit, wait_s: float, *, min_share: float) -> float:
     reached the deadline, and the errors that said so came ~5 s later, after the 202s. Replayed on
     four 5 s load-benchmark phases, a floor of 0.2 cut the admitted requests that waited longer
     than predicted + margin from 12-15 % to 5-9 %, for a margin 0.01-0.03 × the deadline wider on
-    average; at 1 s and 2 s it changed nothing (docs/benchmarks-load.md, "Half-lives and the
-    margin"). Pure."""
+    average; at 1 s and 2 s it moved that share by at most 1.3 points (docs/benchmarks-load.md,
+    "Half-lives and the margin"); in the load benchmark the 5 s phase then had 0.4 % 202s. Pure."""
     return max(fit.margin_s, min_share * wait_s)
 
 
