@@ -62,7 +62,8 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
    so admission is skipped there. A refused request's ``extra.wait_ahead_s`` is the predicted wait
    of the work ahead of it now (its own images left out, s, 3 decimals), and at least that of a
-   request of its size in an empty lane: about the wait of a request admitted at that moment. ``Retry-After`` is that rounded **up** to whole seconds (RFC 9110
+   request of its size in an empty lane: about the wait of a request admitted at that moment.
+   ``Retry-After`` is that rounded **up** to whole seconds (RFC 9110
    delay-seconds, ≥ 1): no earlier has that work drained, so a client never retries too early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries above and the
@@ -142,12 +143,12 @@ PASSES_KEY = f"lanes:{lanes.INTERACTIVE}:passes"
 #: machine's speed is followed within a few seconds (half the weight after 16 answers, 2–3 s at the
 #: 6–8 answers/s of this 2-core machine), whatever the answer rate; with few answers, within ~10 s.
 #: Until 2026-12-01 the half-lives were 6 answers and 5 s: under a 2× overload the lane then ran a
-#: limit cycle (docs/benchmarks-load.md, "Half-lives"): an answer arrives one wait after its
-#: admission, so at a queue's peak the fit had forgotten the last peak and knew only the trough's
-#: short waits; it under-predicted (scale ~1.0 where the phase's own slope was 1.7), admitted
-#: requests ended 202, the margin jumped to 0.6 × the deadline and the lane emptied. Replayed on
-#: that run's answers, predicted + margin was short for 9–19 % of admitted requests with the old
-#: half-lives and 1–7 % with these.
+#: limit cycle (docs/benchmarks-load.md, "Half-lives and the margin"): an answer arrives one wait
+#: after its admission, so at a queue's peak the fit had forgotten the last peak and knew only the
+#: trough's short waits; it under-predicted (scale ~1.0 where the phase's own slope was 1.7),
+#: admitted requests ended 202, the margin jumped to 0.6 × the deadline and the lane emptied.
+#: Replayed on that run's six phases (benchmarks/load_replay.py), predicted + margin was short for
+#: 5–13 % of admitted requests with the old half-lives and 0–5 % with these.
 FIT_WINDOW_S = 30.0
 FIT_HALF_LIFE_S = 10.0
 FIT_HALF_LIFE_ANSWERS = 16.0
@@ -275,8 +276,8 @@ def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
     four load-benchmark runs' records (``docs/benchmarks-load.md``, "Half-lives and the margin"),
     3-17 % of admitted requests waited longer than predicted + this margin, against 7-27 % with
     the quantile (half-life 8 answers), for a margin 0-58 % wider on average (most at 5 s)."""
-    total = sum(weights)
-    return statistics.NormalDist().inv_cdf(q) * math.sqrt(2 * sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / total)
+    late_square = sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / sum(weights)
+    return statistics.NormalDist().inv_cdf(q) * math.sqrt(2 * late_square)
 
 
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
