@@ -676,10 +676,11 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         return Decision(True, None)
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
+        margin = margin_s(load.fit, decision.predicted_wait_s, min_share=settings.ADMISSION_MIN_MARGIN_SHARE)
         raise ApplicationError(
-            f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s is longer "
-            f"than the deadline {deadline_s:.2f} s; the work ahead drains in about {decision.wait_ahead_s:.2f} s: "
-            f"retry after {decision.retry_after_s} s or use POST /api/jobs/",
+            f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
+            f"{margin:.2f} s is longer than the deadline {deadline_s:.2f} s; the work ahead drains in about "
+            f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
                    # Retry-After (whole seconds, rounded up) and its precise value: the predicted
@@ -690,8 +691,7 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "running_pass_left_s": round(max((x for _, x in load.passes), default=0.0), 3),
                    "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
-                   "margin_s": round(margin_s(load.fit, decision.predicted_wait_s,
-                                              min_share=settings.ADMISSION_MIN_MARGIN_SHARE), 3),
+                   "margin_s": round(margin, 3),
                    "learnt_margin_s": round(load.fit.margin_s, 3)},
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)

@@ -620,6 +620,11 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert body["extra"]["wait_ahead_s"] == pytest.approx(overloaded["ahead"], abs=0.01)
     assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.ceil(body["extra"]["wait_ahead_s"])
     assert body["extra"]["workers"] == 1 and body["extra"]["scale"] == 1.0
+    # the margin applied: the learnt one, at least ADMISSION_MIN_MARGIN_SHARE of the predicted wait;
+    # the message names it, since it is what tips a predicted wait under the deadline into a 429
+    extra = body["extra"]
+    assert extra["margin_s"] == pytest.approx(max(extra["learnt_margin_s"], 0.2 * wait), abs=0.002)
+    assert f"predicted wait {wait:.2f} s plus a margin of {extra['margin_s']:.2f} s" in body["message"]
     assert Image.objects.count() == 0  # refused before anything was stored or queued
     assert admission.answer_records() == []  # nor recorded as an answer
     # A text query on the same lane is refused too; a longer deadline is never granted.
