@@ -496,7 +496,8 @@ class Decision:
     ``retry_after_s``, the same rounded **up** to whole seconds (≥ 1), the ``Retry-After`` header
     (RFC 9110 delay-seconds): no earlier than that has the work ahead drained, so a client that
     waits it never comes back into the same backlog. ``work_s``, ``ahead_images``, ``admitted_at``
-    (Unix s) and ``token`` (its :data:`PENDING_KEY` entry) are kept for :func:`interactive_answered`."""
+    (Unix s) and ``token`` (its :data:`PENDING_KEY` entry) are kept for :func:`interactive_answered`;
+    ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -506,6 +507,7 @@ class Decision:
     wait_ahead_s: float | None = None
     ahead_images: float | None = None
     token: str | None = None
+    margin_s: float | None = None
 
 
 def retry_after(wait_ahead_s: float) -> int:
@@ -551,7 +553,8 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     # stale (a probe): the request goes straight to an idle worker, and its answer is what a model
     # learnt in a bad moment needs to be corrected.
     empty = load.backlog_images == 0
-    if (wait is None or wait + margin_s(load.fit, wait, min_share=share) <= deadline_s
+    margin = None if wait is None else margin_s(load.fit, wait, min_share=share)
+    if (wait is None or wait + margin <= deadline_s
             or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
         return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
     # the work ahead of it now, without its own images; and never less than a request of its size
@@ -559,7 +562,7 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
     ahead = max(load.predicted_wait_s(0), alone)
     return Decision(False, wait, retry_after(ahead), work_s=work, wait_ahead_s=ahead,
-                    ahead_images=load.backlog_images)
+                    ahead_images=load.backlog_images, margin_s=margin)
 
 
 def _stale_after_s() -> float:
@@ -676,10 +679,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         return Decision(True, None)
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
-        margin = margin_s(load.fit, decision.predicted_wait_s, min_share=settings.ADMISSION_MIN_MARGIN_SHARE)
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
-            f"{margin:.2f} s is longer than the deadline {deadline_s:.2f} s; the work ahead drains in about "
+            f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; the work ahead drains in about "
             f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
@@ -691,7 +693,7 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "running_pass_left_s": round(max((x for _, x in load.passes), default=0.0), 3),
                    "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
-                   "margin_s": round(margin, 3),
+                   "margin_s": round(decision.margin_s, 3),
                    "learnt_margin_s": round(load.fit.margin_s, 3)},
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
