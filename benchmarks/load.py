@@ -161,7 +161,8 @@ class Client:
             out["wait_ahead_s"] = extra.get("wait_ahead_s")  # Retry-After's precise value (s)
             out["model"] = {k: extra.get(k) for k in ("overhead_s", "scale", "margin_s", "capacity_ips",
                                                       "queued_messages", "inflight_images", "workers", "learnt_margin_s",
-                                                      "running_pass_images", "running_pass_left_s")}
+                                                      "running_pass_images", "running_pass_left_s",
+                                                      "retry_margin_s")}
         elif r.status_code >= 500:
             out["body"] = r.text[:300]
         return out

@@ -320,6 +320,11 @@ ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
 #: by at most 1.3 points in replays of load-benchmark runs (docs/benchmarks-load.md); 0: the learnt
 #: margin alone.
 ADMISSION_MIN_MARGIN_SHARE = env.float("ADMISSION_MIN_MARGIN_SHARE", default=0.2)
+#: ... and never more than this share of the deadline (admission.margin_s): a burst of late answers
+#: (an overload that starts at once) raised the learnt margin to 0.8-1.0 × a 1 s deadline, which
+#: admits nothing but requests to an empty lane, and the lane then starved for 5-8 s while its
+#: few answers taught the model the truth (docs/benchmarks-load.md, "Starved lanes"). 1: no cap.
+ADMISSION_MAX_MARGIN_SHARE = env.float("ADMISSION_MAX_MARGIN_SHARE", default=0.4)
 #: Migration chunks computing at once per worker host (embeddings/services/admission.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).

@@ -27,11 +27,11 @@ ERROR_STATUS = {
     429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is the predicted wait of the work ahead "
          "now (at least that of a request of its size alone), about what a request admitted at this moment "
-         "waits; Retry-After is the same rounded up to whole seconds, so a retry never comes before that work "
-         "has drained. extra also has predicted_wait_s, deadline_s, retry_after_s, queued_messages, "
-         "inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, overhead_s, scale, "
-         "margin_s (the margin applied: learnt_margin_s, at least ADMISSION_MIN_MARGIN_SHARE of predicted_wait_s), "
-         "learnt_margin_s",
+         "waits; Retry-After is that plus its margin (retry_margin_s) rounded up to whole seconds, so a retry "
+         "never comes before that work has drained. extra also has predicted_wait_s, deadline_s, retry_after_s, "
+         "queued_messages, inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, "
+         "overhead_s, scale, margin_s (the margin applied: learnt_margin_s, at least ADMISSION_MIN_MARGIN_SHARE "
+         "of predicted_wait_s, at most ADMISSION_MAX_MARGIN_SHARE of deadline_s), learnt_margin_s, retry_margin_s",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
          "(code: vectors_unavailable, worker_error)",
     504: "the search did not finish in time (code: deadline_exceeded)",
@@ -41,7 +41,8 @@ ERROR_STATUS = {
 RETRY_AFTER = OpenApiParameter(
     "Retry-After", OpenApiTypes.INT, location=OpenApiParameter.HEADER, response=[429, 503], required=True,
     description="whole seconds to wait before retrying (RFC 9110 delay-seconds). 429: the predicted wait of the "
-                "work ahead rounded up (the precise value is extra.wait_ahead_s); 503: a fixed back-off",
+                "work ahead plus its margin, rounded up (extra.wait_ahead_s, extra.retry_margin_s); 503: a fixed "
+                "back-off",
 )
 
 

@@ -63,8 +63,9 @@ Three parts, all reading or writing the broker's Redis (kombu's Redis transport,
    so admission is skipped there. A refused request's ``extra.wait_ahead_s`` is the predicted wait
    of the work ahead of it now (its own images left out, s, 3 decimals), and at least that of a
    request of its size in an empty lane: about the wait of a request admitted at that moment.
-   ``Retry-After`` is that rounded **up** to whole seconds (RFC 9110
-   delay-seconds, ≥ 1): no earlier has that work drained, so a client never retries too early.
+   ``Retry-After`` is that plus its margin (its upper bound, as admission bounds a wait) rounded
+   **up** to whole seconds (RFC 9110 delay-seconds, ≥ 1): no earlier has that work drained, so a
+   client never retries too early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries above and the
    dynamic batcher's batch records, appended to a capped list (:data:`BATCHES_KEY`) that
@@ -172,6 +173,15 @@ MARGIN_PRIOR_WEIGHT = 2.0
 #: An empty lane admits one request (a probe) when the newest answer is older than this (s), even
 #: if the model predicts a miss: without answers the model cannot learn that the machine got faster.
 PROBE_AFTER_S = 5.0
+#: Capped list of ``wait − work_s`` (s) of the last :data:`LONE_KEPT` requests answered 200 that had
+#: nothing ahead of them (``ahead`` 0): the overhead every request pays, measured where nothing else
+#: explains the wait; the fit's intercept is pulled to their mean (:func:`_solve`).
+LONE_KEY = f"lanes:{lanes.INTERACTIVE}:lone"
+LONE_KEPT = 16
+#: Weight of that pull, in fresh answers: under a steady overload the answers' works are bunched
+#: and say little about the intercept apart from the slope, and the fit wandered (overhead 1.2 s and
+#: scale 0.25 at a 2 s deadline; scale 1.9 for lone requests in a lane that had just drained).
+OVERHEAD_PRIOR_WEIGHT = 2.0
 
 
 @functools.cache
@@ -247,13 +257,15 @@ class WaitFit:
         return self.overhead_s + self.scale * work_s
 
 
-def _solve(rows: list[tuple[float, float, float]]) -> tuple[float, float]:
+def _solve(rows: list[tuple[float, float, float]], *, overhead_prior_s: float | None = None) -> tuple[float, float]:
     """Weighted least squares of ``y ≈ a + c·x`` over ``(x, y, w)`` with a ridge pull of ``c`` to 1
-    (:data:`PRIOR_WEIGHT`) and ``a ≥ 0``; returns ``(a, c)``, ``c`` clamped to [0.25, 20]."""
+    (:data:`PRIOR_WEIGHT`), of ``a`` to ``overhead_prior_s`` when known (:data:`OVERHEAD_PRIOR_WEIGHT`),
+    and ``a ≥ 0``; returns ``(a, c)``, ``c`` clamped to [0.25, 20]."""
     lam = PRIOR_WEIGHT
-    sw = sum(w for _, _, w in rows)
+    mu, a0 = (0.0, 0.0) if overhead_prior_s is None else (OVERHEAD_PRIOR_WEIGHT, overhead_prior_s)
+    sw = sum(w for _, _, w in rows) + mu
     sx = sum(w * x for x, _, w in rows)
-    sy = sum(w * y for _, y, w in rows)
+    sy = sum(w * y for _, y, w in rows) + mu * a0
     sxx = sum(w * x * x for x, _, w in rows)
     sxy = sum(w * x * y for x, y, w in rows)
     det = sw * (sxx + lam) - sx * sx  # > 0: Cauchy–Schwarz gives sw·sxx ≥ sx², and lam > 0
@@ -281,7 +293,7 @@ def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
 
 
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
-             margin_quantile: float | None = None) -> WaitFit:
+             margin_quantile: float | None = None, overhead_prior_s: float | None = None) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
 
     Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
@@ -337,11 +349,13 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
         w_time = 0.5 ** (age / MARGIN_HALF_LIFE_S)
         margin_weights.append(w_time * 0.5 ** (newer / MARGIN_HALF_LIFE_ANSWERS))
         time_weights.append(w_time)
-    a, c = _solve(rows)
+    a, c = _solve(rows, overhead_prior_s=overhead_prior_s)
     # The margin is how wrong admission was: each answer's wait against what was predicted when it
     # was admitted (by the fit of that moment), or against this fit where no prediction was made.
-    res = [y - (r["predicted_s"] if r.get("predicted_s") is not None else a + c * x)
-           for (x, y, _), r in zip(rows, recent)]
+    # A 202's error is its wait (a lower bound: its deadline) against the prediction, not the fit's
+    # CENSORED_FACTOR × that: squared, one such error set the margin alone.
+    res = [(r["answered"] - r["admitted"]) - (r["predicted_s"] if r.get("predicted_s") is not None else a + c * x)
+           for (x, _, _), r in zip(rows, recent)]
     margin = 0.0
     if n >= 3:
         total = sum(time_weights)
@@ -493,11 +507,12 @@ class Decision:
     When refused: ``wait_ahead_s``, the predicted wait of the work ahead now (the refused request's
     own images left out, s; at least that of a request of its size in an empty lane): about what a
     request admitted at this moment waits; and
-    ``retry_after_s``, the same rounded **up** to whole seconds (≥ 1), the ``Retry-After`` header
-    (RFC 9110 delay-seconds): no earlier than that has the work ahead drained, so a client that
-    waits it never comes back into the same backlog. ``work_s``, ``ahead_images``, ``admitted_at``
-    (Unix s) and ``token`` (its :data:`PENDING_KEY` entry) are kept for :func:`interactive_answered`;
-    ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body."""
+    ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
+    to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): no earlier than
+    that has the work ahead drained, so a client that waits it never comes back into the same
+    backlog. ``work_s``, ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its
+    :data:`PENDING_KEY` entry) are kept for :func:`interactive_answered`; ``margin_s`` (s) is the
+    margin the refusal applied (:func:`margin_s`), for the 429's body."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -508,6 +523,7 @@ class Decision:
     ahead_images: float | None = None
     token: str | None = None
     margin_s: float | None = None
+    retry_margin_s: float | None = None
 
 
 def retry_after(wait_ahead_s: float) -> int:
@@ -516,9 +532,10 @@ def retry_after(wait_ahead_s: float) -> int:
     return max(1, math.ceil(round(wait_ahead_s, 3)))
 
 
-def margin_s(fit: WaitFit, wait_s: float, *, min_share: float) -> float:
+def margin_s(fit: WaitFit, wait_s: float, *, min_share: float, max_s: float = math.inf) -> float:
     """Seconds added to a predicted wait of ``wait_s`` before it is compared with the deadline: the
-    fit's learnt margin, and at least ``min_share`` × the predicted wait (``ADMISSION_MIN_MARGIN_SHARE``).
+    fit's learnt margin, at least ``min_share`` × the predicted wait (``ADMISSION_MIN_MARGIN_SHARE``)
+    and at most ``max_s`` (``ADMISSION_MAX_MARGIN_SHARE`` × the deadline). Pure.
 
     The floor is for long deadlines, where an answer arrives one long wait after its admission:
     at a 5 s deadline the learnt margin had decayed to ~0.1 × the wait by the time the queue
@@ -526,8 +543,12 @@ def margin_s(fit: WaitFit, wait_s: float, *, min_share: float) -> float:
     four 5 s load-benchmark phases, a floor of 0.2 cut the admitted requests that waited longer
     than predicted + margin from 12-15 % to 5-9 %, for a margin 0.01-0.03 × the deadline wider on
     average; at 1 s and 2 s it moved that share by at most 1.3 points (docs/benchmarks-load.md,
-    "Half-lives and the margin"); in the load benchmark the 5 s phase then had 0.4 % 202s. Pure."""
-    return max(fit.margin_s, min_share * wait_s)
+    "Half-lives and the margin"); in the load benchmark the 5 s phase then had 0.4 % 202s.
+
+    The cap is for the first seconds of an overload: the answers admitted before the model knew
+    it came late all at once, the learnt margin reached 0.8-1.0 × a 1 s deadline, only requests to
+    an empty lane were admitted, and the lane starved for 5-8 s ("Starved lanes" there)."""
+    return min(max(fit.margin_s, min_share * wait_s), max_s)
 
 
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
@@ -541,19 +562,22 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     admitted now waits about that long), and at least the predicted wait of a request of its size
     in an empty lane (a lone pass nearly done leaves little work ahead, but the next request
     admitted still waits its own pass: replayed on a load-benchmark run at deadline 1 s, the floor
-    put 78 % of the 429s within ±30 % of the wait admitted requests had, against 56 %); and ``retry_after_s`` =
-    :func:`retry_after` of it. Not
+    put 78 % of the 429s within ±30 % of the wait admitted requests had, against 56 %); and
+    ``retry_after_s`` = :func:`retry_after` of it plus its margin (``retry_margin_s``): the header
+    promises "not before", and ``wait_ahead_s`` alone rounded up was early where the wait sat just
+    above a whole second (79-94 % not early at a 5 s deadline). Not
     "until it fits the deadline", which under sustained overload is a fraction of a second, always
     rounded up to 1 s.
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
     share = settings.ADMISSION_MIN_MARGIN_SHARE if min_margin_share is None else min_margin_share
+    cap = settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s
     # An empty lane admits whatever the margin, and whatever the prediction once the evidence is
     # stale (a probe): the request goes straight to an idle worker, and its answer is what a model
     # learnt in a bad moment needs to be corrected.
     empty = load.backlog_images == 0
-    margin = None if wait is None else margin_s(load.fit, wait, min_share=share)
+    margin = None if wait is None else margin_s(load.fit, wait, min_share=share, max_s=cap)
     if (wait is None or wait + margin <= deadline_s
             or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
         return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
@@ -561,8 +585,10 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     # waits in an empty lane, which is what the next one admitted waits once that work has drained
     alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
     ahead = max(load.predicted_wait_s(0), alone)
-    return Decision(False, wait, retry_after(ahead), work_s=work, wait_ahead_s=ahead,
-                    ahead_images=load.backlog_images, margin_s=margin)
+    # the header promises "not before": that wait's upper bound, as admission bounds a wait
+    late = margin_s(load.fit, ahead, min_share=share, max_s=cap)
+    return Decision(False, wait, retry_after(ahead + late), work_s=work, wait_ahead_s=ahead,
+                    ahead_images=load.backlog_images, margin_s=margin, retry_margin_s=late)
 
 
 def _stale_after_s() -> float:
@@ -596,7 +622,7 @@ def running_passes(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[
 
 def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
               answers: Sequence[str], now: float, pending: Sequence[str] = (),
-              passes: tuple[tuple[int, float], ...] = ()) -> LaneLoad:
+              passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = ()) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values) and the
     running ``passes`` (:func:`running_passes`). Pure.
 
@@ -611,7 +637,9 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     capacity = sum(w["capacity_ips"] for w in live) or None
     per_request = (sum(w["capacity_ips"] * w.get("images_per_request", 1.0) for w in live) / capacity
                    if capacity else 1.0)
-    fit = fit_wait([json.loads(a) for a in answers], now=now, pending=[json.loads(p) for p in pending])
+    prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
+    fit = fit_wait([json.loads(a) for a in answers], now=now, pending=[json.loads(p) for p in pending],
+                   overhead_prior_s=prior)
     curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
@@ -635,7 +663,8 @@ def interactive_load(client=None) -> LaneLoad:
         pipe.lrange(ANSWERS_KEY, -ANSWERS_READ, -1)
         pipe.hgetall(PENDING_KEY)
         pipe.hgetall(PASSES_KEY)
-        *lengths, inflight, workers, answers, pending, passes = pipe.execute()
+        pipe.lrange(LONE_KEY, 0, -1)
+        *lengths, inflight, workers, answers, pending, passes, lone = pipe.execute()
     now, stale = time.time(), _stale_after_s()
     inflight_images, dead = 0, []
     for task_id, value in inflight.items():
@@ -654,7 +683,7 @@ def interactive_load(client=None) -> LaneLoad:
         client.hdel(PASSES_KEY, *dead_passes)
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
                      answers=answers, now=now, pending=[v for k, v in pending.items() if k not in gone],
-                     passes=running)
+                     passes=running, lone=lone)
 
 
 def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
@@ -685,15 +714,15 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
             f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
-                   # Retry-After (whole seconds, rounded up) and its precise value: the predicted
-                   # wait of the work ahead now, about what a request admitted now waits
+                   # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and the
+                   # predicted wait of the work ahead now, about what a request admitted now waits
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
                    "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
                    "running_pass_images": sum(n for n, _ in load.passes),
                    "running_pass_left_s": round(max((x for _, x in load.passes), default=0.0), 3),
                    "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
-                   "margin_s": round(decision.margin_s, 3),
+                   "margin_s": round(decision.margin_s, 3), "retry_margin_s": round(decision.retry_margin_s, 3),
                    "learnt_margin_s": round(load.fit.margin_s, 3)},
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
@@ -732,6 +761,9 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
         with redis_client().pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
             pipe.ltrim(ANSWERS_KEY, -ANSWERS_KEPT, -1)
+            if status == 200 and record["ahead"] == 0 and record["work_s"] is not None:
+                pipe.rpush(LONE_KEY, round(record["answered"] - record["admitted"] - record["work_s"], 4))
+                pipe.ltrim(LONE_KEY, -LONE_KEPT, -1)
             if decision.token:
                 pipe.hdel(PENDING_KEY, decision.token)
             pipe.execute()

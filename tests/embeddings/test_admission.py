@@ -378,14 +378,16 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     over = admission.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
     refused = decide(over, deadline_s=deadline)
     assert not refused.admitted and refused.predicted_wait_s == pytest.approx(0.2 + 1.25 * 11 / 8)
-    assert refused.retry_after_s == 2  # the wait of the 10 images ahead, 0.2 + 1.25 × 10 / 8 = 1.76 s, rounded
+    # the wait of the 10 images ahead, 0.2 + 1.25 × 10 / 8 = 1.76 s, plus its margin (0.1 s), rounded up
+    assert refused.wait_ahead_s == pytest.approx(1.7625) and refused.retry_margin_s == pytest.approx(0.1)
+    assert refused.retry_after_s == 2
     # Requests of several images weigh more, queued and arriving; unknown capacity admits.
     assert not decide(dataclasses.replace(fits, images_per_request=2.0), deadline_s=deadline).admitted
     assert not decide(fits, deadline_s=deadline, images=2).admitted
     assert decide(admission.LaneLoad(10_000, 0, None), deadline_s=deadline).admitted
     # Retry-After is never 0, and follows a long backlog.
     assert decide(dataclasses.replace(fits, queued_messages=1, fit=admission.WaitFit(margin_s=5)),
-                            deadline_s=deadline).retry_after_s == 1
+                  deadline_s=0.2).retry_after_s == 1  # 0.125 s + a margin capped at 0.4 × 0.2 s
     # An empty lane admits whatever the margin, unless the request alone is predicted to miss.
     empty = dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5))
     assert decide(empty, deadline_s=deadline).admitted
@@ -396,8 +398,8 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     stale = dataclasses.replace(fresh, age_s=admission.PROBE_AFTER_S + 0.1)
     assert decide(dataclasses.replace(empty, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert not decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
-    assert decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 s
-    assert decide(dataclasses.replace(fits, queued_messages=75), deadline_s=deadline).retry_after_s == 12  # 11.92 s
+    assert decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 + 0.1 s
+    assert decide(dataclasses.replace(fits, queued_messages=74), deadline_s=deadline).retry_after_s == 12  # 11.76 + 0.1 s
     # A lone pass of 0.3 s nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
     # the next request admitted waits its own pass; wait_ahead_s is never less than that.
     lone = admission.LaneLoad(queued_messages=0, inflight_images=1, capacity_ips=1 / 0.3, workers=1,
@@ -426,6 +428,55 @@ def test_the_margin_is_never_less_than_a_share_of_the_predicted_wait():
     assert not admission.decide(lane(8), deadline_s=5.0, min_margin_share=0.2).admitted
     assert admission.decide(lane(8), deadline_s=5.0, min_margin_share=0.0).admitted
     assert settings.ADMISSION_MIN_MARGIN_SHARE == 0.2 and not admission.decide(lane(8), deadline_s=5.0).admitted
+
+
+def test_the_margin_is_never_more_than_a_share_of_the_deadline():
+    """ADMISSION_MAX_MARGIN_SHARE (0.4): a burst of late answers at the start of an overload taught a
+    margin of 0.9 s at a 1 s deadline; capped at 0.4 s, a request predicted 0.55 s is admitted (it
+    would have been refused for anything but an empty lane), one predicted 0.65 s is not."""
+    fit = admission.WaitFit(overhead_s=0.0, scale=1.0, margin_s=0.9, samples=50)
+    assert admission.margin_s(fit, 0.5, min_share=0.2, max_s=0.4) == pytest.approx(0.4)
+    assert admission.margin_s(fit, 0.5, min_share=0.2) == pytest.approx(0.9)
+    lane = lambda backlog: admission.LaneLoad(queued_messages=backlog, inflight_images=0, capacity_ips=20.0, fit=fit)
+    assert settings.ADMISSION_MAX_MARGIN_SHARE == 0.4
+    assert admission.decide(lane(10), deadline_s=1.0).admitted  # 11 / 20 = 0.55 s
+    refused = admission.decide(lane(12), deadline_s=1.0)  # 0.65 s
+    assert not refused.admitted and refused.margin_s == pytest.approx(0.4)
+
+
+def test_an_overhead_prior_keeps_bunched_answers_from_moving_the_intercept():
+    """Under a steady overload every answer has about the same work ahead (0.48-0.52 s): the data
+    fix ``overhead + scale × 0.5`` and little else. Here the machine is 1.4 × slower than the
+    workers' figure, with 0.05 s of overhead. Without a prior the ridge keeps the scale near 1 and
+    the overhead absorbs the rest (0.25 s); a lone request (0.15 s of work) is then predicted
+    0.40 s where it waits 0.26 s. Pulled to the overhead lone requests measured (0.05 s), the
+    scale takes it and the lone request is predicted within 10 %; the loaded one stays right."""
+    truth = lambda w: 0.05 + 1.4 * w
+    rows = [(0.48 + 0.04 * (i % 5) / 4, truth(0.48 + 0.04 * (i % 5) / 4), 1.0) for i in range(20)]
+    a, c = admission._solve(rows)
+    assert a + c * 0.15 > 1.4 * truth(0.15)
+    a, c = admission._solve(rows, overhead_prior_s=0.05)
+    assert a + c * 0.15 == pytest.approx(truth(0.15), rel=0.10)
+    assert a + c * 0.5 == pytest.approx(truth(0.5), rel=0.02)
+
+
+def test_a_202_enters_the_margin_with_its_wait_not_the_censored_factor():
+    """A 202 waited at least its deadline: the fit takes CENSORED_FACTOR × that (it waited longer),
+    but the margin takes the wait itself, since a squared 1.25 × error set the margin alone."""
+    now = 100.0
+    answers = [{"admitted": now - 5 + 0.2 * i, "answered": now - 5 + 0.2 * i + 0.6, "work_s": 0.5,
+                "predicted_s": 0.6, "status": 200} for i in range(20)]
+    answers.append({"admitted": now - 1.0, "answered": now, "work_s": 0.5, "predicted_s": 0.75, "status": 202})
+    fit = admission.fit_wait(answers, now=now)
+    recent = sorted(answers, key=lambda r: r["answered"])
+    n = len(recent)
+    weights = [0.5 ** ((now - r["answered"]) / admission.MARGIN_HALF_LIFE_S) * 0.5 ** ((n - 1 - i) / admission.MARGIN_HALF_LIFE_ANSWERS)
+               for i, r in enumerate(recent)]
+    errors = [(r["answered"] - r["admitted"]) - r["predicted_s"] for r in recent]  # the 202's: 1.0 - 0.75
+    total = sum(0.5 ** ((now - r["answered"]) / admission.MARGIN_HALF_LIFE_S) for r in recent)
+    expected = admission._upper_bound(errors, weights, 0.99) * total / (total + admission.MARGIN_PRIOR_WEIGHT)
+    assert fit.margin_s == pytest.approx(expected, rel=1e-6)
+    assert fit.predict(0.5) > 0.6  # and the fit still heard that it waited longer
 
 
 def test_capacity_is_summed_over_live_workers():
@@ -580,6 +631,31 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
     assert not client.hexists(admission.PENDING_KEY, "tok") and len(admission.answer_records()) == 5
 
 
+
+def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, measured, tracker):
+    """A request answered 200 with nothing ahead of it (``ahead`` 0) measures the overhead every
+    request pays (its wait minus its work); the last LONE_KEPT of them are kept, and the web's fit
+    pulls its intercept to their mean, in the same round trip. A 202, or a request with work ahead,
+    says nothing about it."""
+    client, _ = lane_redis
+    admission.interactive_report(measured, worker="w")
+    now = time.time()
+    for i, (ahead, work, wait, status) in enumerate([(0, 0.15, 0.21, 200), (0, 0.15, 0.19, 200), (3, 0.5, 0.8, 200),
+                                                      (0, 0.15, 1.2, 202), (6, 0.7, 1.0, 200)]):
+        decision = admission.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5, ahead_images=ahead)
+        admission.interactive_answered(decision, images=1, status=status, answered_at=now - 3 + i * 0.5 + wait)
+    assert [float(x) for x in client.lrange(admission.LONE_KEY, 0, -1)] == pytest.approx([0.06, 0.04], abs=1e-4)
+    load = admission.interactive_load()
+    records = admission.answer_records()
+    pulled = admission.fit_wait(records, now=time.time(), overhead_prior_s=0.05)
+    assert load.fit.overhead_s == pytest.approx(pulled.overhead_s, abs=1e-3)
+    assert load.fit.scale == pytest.approx(pulled.scale, abs=1e-3)
+    assert load.fit.overhead_s != pytest.approx(admission.fit_wait(records, now=time.time()).overhead_s, abs=1e-3)
+    for _ in range(admission.LONE_KEPT + 4):  # capped
+        admission.interactive_answered(admission.Decision(True, 0.1, work_s=0.1, admitted_at=time.time() - 0.2,
+                                                          ahead_images=0), images=1, status=200)
+    assert client.llen(admission.LONE_KEY) == admission.LONE_KEPT
+
 # --- the API --------------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -618,12 +694,17 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert wait == pytest.approx(overloaded["wait"], rel=0.01) and wait > service.INTERACTIVE_DEADLINE_S
     # the backlog's wait, without its own image
     assert body["extra"]["wait_ahead_s"] == pytest.approx(overloaded["ahead"], abs=0.01)
-    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.ceil(body["extra"]["wait_ahead_s"])
+    # Retry-After: that wait plus its margin (its upper bound, as admission bounds a wait), rounded up
+    ra_margin = body["extra"]["retry_margin_s"]
+    assert ra_margin == pytest.approx(min(max(body["extra"]["learnt_margin_s"], 0.2 * body["extra"]["wait_ahead_s"]),
+                                          0.4 * body["extra"]["deadline_s"]), abs=0.002)
+    assert int(r["Retry-After"]) == body["extra"]["retry_after_s"] == math.ceil(body["extra"]["wait_ahead_s"] + ra_margin)
     assert body["extra"]["workers"] == 1 and body["extra"]["scale"] == 1.0
     # the margin applied: the learnt one, at least ADMISSION_MIN_MARGIN_SHARE of the predicted wait;
     # the message names it, since it is what tips a predicted wait under the deadline into a 429
     extra = body["extra"]
-    assert extra["margin_s"] == pytest.approx(max(extra["learnt_margin_s"], 0.2 * wait), abs=0.002)
+    assert extra["margin_s"] == pytest.approx(min(max(extra["learnt_margin_s"], 0.2 * wait), 0.4 * extra["deadline_s"]),
+                                              abs=0.002)
     assert f"predicted wait {wait:.2f} s plus a margin of {extra['margin_s']:.2f} s" in body["message"]
     assert Image.objects.count() == 0  # refused before anything was stored or queued
     assert admission.answer_records() == []  # nor recorded as an answer
