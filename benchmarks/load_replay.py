@@ -5,8 +5,8 @@
 For every admitted request of every phase (the web's own records, ``admission.ANSWERS_KEY``, saved
 by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.admission.fit_wait`) on the
 answers that had arrived before it was admitted, with the fit's half-lives set to ``ANSWERS:SECONDS``
-(``FIT_HALF_LIFE_ANSWERS``, ``FIT_HALF_LIFE_S``), and its predicted wait for the request's
-``work_s`` is compared with the wait it really had. Printed per phase and half-lives: the error
+(its ``half_life_answers`` and ``half_life_s``; ``FIT_HALF_LIFE_ANSWERS``, ``FIT_HALF_LIFE_S`` by
+default), and its predicted wait for the request's ``work_s`` is compared with the wait it really had. Printed per phase and half-lives: the error
 (actual − predicted, s) at the 5th / 50th / 95th percentile, the share of requests predicted
 within ±30 %, and the share whose wait was longer than predicted + the fit's margin (*short*:
 what ends 202 at the admission threshold).
@@ -40,21 +40,17 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
 
     recs = sorted((r for r in records if r.get("work_s") is not None), key=lambda r: r["admitted"])
     answered = sorted(recs, key=lambda r: r["answered"])
-    saved = admission.FIT_HALF_LIFE_ANSWERS, admission.FIT_HALF_LIFE_S
-    admission.FIT_HALF_LIFE_ANSWERS, admission.FIT_HALF_LIFE_S = half_life_answers, half_life_s
     errors, within, short = [], 0, 0
-    try:
-        for r in recs:
-            before = [a for a in answered if a["answered"] < r["admitted"]]
-            if len(before) < 5:
-                continue
-            fit = admission.fit_wait(before, now=r["admitted"], margin_quantile=quantile)
-            predicted, actual = fit.predict(r["work_s"]), r["answered"] - r["admitted"]
-            errors.append(actual - predicted)
-            within += abs(actual - predicted) <= 0.3 * actual
-            short += actual > predicted + fit.margin_s + SHORT_SLACK_S
-    finally:
-        admission.FIT_HALF_LIFE_ANSWERS, admission.FIT_HALF_LIFE_S = saved
+    for r in recs:
+        before = [a for a in answered if a["answered"] < r["admitted"]]
+        if len(before) < 5:
+            continue
+        fit = admission.fit_wait(before, now=r["admitted"], margin_quantile=quantile,
+                                 half_life_answers=half_life_answers, half_life_s=half_life_s)
+        predicted, actual = fit.predict(r["work_s"]), r["answered"] - r["admitted"]
+        errors.append(actual - predicted)
+        within += abs(actual - predicted) <= 0.3 * actual
+        short += actual > predicted + fit.margin_s + SHORT_SLACK_S
     if len(errors) < 5:
         return {"requests": len(errors), "error_s": None, "within_30pct": None, "short": None}
     errors.sort()

@@ -289,16 +289,23 @@ def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
     3-17 % of admitted requests waited longer than predicted + this margin, against 7-27 % with
     the quantile (half-life 8 answers), for a margin 0-58 % wider on average (most at 5 s)."""
     late_square = sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / sum(weights)
-    return statistics.NormalDist().inv_cdf(q) * math.sqrt(2 * late_square)
+    return _normal_quantile(q) * math.sqrt(2 * late_square)
+
+
+@functools.cache
+def _normal_quantile(q: float) -> float:
+    """The standard normal's ``q`` quantile (2.33 for 0.99), once per ``q``: not on every admission."""
+    return statistics.NormalDist().inv_cdf(q)
 
 
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
-             margin_quantile: float | None = None, overhead_prior_s: float | None = None) -> WaitFit:
+             margin_quantile: float | None = None, overhead_prior_s: float | None = None,
+             half_life_answers: float = FIT_HALF_LIFE_ANSWERS, half_life_s: float = FIT_HALF_LIFE_S) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`interactive_answered`). Pure.
 
     Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
     admitted→answered time (s), × :data:`CENSORED_FACTOR` for a 202 (it waited at least that long).
-    Each answer weighs ``0.5 ** (age / FIT_HALF_LIFE_S) × 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
+    Each answer weighs ``0.5 ** (age / half_life_s) × 0.5 ** (newer / half_life_answers)``
     (``newer``: answers that came after it): an exponentially weighted least squares, i.e. EWMAs of
     the sums it needs, so a machine that gets slower (or faster) moves the prediction within a few
     answers under load and within a few seconds when answers are rare. No answer is dropped as an
@@ -336,16 +343,15 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
             recent.append({**p, "answered": now, "status": 200})
     if not recent:
         return WaitFit()
-    rows, margin_weights, time_weights = [], [], []
+    rows, waits, margin_weights, time_weights = [], [], [], []
     n = len(recent)
     for i, r in enumerate(recent):
-        y = r["answered"] - r["admitted"]
-        if r.get("status") != 200:
-            y *= CENSORED_FACTOR
+        wait = r["answered"] - r["admitted"]
+        waits.append(wait)
         newer = n - 1 - i
         age = max(0.0, now - r["answered"])
-        rows.append((float(r["work_s"]), y,
-                     0.5 ** (age / FIT_HALF_LIFE_S) * 0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)))
+        rows.append((float(r["work_s"]), wait * (CENSORED_FACTOR if r.get("status") != 200 else 1.0),
+                     0.5 ** (age / half_life_s) * 0.5 ** (newer / half_life_answers)))
         w_time = 0.5 ** (age / MARGIN_HALF_LIFE_S)
         margin_weights.append(w_time * 0.5 ** (newer / MARGIN_HALF_LIFE_ANSWERS))
         time_weights.append(w_time)
@@ -354,8 +360,8 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     # was admitted (by the fit of that moment), or against this fit where no prediction was made.
     # A 202's error is its wait (a lower bound: its deadline) against the prediction, not the fit's
     # CENSORED_FACTOR × that: squared, one such error set the margin alone.
-    res = [(r["answered"] - r["admitted"]) - (r["predicted_s"] if r.get("predicted_s") is not None else a + c * x)
-           for (x, _, _), r in zip(rows, recent)]
+    res = [wait - (r["predicted_s"] if r.get("predicted_s") is not None else a + c * x)
+           for (x, _, _), wait, r in zip(rows, waits, recent)]
     margin = 0.0
     if n >= 3:
         total = sum(time_weights)
@@ -625,6 +631,9 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
               passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = ()) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values) and the
     running ``passes`` (:func:`running_passes`). Pure.
+
+    ``lone`` is :data:`LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's intercept
+    is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull.
 
     Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
     request is their capacity-weighted mean; their per-batch-size times go to ``curves``.
