@@ -37,8 +37,11 @@ Targets (issue 15), per phase:
   ±30 % of an actual wait between 1.43 and 1.54 s, nor of any under 0.77 s;
 - goodput (200s per second) at least 90 % of the measured capacity;
 - and, as before (issue 6): no 5xx or connection error, only documented 429s (``overloaded`` with
-  ``Retry-After``), no growth of any process's resident set over the second half of each round
-  (sampled once a second, process and children) beyond ``--max-growth-mb``.
+  ``Retry-After``), no growth of any process's *anonymous* resident set (heap, stacks: where a leak
+  lives; the whole RSS is printed beside it) over the second half of each round (sampled once a
+  second, process and children) beyond ``--max-growth-mb``. Not the whole resident set: the vectors
+  worker's grows with every point it stores (the embedded store's mmapped segments and write-ahead
+  log, measured in :class:`Sampler`'s docstring).
 
 Prints the CPU it ran on (``machine_line``) and the load average (at start and end, and per phase), a
 table of all phases and the verdict; writes ``--out`` (JSON with every answer and sample) and one
@@ -77,24 +80,41 @@ ANSWERS_KEY = "lanes:interactive:answers"
 RETRY_AFTER_TOLERANCE = 0.30
 
 
-def tree_rss_mb(pid: int) -> float:
-    """Resident set size (MiB) of a process and all its descendants (prefork children, gunicorn workers)."""
+def tree_memory_mb(pid: int) -> tuple[float, float]:
+    """``(rss, anonymous)`` resident MiB of a process and all its descendants (prefork children,
+    gunicorn workers). *Anonymous* is ``rss − shared`` (psutil on Linux: ``shared`` is
+    ``RssFile + RssShmem``, the resident pages of mapped files), i.e. the heap, thread stacks and
+    anonymous maps, where a leak lives. The mapped files' pages are what the kernel may drop at will:
+    code, and the embedded vector store's segments and write-ahead log (see :class:`Sampler`)."""
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0.0
-    total = 0
+        return 0.0, 0.0
+    rss = anon = 0
     for p in procs:
         try:
-            total += p.memory_info().rss
+            m = p.memory_info()
         except psutil.NoSuchProcess:
-            pass
-    return total / 2**20
+            continue
+        rss += m.rss
+        anon += m.rss - getattr(m, "shared", 0)
+    return rss / 2**20, anon / 2**20
 
 
 class Sampler(threading.Thread):
-    """Samples :func:`tree_rss_mb` of each named process every ``every`` seconds."""
+    """Samples :func:`tree_memory_mb` of each named process every ``every`` seconds.
+
+    The memory check reads the *anonymous* resident set, not the whole one. Measured on 2026-12-02
+    (``EdgeStore`` alone, 512-d points, one write and one top-5 search at a time, as the vectors
+    worker does): 5,000 new points grew the file-backed resident set by 33-37 MiB (the segments'
+    vector mmaps, 2 KiB a point, and the write-ahead log's 32 MiB mmapped segments, ~2.7 KiB a
+    write) and the anonymous one by 3-5 MiB (the engine's per-point id and payload indexes, ~1 KiB a
+    point); 5,000 overwrites of the same 100 points, anonymous +0.1 MiB; 5,000 searches, +0.0 MiB.
+    60,000 overwrites made the whole resident set a saw-tooth (+12 → +44 MiB, dropping each time the
+    log rotated to a new segment), not a climb. So the vectors worker's whole RSS grows with the
+    points a round writes (~20 KiB a point was read off the load benchmark's samples) without a
+    leak, and a leak still shows, in the anonymous figure."""
 
     def __init__(self, pids: dict[str, int], every: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -105,21 +125,33 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         while not self.stop.is_set():
-            self.samples.append({"t": round(time.monotonic() - t0, 2),
-                                 **{n: round(tree_rss_mb(pid), 1) for n, pid in self.pids.items()}})
+            sample: dict = {"t": round(time.monotonic() - t0, 2)}
+            for n, pid in self.pids.items():
+                rss, anon = tree_memory_mb(pid)
+                sample[n], sample[f"{n}:anon"] = round(rss, 1), round(anon, 1)
+            self.samples.append(sample)
             self.stop.wait(self.every)
 
     def summary(self) -> dict[str, dict]:
-        """Per process: MiB at start / end / max, and growth = mean(last tenth) − mean(first tenth)."""
+        """Per process: MiB at start / end / max, and growth = mean(last tenth) − mean(first tenth),
+        of the whole resident set (``*_mb``) and of its anonymous part (``anon_*``); the check reads
+        ``anon_second_half_growth_mb`` (see the class docstring)."""
         out = {}
         k = max(1, len(self.samples) // 10)
+
+        def growth(series: list[float]) -> tuple[float, float]:
+            mid = len(series) // 2
+            return (round(statistics.fmean(series[-k:]) - statistics.fmean(series[:k]), 1),
+                    round(statistics.fmean(series[-k:]) - statistics.fmean(series[mid - k // 2: mid + k - k // 2]), 1))
+
         for n in self.pids:
             series = [s[n] for s in self.samples]
-            mid = len(series) // 2
+            anon = [s[f"{n}:anon"] for s in self.samples]
+            (g, g2), (ag, ag2) = growth(series), growth(anon)
             out[n] = {"start_mb": series[0], "end_mb": series[-1], "max_mb": max(series),
-                      "growth_mb": round(statistics.fmean(series[-k:]) - statistics.fmean(series[:k]), 1),
-                      "second_half_growth_mb": round(statistics.fmean(series[-k:])
-                                                     - statistics.fmean(series[mid - k // 2: mid + k - k // 2]), 1)}
+                      "growth_mb": g, "second_half_growth_mb": g2,
+                      "anon_start_mb": anon[0], "anon_end_mb": anon[-1],
+                      "anon_growth_mb": ag, "anon_second_half_growth_mb": ag2}
         return out
 
 
@@ -480,13 +512,15 @@ def table(result: dict, checks: dict[str, bool], infos: dict[str, str]) -> str:
                      f"| {fmt_share(p['retry_after_within_30pct_share'])} "
                      f"| {p['latency_ms_200']['p50']} / {p['latency_ms_200']['p95']} "
                      f"| {p['prediction_abs_error_s_200']['p50']} |")
-    lines += ["", "| round | process | RSS start (MiB) | end | max | growth (last − first tenth) | second half |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines += ["", "| round | process | RSS start (MiB) | end | max | growth (last − first tenth) | second half "
+                  "| anonymous start | end | second half |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in result["rounds"]:
         name = f"bulk {r['bulk']['images']}" if r["bulk"] else "no bulk"
         for n, m in r["memory_mb"].items():
             lines.append(f"| {name} | {n} | {m['start_mb']:.0f} | {m['end_mb']:.0f} | {m['max_mb']:.0f} "
-                         f"| {m['growth_mb']:+.1f} | {m['second_half_growth_mb']:+.1f} |")
+                         f"| {m['growth_mb']:+.1f} | {m['second_half_growth_mb']:+.1f} "
+                         f"| {m['anon_start_mb']:.0f} | {m['anon_end_mb']:.0f} | {m['anon_second_half_growth_mb']:+.1f} |")
     lines.append("")
     lines += [f"{'PASS' if v else 'FAIL'}  {k}" for k, v in checks.items()]
     lines += [f"INFO  {k}: {v}" for k, v in infos.items()]
@@ -512,7 +546,8 @@ def main() -> int:
                     help="share of 429s whose wait_ahead_s must be within ±30 %% of the actual wait, and whose "
                          "Retry-After must not be shorter than it")
     ap.add_argument("--max-growth-mb", type=float, default=16.0,
-                    help="largest RSS growth (MiB) allowed over the second half of each round, per process")
+                    help="largest growth (MiB) of a process's anonymous resident set (rss − shared) allowed "
+                         "over the second half of each round")
     ap.add_argument("--postgres", metavar="URL", nargs="?", const="postgres://postgres@127.0.0.1:5432/postgres",
                     default="", help="run on PostgreSQL (a scratch database on this server, dropped afterwards) "
                                      "instead of SQLite")
@@ -537,8 +572,8 @@ def main() -> int:
     for phase in result["phases"]:
         checks.update(verdict(phase, retry_after_share=args.retry_after_share))
         infos.update(info(phase))
-    checks[f"no worker memory growth (second half of each round < {args.max_growth_mb} MiB)"] = all(
-        m["second_half_growth_mb"] < args.max_growth_mb for r in result["rounds"] for m in r["memory_mb"].values())
+    checks[f"no process's anonymous memory grows (second half of each round < {args.max_growth_mb} MiB)"] = all(
+        m["anon_second_half_growth_mb"] < args.max_growth_mb for r in result["rounds"] for m in r["memory_mb"].values())
     result["checks"], result["info"] = checks, infos
     hardware["load_average_1m_end"] = machine().get("load_average_1m")
     result["machine"] = hardware
