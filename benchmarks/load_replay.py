@@ -3,7 +3,7 @@
     python -m benchmarks.load_replay var/bench-load.json [--half-lives 6:5 16:10 24:15]
 
 For every admitted request of every phase (the web's own records, ``admission.ANSWERS_KEY``, saved
-by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.admission.fit_wait`) on the
+by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.wait_model.fit_wait`) on the
 answers that had arrived before it was admitted, with the fit's half-lives set to ``ANSWERS:SECONDS``
 (its ``half_life_answers`` and ``half_life_s``; ``FIT_HALF_LIFE_ANSWERS``, ``FIT_HALF_LIFE_S`` by
 default), and its predicted wait for the request's ``work_s`` is compared with the wait it really had. Printed per phase and half-lives: the error
@@ -36,7 +36,7 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
     """Predict each record of ``records`` (the web's answer records of one phase) from the answers
     before its admission, with these fit half-lives. Returns the figures described in the module
     docstring (``None`` where fewer than 5 records could be predicted)."""
-    from embeddings.services import admission
+    from embeddings.services import wait_model
 
     recs = sorted((r for r in records if r.get("work_s") is not None), key=lambda r: r["admitted"])
     answered = sorted(recs, key=lambda r: r["answered"])
@@ -45,8 +45,8 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
         before = [a for a in answered if a["answered"] < r["admitted"]]
         if len(before) < 5:
             continue
-        fit = admission.fit_wait(before, now=r["admitted"], margin_quantile=quantile,
-                                 half_life_answers=half_life_answers, half_life_s=half_life_s)
+        fit = wait_model.fit_wait(before, now=r["admitted"], margin_quantile=quantile,
+                                  half_life_answers=half_life_answers, half_life_s=half_life_s)
         predicted, actual = fit.predict(r["work_s"]), r["answered"] - r["admitted"]
         errors.append(actual - predicted)
         within += abs(actual - predicted) <= 0.3 * actual

@@ -27,7 +27,7 @@ from embeddings.dispatch import (  # noqa: F401
     interactive_options,
     vectors_options,
 )
-from embeddings.services import admission, pipeline
+from embeddings.services import admission, bulk_yield, pipeline
 from project import lanes
 from workers.errors import Reason
 
@@ -41,9 +41,9 @@ _STORE_ERRORS = pipeline.STORE_ERRORS
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
 def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
     """Embed one bulk chunk (≤ ``BULK_BATCH_SIZE`` image ids), one chunk at a time per process (a
-    worker serving both lanes holds a second one on deck: ``admission.bulk_turn``). The result adds
+    worker serving both lanes holds a second one on deck: ``bulk_yield.bulk_turn``). The result adds
     ``started``/``ended`` (Unix s: its turn to compute) and ``waited_ms`` (on deck before it)."""
-    with admission.bulk_turn() as turn:
+    with bulk_yield.bulk_turn() as turn:
         out = pipeline.chunk_embed(job_id=job_id, image_ids=image_ids)
     return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
 
@@ -348,7 +348,7 @@ def gate_embed(model_id: str, picks: list[dict], reference: str | None = None) -
     ``reference`` space's (bulk queue, one bulk turn: it computes like a chunk)."""
     from embeddings.services import gate
 
-    with admission.bulk_turn():
+    with bulk_yield.bulk_turn():
         return gate.gate_embed(model_id=model_id, picks=picks, reference=reference)
 
 

@@ -63,8 +63,8 @@ def shared_worker_command(env: dict | None = None) -> str:
     """Deployment (b): one worker consuming both lanes, interactive listed (and so taken) first.
 
     ``threads`` pool with one thread per interactive batch slot plus two for bulk (one chunk
-    computing, one on deck): ``embeddings.services.admission.LaneGateCycle`` stops asking Redis for
-    bulk messages while two are held and ``admission.bulk_turn`` lets one compute at a time, so
+    computing, one on deck): ``embeddings.services.bulk_yield.LaneGateCycle`` stops asking Redis for
+    bulk messages while two are held and ``bulk_yield.bulk_turn`` lets one compute at a time, so
     interactive work always finds a free thread and never waits behind more than one bulk batch
     (docs/lanes.md).
     """

@@ -276,7 +276,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # plus a gate: a worker consuming both lanes holds at most two bulk messages, one computing and
     # one on deck (deployment (b), docs/lanes.md).
     "priority_steps": [0, 3, 6, 9],
-    "queue_order_strategy": "embeddings.services.admission:LaneGateCycle",
+    "queue_order_strategy": "embeddings.services.bulk_yield:LaneGateCycle",
     # BRPOP timeout (s): bounds how long a gated worker takes to ask for bulk work again (the
     # on-deck chunk hides it while chunks take longer).
     "polling_interval": env.float("BROKER_POLLING_INTERVAL_S", default=0.2),
@@ -308,30 +308,30 @@ RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
 #: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
 BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
 #: Admission's margin: the quantile of its own recent errors (actual − predicted wait, s) that is added
-#: to a prediction before it is compared with the deadline (embeddings/services/admission.py
+#: to a prediction before it is compared with the deadline (embeddings/services/wait_model.py
 #: fit_wait, _upper_bound: estimated from the late errors' spread since 2026-12-01). Issue 15 asks that >= 95 % of admitted requests answer within their deadline; under
 #: overload nearly every admitted request sits at the admission threshold, so the late share is
 #: about 1 - this quantile plus the model's lag: the 95th percentile gave 95.3 % at a 2 s deadline,
 #: the 99th 98.5 % (98.4 -> 100 % at 1 s) with goodput still 96-107 % of the measured capacity
 #: (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
 ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
-#: The margin is never less than this share of the predicted wait (admission.margin_s): at long
+#: The margin is never less than this share of the predicted wait (wait_model.margin_s): at long
 #: deadlines the learnt margin lags by one wait. 0.2 cut the late answers at 5 s and moved 1 s and 2 s
 #: by at most 1.3 points in replays of load-benchmark runs (docs/benchmarks-load.md); 0: the learnt
 #: margin alone.
 ADMISSION_MIN_MARGIN_SHARE = env.float("ADMISSION_MIN_MARGIN_SHARE", default=0.2)
-#: ... and never more than this share of the deadline (admission.margin_s): a burst of late answers
+#: ... and never more than this share of the deadline (wait_model.margin_s): a burst of late answers
 #: (an overload that starts at once) raised the learnt margin to 0.8-1.0 × a 1 s deadline, which
 #: admits nothing but requests to an empty lane, and the lane then starved for 5-8 s while its
 #: few answers taught the model the truth (docs/benchmarks-load.md, "Starved lanes"). 1: no cap.
 ADMISSION_MAX_MARGIN_SHARE = env.float("ADMISSION_MAX_MARGIN_SHARE", default=0.4)
-#: Migration chunks computing at once per worker host (embeddings/services/admission.py
+#: Migration chunks computing at once per worker host (embeddings/services/bulk_yield.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
-#: never waits; e.g. a GPU host whose lanes do not share cores): admission.migration_yield.
+#: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.
 MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=4)
 MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
 

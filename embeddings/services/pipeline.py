@@ -111,7 +111,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         and ``"paused_ms"`` when it computed (a migration chunk: time given to the interactive lane).
     """
     from embeddings import dispatch
-    from embeddings.services import admission, sink
+    from embeddings.services import bulk_yield, sink
 
     job = Job.objects.filter(id=job_id).first()
     if job is None:
@@ -151,8 +151,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
     slot, passes = contextlib.nullcontext(0.0), {}
     if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
-        slot = admission.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
-        passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": admission.migration_yield}
+        slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
+        passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}
     with slot:
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),

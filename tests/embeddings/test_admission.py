@@ -1,4 +1,5 @@
-"""Admission control on the interactive lane (embeddings/services/admission.py), and deadlines.
+"""Admission control on the interactive lane (embeddings/services/admission.py, its pure wait model
+in wait_model.py), deadlines, and migrations yielding to the lane (bulk_yield.py).
 
 Real values throughout: the service time comes from the real ViT-B-32 (random weights) run through
 the real dynamic batcher; the backlog is real Celery messages published to a private redis-server
@@ -23,7 +24,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
 from embeddings.models import Image, ImageStatus, Job
-from embeddings.services import admission
+from embeddings.services import admission, bulk_yield, wait_model
 from project import lanes
 from scripts.stack import free_port, redis_answers
 
@@ -122,12 +123,12 @@ def test_drain_rate_is_images_over_the_union_of_busy_time():
         (now - 5, now - 4.5, 2),  # busy 0.5 s more; idle gaps do not count
         (now - 12, now - 9.5, 3),  # started before the window: only its 0.5 s inside counts
     ]
-    assert admission.drain_rate(tasks, now=now) == pytest.approx((4 + 4 + 2 + 3) / (2 + 0.5 + 0.5))
-    assert admission.drain_rate(tasks[:1], now=now) is None  # nothing finished in the window
-    assert admission.drain_rate([(now - 1, now - 0.99, 1)], now=now) is None  # under 50 ms busy: no figure
+    assert wait_model.drain_rate(tasks, now=now) == pytest.approx((4 + 4 + 2 + 3) / (2 + 0.5 + 0.5))
+    assert wait_model.drain_rate(tasks[:1], now=now) is None  # nothing finished in the window
+    assert wait_model.drain_rate([(now - 1, now - 0.99, 1)], now=now) is None  # under 50 ms busy: no figure
     # A machine that slows: the same worker drains 10 images/s, then 5 images/s for the last 10 s.
     history = [(now - 40 + i, now - 39 + i, 10) for i in range(30)] + [(now - 10 + i, now - 9 + i, 5) for i in range(10)]
-    assert admission.drain_rate(history, now=now) == pytest.approx(5.0)
+    assert wait_model.drain_rate(history, now=now) == pytest.approx(5.0)
 
 
 def answers_from(model, *, start: float, end: float, every: float = 0.1, seed: int = 0) -> list[dict]:
@@ -145,15 +146,15 @@ def answers_from(model, *, start: float, end: float, every: float = 0.1, seed: i
 
 def test_fit_recovers_overhead_and_scale_and_ignores_old_answers():
     answers = answers_from(lambda t, w: 0.3 + 1.5 * w, start=0, end=30)
-    fit = admission.fit_wait(answers, now=30)
+    fit = wait_model.fit_wait(answers, now=30)
     # the newest answers weigh most (~9 fresh answers in all) and the scale is pulled towards 1 a little
     assert fit.overhead_s == pytest.approx(0.3, abs=0.04) and fit.scale == pytest.approx(1.5, abs=0.04)
     assert 0 < fit.margin_s < 0.06  # the 95th percentile of ±20 ms noise
     assert fit.samples == 300
-    assert admission.fit_wait(answers, now=100) == admission.WaitFit()  # all older than the window: the prior
+    assert wait_model.fit_wait(answers, now=100) == wait_model.WaitFit()  # all older than the window: the prior
     assert fit.age_s == pytest.approx(0.1, abs=1e-6)  # the newest answer, at 29.9 s
     # One answer: its wait is all overhead at scale 1 (the ridge pull to the workers' own figure).
-    one = admission.fit_wait([{"admitted": 9.0, "answered": 10.0, "work_s": 0.5, "status": 200}], now=10)
+    one = wait_model.fit_wait([{"admitted": 9.0, "answered": 10.0, "work_s": 0.5, "status": 200}], now=10)
     assert (one.overhead_s, one.scale, one.margin_s, one.samples, one.age_s) == (pytest.approx(0.5), pytest.approx(1.0), 0.0, 1, 0.0)
 
 
@@ -162,11 +163,11 @@ def test_fit_follows_a_machine_that_slows_within_seconds():
     margin (what admission compares with the deadline) reaches the new truth within 3 s."""
     answers = answers_from(lambda t, w: 0.3 + (1.0 if t < 30 else 2.0) * w, start=0, end=40)
     truth = 0.3 + 2.0 * 1.5
-    bound = lambda now: (f := admission.fit_wait([a for a in answers if a["answered"] <= now], now=now)).predict(1.5) + f.margin_s
+    bound = lambda now: (f := wait_model.fit_wait([a for a in answers if a["answered"] <= now], now=now)).predict(1.5) + f.margin_s
     assert bound(29.95) == pytest.approx(0.3 + 1.5, abs=0.1)  # before: right, small margin
     assert bound(31) > 0.3 + 1.5 + 0.8  # one second later the margin has already grown by ~1 s
     assert bound(33) >= truth * 0.97
-    late = admission.fit_wait(answers, now=40)
+    late = wait_model.fit_wait(answers, now=40)
     # ten seconds (100 answers) later the fit itself has followed: the old answers weigh nothing
     assert late.scale == pytest.approx(2.0, abs=0.1) and late.predict(1.5) + late.margin_s >= truth * 0.97
 
@@ -190,7 +191,7 @@ def as_admitted(answers: list[dict]) -> list[dict]:
     the fit of the answers before it (as if admitted just after the previous answer)."""
     out = []
     for a in answers:
-        out.append({**a, "predicted_s": admission.fit_wait(out, now=a["answered"]).predict(a["work_s"])})
+        out.append({**a, "predicted_s": wait_model.fit_wait(out, now=a["answered"]).predict(a["work_s"])})
     return out
 
 
@@ -212,7 +213,7 @@ def test_the_prediction_follows_a_service_time_that_doubles(factor):
     before = lambda w: 0.2 + 1.0 * w
     after = lambda w: factor * before(w)
     answers = as_admitted(observations(before, 60, start=0.0) + observations(after, 160, start=0.6, seed=1))
-    fit = lambda k: admission.fit_wait(answers[:60 + k], now=0.6 + 0.01 * k)
+    fit = lambda k: wait_model.fit_wait(answers[:60 + k], now=0.6 + 0.01 * k)
     work = 1.0
     assert fit(0).predict(work) == pytest.approx(before(work), rel=0.03) and fit(0).margin_s < 0.05
     if factor > 1:  # slower: admission must stop over-admitting at once
@@ -231,15 +232,15 @@ def test_a_request_still_waiting_past_its_prediction_counts_before_its_answer():
     nothing; one past its deadline is left out (answered 202 soon, or it failed and never will be)."""
     answers = as_admitted(observations(lambda w: 0.2 + w, 60, start=0.0))
     now = 61.5
-    base = admission.fit_wait(answers, now=now)
+    base = wait_model.fit_wait(answers, now=now)
     late = [{"admitted": now - 1.5, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0},
             {"admitted": now - 1.4, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
-    seen = admission.fit_wait(answers, now=now, pending=late)
+    seen = wait_model.fit_wait(answers, now=now, pending=late)
     assert seen.samples == base.samples + 2
     assert seen.predict(0.5) + seen.margin_s >= 1.4 > base.predict(0.5) + base.margin_s
     on_time = [{"admitted": now - 0.3, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
     expired = [{"admitted": now - 3.5, "work_s": 0.5, "predicted_s": 0.7, "deadline_s": 2.0}]
-    assert admission.fit_wait(answers, now=now, pending=on_time + expired) == base
+    assert wait_model.fit_wait(answers, now=now, pending=on_time + expired) == base
 
 
 def test_work_is_counted_in_forward_passes_at_the_measured_batch_times():
@@ -247,18 +248,18 @@ def test_work_is_counted_in_forward_passes_at_the_measured_batch_times():
     pass of eight, not eight of one; sizes between are interpolated, sizes below the smallest cost
     that size's pass, above the largest proportionally more (both err long)."""
     curve = {1: 300.0, 8: 550.0}
-    assert admission.batch_ms(curve, 4) == pytest.approx(300 + 250 * 3 / 7)
-    assert admission.batch_ms({4: 400.0}, 1) == 400.0 and admission.batch_ms({4: 400.0}, 6) == 600.0
-    assert admission.drain_s(curve, 8, 8) == pytest.approx(0.55)
-    assert admission.drain_s(curve, 17, 8) == pytest.approx(2 * 0.55 + 0.3)
-    assert admission.drain_s(curve, 0, 8) == 0.0
-    load = admission.LaneLoad(queued_messages=7, inflight_images=0, capacity_ips=1000 / 300, workers=1,
-                              curves=((curve, 8),))
+    assert wait_model.batch_ms(curve, 4) == pytest.approx(300 + 250 * 3 / 7)
+    assert wait_model.batch_ms({4: 400.0}, 1) == 400.0 and wait_model.batch_ms({4: 400.0}, 6) == 600.0
+    assert wait_model.drain_s(curve, 8, 8) == pytest.approx(0.55)
+    assert wait_model.drain_s(curve, 17, 8) == pytest.approx(2 * 0.55 + 0.3)
+    assert wait_model.drain_s(curve, 0, 8) == 0.0
+    load = wait_model.LaneLoad(queued_messages=7, inflight_images=0, capacity_ips=1000 / 300, workers=1,
+                               curves=((curve, 8),))
     assert load.work_s(1) == pytest.approx(0.55)  # the drain rate alone would say 8 × 0.3 s
     assert dataclasses.replace(load, curves=()).work_s(1) == pytest.approx(8 * 0.3)
     # two workers, one twice as fast at full batches: the images are shared by rate, the waits agree
     two = dataclasses.replace(load, queued_messages=23, workers=2, curves=((curve, 8), ({1: 150.0, 8: 275.0}, 8)))
-    assert two.work_s(1) == pytest.approx(admission.drain_s(curve, 8, 8), rel=1e-6)
+    assert two.work_s(1) == pytest.approx(wait_model.drain_s(curve, 8, 8), rel=1e-6)
 
 
 def test_a_running_pass_counts_as_the_time_it_has_left():
@@ -268,25 +269,25 @@ def test_a_running_pass_counts_as_the_time_it_has_left():
     (decoding, waiting for the model) join the next pass with it."""
     curve = {1: 300.0, 8: 550.0}
     now = 1000.0
-    passes, stale = admission.running_passes({"w:1:m": f"8 {now - 0.45:.3f} 550.0"}, now=now, stale_s=60)
+    passes, stale = wait_model.running_passes({"w:1:m": f"8 {now - 0.45:.3f} 550.0"}, now=now, stale_s=60)
     assert passes == (pytest.approx((8, 0.1)),) and stale == []
-    load = admission.LaneLoad(queued_messages=0, inflight_images=8, capacity_ips=1000 / 300, workers=1,
-                              curves=((curve, 8),), passes=passes)
+    load = wait_model.LaneLoad(queued_messages=0, inflight_images=8, capacity_ips=1000 / 300, workers=1,
+                               curves=((curve, 8),), passes=passes)
     assert load.work_s(1) == pytest.approx(0.1 + 0.3)
     assert load.work_s(0) == pytest.approx(0.1)  # the work ahead of it: the rest of that pass
     assert dataclasses.replace(load, passes=()).work_s(1) == pytest.approx(0.55 + 0.3)  # counted whole
     outside = dataclasses.replace(load, inflight_images=10)
-    assert outside.work_s(1) == pytest.approx(0.1 + admission.batch_ms(curve, 3) / 1000)
+    assert outside.work_s(1) == pytest.approx(0.1 + wait_model.batch_ms(curve, 3) / 1000)
     # without per-batch-size times: the rest at the drain rate, after the running pass
     assert dataclasses.replace(outside, curves=()).work_s(1) == pytest.approx(0.1 + 3 * 0.3)
     # a pass that overran its expected time is about to end: 0 s left, its images still not ahead
-    late, _ = admission.running_passes({"w:1:m": f"8 {now - 0.9:.3f} 550.0"}, now=now, stale_s=60)
+    late, _ = wait_model.running_passes({"w:1:m": f"8 {now - 0.9:.3f} 550.0"}, now=now, stale_s=60)
     assert late == ((8, 0.0),) and dataclasses.replace(load, passes=late).work_s(1) == pytest.approx(0.3)
     # an expected time not measured yet (0) says nothing: the images count whole, as before
-    unknown, _ = admission.running_passes({"w:1:m": f"8 {now - 0.1:.3f} 0.0"}, now=now, stale_s=60)
+    unknown, _ = wait_model.running_passes({"w:1:m": f"8 {now - 0.1:.3f} 0.0"}, now=now, stale_s=60)
     assert unknown == ()
     # a dead worker's pass, or a garbled entry, is stale: ignored and returned for deletion
-    gone, stale = admission.running_passes({"dead": f"8 {now - 120:.3f} 550.0", "bad": "x"}, now=now, stale_s=60)
+    gone, stale = wait_model.running_passes({"dead": f"8 {now - 120:.3f} 550.0", "bad": "x"}, now=now, stale_s=60)
     assert gone == () and sorted(stale) == ["bad", "dead"]
 
 
@@ -314,7 +315,7 @@ def test_the_batcher_reports_each_pass_to_admission(lane_redis, encoder, tracker
     assert [v.shape for v in vectors] == [(1, encoder.embed_dim)] * 3
     (size, raw, read), = seen
     images, started, expected = raw.split()
-    assert (size, int(images), float(expected), read) == (3, 3, pytest.approx(admission.batch_ms(tracker.curve, 3), abs=0.1), 1)
+    assert (size, int(images), float(expected), read) == (3, 3, pytest.approx(wait_model.batch_ms(tracker.curve, 3), abs=0.1), 1)
     assert before <= float(started) <= time.time()
     assert not client.hexists(admission.PASSES_KEY, "me")  # cleared when the pass ended
     b.close()
@@ -334,10 +335,10 @@ def test_a_workers_batch_times_follow_a_forward_pass_that_doubles():
     from workers.batcher import BatchRecord
 
     rec = lambda size, ms: BatchRecord(size=size, requests=size, queue_delay_ms=1.0, service_ms=ms, expired=0)
-    curve = admission.update_batch_curve({}, [rec(1, 300.0), rec(8, 550.0), rec(0, 0.0)])
+    curve = wait_model.update_batch_curve({}, [rec(1, 300.0), rec(8, 550.0), rec(0, 0.0)])
     assert curve == {1: 300.0, 8: 550.0}  # an empty batch (all expired) measures nothing
     for k in range(1, 8):
-        curve = admission.update_batch_curve(curve, [rec(8, 1100.0)])
+        curve = wait_model.update_batch_curve(curve, [rec(8, 1100.0)])
         if k == 3:
             assert curve[8] > 550 + 0.6 * 550
     assert curve[8] > 550 + 0.9 * 550 and curve[1] == 300.0
@@ -346,7 +347,7 @@ def test_a_workers_batch_times_follow_a_forward_pass_that_doubles():
 def test_retry_after_is_the_wait_ahead_rounded_up_to_whole_seconds():
     """RFC 9110 delay-seconds: an integer ≥ 1 s, never below the predicted wait of the work ahead
     (to the millisecond: 1.0004 s is 1 s), so a client that waits it never retries too early."""
-    assert [admission.retry_after(w) for w in (0.0, 0.3, 1.0, 1.0004, 1.001, 1.5, 4.2, 12.0)] == \
+    assert [wait_model.retry_after(w) for w in (0.0, 0.3, 1.0, 1.0004, 1.001, 1.5, 4.2, 12.0)] == \
         [1, 1, 1, 1, 2, 2, 5, 12]
 
 
@@ -354,28 +355,28 @@ def test_a_margin_learnt_in_a_bad_moment_fades_when_no_new_answer_comes():
     """Answers with a wide spread (some waited 1 s longer than predicted), then nothing: the margin
     shrinks with the evidence's weight, so admission cannot refuse everything forever."""
     answers = answers_from(lambda t, w: 0.3 + w + (1.0 if round(t * 2) % 5 == 0 else 0.0), start=0, end=5, every=0.5)
-    fresh, old = admission.fit_wait(answers, now=5), admission.fit_wait(answers, now=20)
+    fresh, old = wait_model.fit_wait(answers, now=5), wait_model.fit_wait(answers, now=20)
     assert fresh.margin_s > 0.6  # every fifth answer 1 s late: the 95th percentile sees them
     assert old.margin_s < 0.5 * fresh.margin_s  # fifteen seconds of silence later
-    assert admission.fit_wait(answers, now=5 + admission.FIT_WINDOW_S + 0.1) == admission.WaitFit()
+    assert wait_model.fit_wait(answers, now=5 + wait_model.FIT_WINDOW_S + 0.1) == wait_model.WaitFit()
 
 
 def test_a_202_counts_as_a_longer_wait():
     base = {"admitted": 8.0, "answered": 10.0, "work_s": 1.0}
-    ok = admission.fit_wait([{**base, "status": 200}], now=10)
-    late = admission.fit_wait([{**base, "status": 202}], now=10)
-    assert ok.predict(1.0) == pytest.approx(2.0) and late.predict(1.0) == pytest.approx(2.0 * admission.CENSORED_FACTOR)
+    ok = wait_model.fit_wait([{**base, "status": 200}], now=10)
+    late = wait_model.fit_wait([{**base, "status": 202}], now=10)
+    assert ok.predict(1.0) == pytest.approx(2.0) and late.predict(1.0) == pytest.approx(2.0 * wait_model.CENSORED_FACTOR)
 
 
 def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_deadline():
-    decide = functools.partial(admission.decide, min_margin_share=0.0)  # the learnt margin alone
-    fit = admission.WaitFit(overhead_s=0.2, scale=1.25, margin_s=0.1, samples=50)
+    decide = functools.partial(wait_model.decide, min_margin_share=0.0)  # the learnt margin alone
+    fit = wait_model.WaitFit(overhead_s=0.2, scale=1.25, margin_s=0.1, samples=50)
     capacity, deadline = 8.0, 2.0
     # largest backlog B with 0.2 + 1.25 (B + 1) / 8 + 0.1 <= 2  →  B + 1 <= 10.88
-    fits = admission.LaneLoad(queued_messages=9, inflight_images=0, capacity_ips=capacity, fit=fit)
+    fits = wait_model.LaneLoad(queued_messages=9, inflight_images=0, capacity_ips=capacity, fit=fit)
     ok = decide(fits, deadline_s=deadline)
     assert ok.admitted and ok.predicted_wait_s == pytest.approx(0.2 + 1.25 * 10 / 8) and ok.work_s == pytest.approx(10 / 8)
-    over = admission.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
+    over = wait_model.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
     refused = decide(over, deadline_s=deadline)
     assert not refused.admitted and refused.predicted_wait_s == pytest.approx(0.2 + 1.25 * 11 / 8)
     # the wait of the 10 images ahead, 0.2 + 1.25 × 10 / 8 = 1.76 s, plus its margin (0.1 s), rounded up
@@ -384,27 +385,27 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     # Requests of several images weigh more, queued and arriving; unknown capacity admits.
     assert not decide(dataclasses.replace(fits, images_per_request=2.0), deadline_s=deadline).admitted
     assert not decide(fits, deadline_s=deadline, images=2).admitted
-    assert decide(admission.LaneLoad(10_000, 0, None), deadline_s=deadline).admitted
+    assert decide(wait_model.LaneLoad(10_000, 0, None), deadline_s=deadline).admitted
     # Retry-After is never 0, and follows a long backlog.
-    assert decide(dataclasses.replace(fits, queued_messages=1, fit=admission.WaitFit(margin_s=5)),
+    assert decide(dataclasses.replace(fits, queued_messages=1, fit=wait_model.WaitFit(margin_s=5)),
                   deadline_s=0.2).retry_after_s == 1  # 0.125 s + a margin capped at 0.4 × 0.2 s
     # An empty lane admits whatever the margin, unless the request alone is predicted to miss.
-    empty = dataclasses.replace(fits, queued_messages=0, fit=admission.WaitFit(margin_s=5))
+    empty = dataclasses.replace(fits, queued_messages=0, fit=wait_model.WaitFit(margin_s=5))
     assert decide(empty, deadline_s=deadline).admitted
-    fresh = admission.WaitFit(margin_s=5, age_s=1.0)
+    fresh = wait_model.WaitFit(margin_s=5, age_s=1.0)
     assert not decide(dataclasses.replace(empty, capacity_ips=0.4, fit=fresh), deadline_s=deadline).admitted
     # ... and once the newest answer is stale, it admits a probe whatever the prediction: only an
     # answer can tell the model that the machine got faster again (the prior has no answer: a probe).
-    stale = dataclasses.replace(fresh, age_s=admission.PROBE_AFTER_S + 0.1)
+    stale = dataclasses.replace(fresh, age_s=wait_model.PROBE_AFTER_S + 0.1)
     assert decide(dataclasses.replace(empty, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert not decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 + 0.1 s
     assert decide(dataclasses.replace(fits, queued_messages=74), deadline_s=deadline).retry_after_s == 12  # 11.76 + 0.1 s
     # A lone pass of 0.3 s nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
     # the next request admitted waits its own pass; wait_ahead_s is never less than that.
-    lone = admission.LaneLoad(queued_messages=0, inflight_images=1, capacity_ips=1 / 0.3, workers=1,
-                              curves=(({1: 300.0, 8: 550.0}, 8),), passes=((1, 0.02),),
-                              fit=admission.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50))
+    lone = wait_model.LaneLoad(queued_messages=0, inflight_images=1, capacity_ips=1 / 0.3, workers=1,
+                               curves=(({1: 300.0, 8: 550.0}, 8),), passes=((1, 0.02),),
+                               fit=wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50))
     d = decide(lone, deadline_s=0.6)
     assert not d.admitted and d.predicted_wait_s == pytest.approx(0.05 + 0.02 + 0.3)
     assert d.wait_ahead_s == pytest.approx(0.05 + 0.3)  # not 0.05 + 0.02: the work ahead alone
@@ -418,29 +419,29 @@ def test_the_margin_is_never_less_than_a_share_of_the_predicted_wait():
     """ADMISSION_MIN_MARGIN_SHARE: a learnt margin of 0.1 s is raised to 0.2 × the predicted wait.
     At a 5 s deadline the largest admitted wait is then 5 / 1.2 = 4.17 s, not 4.9 s; at 0.4 s the
     floor (0.08 s) is below the learnt margin and changes nothing."""
-    fit = admission.WaitFit(overhead_s=0.0, scale=1.0, margin_s=0.1, samples=50)
-    assert admission.margin_s(fit, 4.0, min_share=0.2) == pytest.approx(0.8)
-    assert admission.margin_s(fit, 0.4, min_share=0.2) == pytest.approx(0.1)
-    lane = lambda backlog: admission.LaneLoad(queued_messages=backlog, inflight_images=0, capacity_ips=2.0, fit=fit)
+    fit = wait_model.WaitFit(overhead_s=0.0, scale=1.0, margin_s=0.1, samples=50)
+    assert wait_model.margin_s(fit, 4.0, min_share=0.2) == pytest.approx(0.8)
+    assert wait_model.margin_s(fit, 0.4, min_share=0.2) == pytest.approx(0.1)
+    lane = lambda backlog: wait_model.LaneLoad(queued_messages=backlog, inflight_images=0, capacity_ips=2.0, fit=fit)
     # predicted wait = (backlog + 1) / 2 s: 3.5 s admits either way (3.5 + 0.7 <= 5); 4.5 s only
     # with the learnt margin alone (4.5 + 0.1 <= 5 < 4.5 + 0.9)
-    assert admission.decide(lane(6), deadline_s=5.0, min_margin_share=0.2).admitted
-    assert not admission.decide(lane(8), deadline_s=5.0, min_margin_share=0.2).admitted
-    assert admission.decide(lane(8), deadline_s=5.0, min_margin_share=0.0).admitted
-    assert settings.ADMISSION_MIN_MARGIN_SHARE == 0.2 and not admission.decide(lane(8), deadline_s=5.0).admitted
+    assert wait_model.decide(lane(6), deadline_s=5.0, min_margin_share=0.2).admitted
+    assert not wait_model.decide(lane(8), deadline_s=5.0, min_margin_share=0.2).admitted
+    assert wait_model.decide(lane(8), deadline_s=5.0, min_margin_share=0.0).admitted
+    assert settings.ADMISSION_MIN_MARGIN_SHARE == 0.2 and not wait_model.decide(lane(8), deadline_s=5.0).admitted
 
 
 def test_the_margin_is_never_more_than_a_share_of_the_deadline():
     """ADMISSION_MAX_MARGIN_SHARE (0.4): a burst of late answers at the start of an overload taught a
     margin of 0.9 s at a 1 s deadline; capped at 0.4 s, a request predicted 0.55 s is admitted (it
     would have been refused for anything but an empty lane), one predicted 0.65 s is not."""
-    fit = admission.WaitFit(overhead_s=0.0, scale=1.0, margin_s=0.9, samples=50)
-    assert admission.margin_s(fit, 0.5, min_share=0.2, max_s=0.4) == pytest.approx(0.4)
-    assert admission.margin_s(fit, 0.5, min_share=0.2) == pytest.approx(0.9)
-    lane = lambda backlog: admission.LaneLoad(queued_messages=backlog, inflight_images=0, capacity_ips=20.0, fit=fit)
+    fit = wait_model.WaitFit(overhead_s=0.0, scale=1.0, margin_s=0.9, samples=50)
+    assert wait_model.margin_s(fit, 0.5, min_share=0.2, max_s=0.4) == pytest.approx(0.4)
+    assert wait_model.margin_s(fit, 0.5, min_share=0.2) == pytest.approx(0.9)
+    lane = lambda backlog: wait_model.LaneLoad(queued_messages=backlog, inflight_images=0, capacity_ips=20.0, fit=fit)
     assert settings.ADMISSION_MAX_MARGIN_SHARE == 0.4
-    assert admission.decide(lane(10), deadline_s=1.0).admitted  # 11 / 20 = 0.55 s
-    refused = admission.decide(lane(12), deadline_s=1.0)  # 0.65 s
+    assert wait_model.decide(lane(10), deadline_s=1.0).admitted  # 11 / 20 = 0.55 s
+    refused = wait_model.decide(lane(12), deadline_s=1.0)  # 0.65 s
     assert not refused.admitted and refused.margin_s == pytest.approx(0.4)
 
 
@@ -453,9 +454,9 @@ def test_an_overhead_prior_keeps_bunched_answers_from_moving_the_intercept():
     scale takes it and the lone request is predicted within 10 %; the loaded one stays right."""
     truth = lambda w: 0.05 + 1.4 * w
     rows = [(0.48 + 0.04 * (i % 5) / 4, truth(0.48 + 0.04 * (i % 5) / 4), 1.0) for i in range(20)]
-    a, c = admission._solve(rows)
+    a, c = wait_model._solve(rows)
     assert a + c * 0.15 > 1.4 * truth(0.15)
-    a, c = admission._solve(rows, overhead_prior_s=0.05)
+    a, c = wait_model._solve(rows, overhead_prior_s=0.05)
     assert a + c * 0.15 == pytest.approx(truth(0.15), rel=0.10)
     assert a + c * 0.5 == pytest.approx(truth(0.5), rel=0.02)
 
@@ -467,14 +468,14 @@ def test_a_202_enters_the_margin_with_its_wait_not_the_censored_factor():
     answers = [{"admitted": now - 5 + 0.2 * i, "answered": now - 5 + 0.2 * i + 0.6, "work_s": 0.5,
                 "predicted_s": 0.6, "status": 200} for i in range(20)]
     answers.append({"admitted": now - 1.0, "answered": now, "work_s": 0.5, "predicted_s": 0.75, "status": 202})
-    fit = admission.fit_wait(answers, now=now)
+    fit = wait_model.fit_wait(answers, now=now)
     recent = sorted(answers, key=lambda r: r["answered"])
     n = len(recent)
-    weights = [0.5 ** ((now - r["answered"]) / admission.MARGIN_HALF_LIFE_S) * 0.5 ** ((n - 1 - i) / admission.MARGIN_HALF_LIFE_ANSWERS)
+    weights = [0.5 ** ((now - r["answered"]) / wait_model.MARGIN_HALF_LIFE_S) * 0.5 ** ((n - 1 - i) / wait_model.MARGIN_HALF_LIFE_ANSWERS)
                for i, r in enumerate(recent)]
     errors = [(r["answered"] - r["admitted"]) - r["predicted_s"] for r in recent]  # the 202's: 1.0 - 0.75
-    total = sum(0.5 ** ((now - r["answered"]) / admission.MARGIN_HALF_LIFE_S) for r in recent)
-    expected = admission._upper_bound(errors, weights, 0.99) * total / (total + admission.MARGIN_PRIOR_WEIGHT)
+    total = sum(0.5 ** ((now - r["answered"]) / wait_model.MARGIN_HALF_LIFE_S) for r in recent)
+    expected = wait_model._upper_bound(errors, weights, 0.99) * total / (total + wait_model.MARGIN_PRIOR_WEIGHT)
     assert fit.margin_s == pytest.approx(expected, rel=1e-6)
     assert fit.predict(0.5) > 0.6  # and the fit still heard that it waited longer
 
@@ -482,11 +483,11 @@ def test_a_202_enters_the_margin_with_its_wait_not_the_censored_factor():
 def test_capacity_is_summed_over_live_workers():
     now = 500.0
     entry = lambda cap, age: json.dumps({"capacity_ips": cap, "images_per_request": 1.0, "updated": now - age})
-    load = admission.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
-                               workers={"a": entry(6.0, 1), "b": entry(4.0, 14), "dead": entry(9.0, 16)})
+    load = wait_model.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
+                                workers={"a": entry(6.0, 1), "b": entry(4.0, 14), "dead": entry(9.0, 16)})
     assert (load.capacity_ips, load.workers) == (10.0, 2)
-    assert admission.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
-                               workers={"dead": entry(9.0, 16)}).capacity_ips is None
+    assert wait_model.lane_load(queued_messages=0, inflight_images=0, answers=[], now=now,
+                                workers={"dead": entry(9.0, 16)}).capacity_ips is None
 
 
 # --- what Redis holds -----------------------------------------------------------------------------
@@ -536,8 +537,8 @@ def test_worker_reports_batches_its_capacity_and_in_flight_work(lane_redis, meas
     assert load.images_per_request == pytest.approx(stats["images_per_request"], rel=1e-3)
     entry = json.loads(client.hget(admission.WORKERS_KEY, "w1"))
     assert entry["max_batch"] == admission._max_batch()
-    assert {int(k): v for k, v in entry["batch_ms"].items()} == pytest.approx(admission.update_batch_curve({}, measured), abs=0.01)
-    assert load.curves and load.work_s(1) == pytest.approx(admission.drain_s(admission.update_batch_curve({}, measured), 1, entry["max_batch"]), rel=1e-3)
+    assert {int(k): v for k, v in entry["batch_ms"].items()} == pytest.approx(wait_model.update_batch_curve({}, measured), abs=0.01)
+    assert load.curves and load.work_s(1) == pytest.approx(wait_model.drain_s(wait_model.update_batch_curve({}, measured), 1, entry["max_batch"]), rel=1e-3)
     records = admission.batch_records()
     assert [r["size"] for r in records] == [r.size for r in measured]
     assert {"t", "size", "requests", "queue_delay_ms", "service_ms", "expired"} <= set(records[0])
@@ -549,7 +550,7 @@ def test_worker_reports_batches_its_capacity_and_in_flight_work(lane_redis, meas
     assert [n for *_, n in tracker.tasks] == [2, 5]
     admission.interactive_report(measured, worker="w1")
     rate = admission.interactive_load().capacity_ips
-    assert rate == pytest.approx(admission.drain_rate(tracker.tasks, now=time.time()), rel=0.05)
+    assert rate == pytest.approx(wait_model.drain_rate(tracker.tasks, now=time.time()), rel=0.05)
     assert 7 / 0.5 < rate <= 7 / 0.1
     # A task whose worker died long ago no longer counts, and is cleaned away.
     client.hset(admission.INFLIGHT_KEY, "dead-task", f"16 {time.time() - 3600:.3f}")
@@ -570,7 +571,7 @@ def test_two_workers_admit_twice_the_load_of_one_at_the_same_predicted_wait(lane
         client.delete(*admission.queue_keys(lanes.INTERACTIVE))
         n, last = 0, None
         while True:
-            decision = admission.decide(admission.interactive_load(), deadline_s=2.0)
+            decision = wait_model.decide(admission.interactive_load(), deadline_s=2.0)
             if not decision.admitted:
                 return n, last
             last = decision.predicted_wait_s
@@ -589,7 +590,7 @@ def test_two_workers_admit_twice_the_load_of_one_at_the_same_predicted_wait(lane
     # worker two's heartbeat stops: after WORKER_TTL_S its capacity no longer counts
     entry = json.loads(client.hget(admission.WORKERS_KEY, "celery@two"))
     client.hset(admission.WORKERS_KEY, "celery@two",
-                json.dumps({**entry, "updated": time.time() - admission.WORKER_TTL_S - 1}))
+                json.dumps({**entry, "updated": time.time() - wait_model.WORKER_TTL_S - 1}))
     assert admitted_backlog()[0] == one[0]
 
 
@@ -609,14 +610,14 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
     admission.interactive_report(measured, worker="w")
     now = time.time()
     for i, (work, wait, status) in enumerate([(0.5, 0.9, 200), (1.0, 1.6, 200), (1.5, 2.1, 202), (0.8, 1.2, 200)]):
-        decision = admission.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5)
+        decision = wait_model.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5)
         admission.interactive_answered(decision, images=1, status=status, answered_at=now - 3 + i * 0.5 + wait)
-    admission.interactive_answered(admission.Decision(True, None), images=1, status=200)  # admission off: not recorded
+    admission.interactive_answered(wait_model.Decision(True, None), images=1, status=200)  # admission off: not recorded
     records = admission.answer_records()
     assert [(r["work_s"], r["status"]) for r in records] == [(0.5, 200), (1.0, 200), (1.5, 202), (0.8, 200)]
     assert records[2]["answered"] - records[2]["admitted"] == pytest.approx(2.1, abs=1e-3)
     load = admission.interactive_load()
-    expected = admission.fit_wait(records, now=time.time())
+    expected = wait_model.fit_wait(records, now=time.time())
     assert load.fit.samples == 4
     assert load.fit.overhead_s == pytest.approx(expected.overhead_s, abs=1e-3)
     assert load.fit.scale == pytest.approx(expected.scale, abs=1e-3)
@@ -626,8 +627,8 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
     client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time() - 1.5, "work_s": 0.5,
                                                           "predicted_s": 0.6, "deadline_s": 2.0}))
     assert admission.interactive_load().fit.samples == 5
-    admission.interactive_answered(admission.Decision(True, 0.6, work_s=0.5, admitted_at=time.time() - 1.6,
-                                                      token="tok"), images=1, status=200)
+    admission.interactive_answered(wait_model.Decision(True, 0.6, work_s=0.5, admitted_at=time.time() - 1.6,
+                                                       token="tok"), images=1, status=200)
     assert not client.hexists(admission.PENDING_KEY, "tok") and len(admission.answer_records()) == 5
 
 
@@ -642,18 +643,18 @@ def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, meas
     now = time.time()
     for i, (ahead, work, wait, status) in enumerate([(0, 0.15, 0.21, 200), (0, 0.15, 0.19, 200), (3, 0.5, 0.8, 200),
                                                       (0, 0.15, 1.2, 202), (6, 0.7, 1.0, 200)]):
-        decision = admission.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5, ahead_images=ahead)
+        decision = wait_model.Decision(True, work, work_s=work, admitted_at=now - 3 + i * 0.5, ahead_images=ahead)
         admission.interactive_answered(decision, images=1, status=status, answered_at=now - 3 + i * 0.5 + wait)
     assert [float(x) for x in client.lrange(admission.LONE_KEY, 0, -1)] == pytest.approx([0.06, 0.04], abs=1e-4)
     load = admission.interactive_load()
     records = admission.answer_records()
-    pulled = admission.fit_wait(records, now=time.time(), overhead_prior_s=0.05)
+    pulled = wait_model.fit_wait(records, now=time.time(), overhead_prior_s=0.05)
     assert load.fit.overhead_s == pytest.approx(pulled.overhead_s, abs=1e-3)
     assert load.fit.scale == pytest.approx(pulled.scale, abs=1e-3)
-    assert load.fit.overhead_s != pytest.approx(admission.fit_wait(records, now=time.time()).overhead_s, abs=1e-3)
+    assert load.fit.overhead_s != pytest.approx(wait_model.fit_wait(records, now=time.time()).overhead_s, abs=1e-3)
     for _ in range(admission.LONE_KEPT + 4):  # capped
-        admission.interactive_answered(admission.Decision(True, 0.1, work_s=0.1, admitted_at=time.time() - 0.2,
-                                                          ahead_images=0), images=1, status=200)
+        admission.interactive_answered(wait_model.Decision(True, 0.1, work_s=0.1, admitted_at=time.time() - 0.2,
+                                                           ahead_images=0), images=1, status=200)
     assert client.llen(admission.LONE_KEY) == admission.LONE_KEPT
 
 # --- the API --------------------------------------------------------------------------------------
@@ -667,8 +668,8 @@ def overloaded(service, lane_redis, measured, tracker):
     _, publisher = lane_redis
     admission.interactive_report(measured, worker="celery@test")
     capacity = admission.interactive_load().capacity_ips
-    curve, max_batch = admission.update_batch_curve({}, measured), admission._max_batch()
-    full_batch_ips = 1000 * max_batch / admission.batch_ms(curve, max_batch)
+    curve, max_batch = wait_model.update_batch_curve({}, measured), admission._max_batch()
+    full_batch_ips = 1000 * max_batch / wait_model.batch_ms(curve, max_batch)
     longest = max(service.INTERACTIVE_DEADLINE_S, service.VECTORS_CALL_TIMEOUT_S)  # uploads, searches
     backlog = math.ceil(2 * longest * max(capacity, full_batch_ips))  # ≥ 2 of the longest deadlines of work
     publish(publisher, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=backlog)
@@ -678,7 +679,7 @@ def overloaded(service, lane_redis, measured, tracker):
     app.conf.task_always_eager = False
     # the predicted wait of a one-image request (no answers yet: scale 1): the backlog's and its own
     # forward passes at the measured per-batch-size times, full batches first
-    yield {"wait": admission.drain_s(curve, backlog + 1, max_batch), "ahead": admission.drain_s(curve, backlog, max_batch)}
+    yield {"wait": wait_model.drain_s(curve, backlog + 1, max_batch), "ahead": wait_model.drain_s(curve, backlog, max_batch)}
     app.conf.task_always_eager = True
     app.close()
     app.conf.broker_url = original
@@ -759,7 +760,7 @@ def test_migration_chunks_take_one_host_slot_at_a_time(lane_redis, settings):
     release_first = threading.Event()
 
     def first():
-        with admission.migration_slot(1, hold_s=30):
+        with bulk_yield.migration_slot(1, hold_s=30):
             order.append("first in")
             first_in.set()
             release_first.wait(10)
@@ -776,21 +777,21 @@ def test_migration_chunks_take_one_host_slot_at_a_time(lane_redis, settings):
     t.join(10)
     waiter.join(10)
     assert order == ["first in", "first out", "second in"]
-    assert not client.keys(admission.MIGRATION_SLOT_KEY + "*")  # both slots handed back
+    assert not client.keys(bulk_yield.MIGRATION_SLOT_KEY + "*")  # both slots handed back
 
     # a holder killed mid-chunk: its slot expires after hold_s
-    client.set(f"{admission.MIGRATION_SLOT_KEY}{__import__('socket').gethostname()}:0", "dead", px=300)
-    with admission.migration_slot(1, hold_s=30) as waited_ms:
+    client.set(f"{bulk_yield.MIGRATION_SLOT_KEY}{__import__('socket').gethostname()}:0", "dead", px=300)
+    with bulk_yield.migration_slot(1, hold_s=30) as waited_ms:
         assert waited_ms >= 100
-    with admission.migration_slot(0) as waited_ms:
+    with bulk_yield.migration_slot(0) as waited_ms:
         assert waited_ms == 0.0
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens: computing goes on without a slot
-    with admission.migration_slot(1, hold_s=30) as waited_ms:
+    with bulk_yield.migration_slot(1, hold_s=30) as waited_ms:
         assert waited_ms >= 0
 
 
 def _second(order: list[str]) -> None:
-    with admission.migration_slot(1, hold_s=30):
+    with bulk_yield.migration_slot(1, hold_s=30):
         order.append("second in")
 
 
@@ -800,24 +801,24 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     import threading
 
     client, app = lane_redis
-    assert admission.interactive_busy(client) is False
-    assert admission.migration_yield(2.0) < 100  # idle lane: one look
+    assert bulk_yield.interactive_busy(client) is False
+    assert bulk_yield.migration_yield(2.0) < 100  # idle lane: one look
 
     # an admitted request not answered yet: the migration waits until its answer
     client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time(), "work_s": 0.3,
                                                           "predicted_s": 0.5, "deadline_s": 2.0}))
-    assert admission.interactive_busy(client) is True
+    assert bulk_yield.interactive_busy(client) is True
     threading.Timer(0.4, lambda: client.hdel(admission.PENDING_KEY, "tok")).start()
-    waited = admission.migration_yield(5.0)
+    waited = bulk_yield.migration_yield(5.0)
     assert 350 <= waited < 2000
 
     # a task a worker runs, then a queued message: busy; the bound lets one micro-batch through
     client.hset(admission.INFLIGHT_KEY, "task-1", f"1 {time.time():.3f}")
-    assert admission.interactive_busy(client) is True
-    assert 300 <= admission.migration_yield(0.3) < 1500
+    assert bulk_yield.interactive_busy(client) is True
+    assert 300 <= bulk_yield.migration_yield(0.3) < 1500
     client.delete(admission.INFLIGHT_KEY)
     app.send_task("embeddings.tasks.embed_interactive", queue="interactive")
-    assert admission.interactive_busy(client) is True
+    assert bulk_yield.interactive_busy(client) is True
     for k in admission.queue_keys("interactive"):
         client.delete(k)
 
@@ -826,12 +827,12 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     client.hset(admission.PENDING_KEY, "dead", json.dumps({"admitted": old, "work_s": 0.3,
                                                            "predicted_s": 0.5, "deadline_s": 2.0}))
     client.hset(admission.INFLIGHT_KEY, "dead-task", f"1 {old:.3f}")
-    assert admission.interactive_busy(client) is False
+    assert bulk_yield.interactive_busy(client) is False
     client.delete(admission.PENDING_KEY, admission.INFLIGHT_KEY)
 
-    assert admission.migration_yield(0) == 0.0  # MIGRATION_YIELD_MAX_S=0: never waits
+    assert bulk_yield.migration_yield(0) == 0.0  # MIGRATION_YIELD_MAX_S=0: never waits
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # Redis gone: computing goes on
-    assert admission.migration_yield(2.0) < 1000
+    assert bulk_yield.migration_yield(2.0) < 1000
 
 
 def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misses():

@@ -1,0 +1,217 @@
+"""Bulk work is never refused: it yields (priorities, the gate below, pause).
+
+**Worker side, one worker for both lanes** (deployment (b)): the worker holds at most
+:data:`BULK_HELD` bulk messages (:class:`LaneGateCycle`: while it holds them, its ``BRPOP`` asks
+Redis for interactive messages only) and computes one chunk at a time (:func:`bulk_turn`): one
+chunk runs, the next waits on deck so the bulk lane never idles between chunks, and every other
+thread stays free for interactive work, which therefore never waits behind more than the one
+bulk batch being computed.
+
+A migration yields further: at most ``MIGRATION_BULK_SLOTS`` of its chunks compute at once per
+host (:func:`migration_slot`), and each of its micro-batches first waits while the interactive lane
+has work (:func:`migration_yield`, :func:`interactive_busy`).
+
+The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import threading
+import time
+from typing import Iterator
+
+from django.conf import settings
+from kombu.utils.scheduling import priority_cycle
+
+from embeddings.services.admission import (
+    INFLIGHT_KEY,
+    PENDING_KEY,
+    _stale_after_s,
+    queue_keys,
+    redis_client,
+)
+from project import lanes
+
+log = logging.getLogger(__name__)
+
+# --- bulk turns; deployment (b): one worker for both lanes ----------------------------------------
+
+#: Bulk messages a worker consuming both lanes holds at most: one computing, one on deck.
+BULK_HELD = 2
+
+
+@dataclasses.dataclass
+class Turn:
+    """A bulk chunk's turn: ``started`` (Unix s) when it got it, after ``waited_ms`` on deck;
+    ``ended`` (Unix s) just before it was handed on (set when the block exits)."""
+
+    started: float
+    waited_ms: float
+    ended: float | None = None
+
+
+@functools.cache
+def _bulk_lock() -> threading.Lock:
+    return threading.Lock()
+
+
+@contextlib.contextmanager
+def bulk_turn() -> Iterator[Turn]:
+    """Hold this process's bulk turn while the block runs: one bulk chunk computes at a time.
+
+    Uncontended in a worker that runs one task at a time (prefork child, solo). In the shared worker
+    (threads pool) the on-deck chunk waits here, holding a thread but no CPU, and starts the moment
+    the running one ends.
+    """
+    t0 = time.perf_counter()
+    with _bulk_lock():
+        turn = Turn(started=time.time(), waited_ms=(time.perf_counter() - t0) * 1000)
+        try:
+            yield turn
+        finally:
+            turn.ended = time.time()
+
+
+#: Redis key prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}``.
+MIGRATION_SLOT_KEY = "lanes:bulk:migration-slot:"
+#: How often (s) a migration chunk waiting for a slot looks again.
+MIGRATION_SLOT_POLL_S = 0.2
+
+
+@contextlib.contextmanager
+def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> Iterator[float]:
+    """Hold one of this host's ``slots`` migration slots while the block runs (yields the ms waited).
+
+    A migration re-embeds the whole catalogue at background priority; on a host whose embedding
+    workers share cores, two bulk processes computing migration chunks at once doubled the
+    interactive p95 on 2 cores, one kept 90 % of the migration's speed at a third of that cost
+    (docs/benchmarks-migration.md). So at most ``MIGRATION_BULK_SLOTS`` (default 1) migration
+    chunks compute at once per host; ingest jobs are not limited. Slots are Redis locks that expire
+    after ``hold_s`` (the bulk task's time limit), so a process killed while holding one frees it.
+    ``slots`` 0, or Redis unreachable: no limit (a migration must never stall on its own throttle).
+    """
+    import socket
+
+    import redis
+
+    slots = settings.MIGRATION_BULK_SLOTS if slots is None else slots
+    if slots <= 0:
+        yield 0.0
+        return
+    hold_s = float(settings.CELERY_BULK_TIME_LIMIT_S if hold_s is None else hold_s)
+    host = socket.gethostname()
+    t0 = time.perf_counter()
+    lock = None
+    try:
+        client = redis_client()
+        while lock is None:
+            for n in range(slots):
+                candidate = client.lock(f"{MIGRATION_SLOT_KEY}{host}:{n}", timeout=hold_s, blocking=False)
+                if candidate.acquire():
+                    lock = candidate
+                    break
+            else:
+                time.sleep(MIGRATION_SLOT_POLL_S)
+    except redis.RedisError as e:
+        log.warning("migration slot not taken (Redis: %s): computing without it", e)
+    try:
+        yield (time.perf_counter() - t0) * 1000
+    finally:
+        if lock is not None:
+            try:
+                lock.release()
+            except redis.RedisError:  # expired or Redis gone: the slot frees itself
+                pass
+
+
+#: How often (s) a migration micro-batch waiting for the interactive lane to fall idle looks again.
+MIGRATION_YIELD_POLL_S = 0.02
+
+
+def interactive_busy(client=None) -> bool:
+    """Whether the interactive lane has work now (one Redis round trip): a message in its queue, a
+    task a worker is running (:data:`INFLIGHT_KEY`), or an admitted request not answered yet
+    (:data:`PENDING_KEY`: from admission to the answer, the vectors worker's search included).
+    Entries older than the stale bound (a dead web process or worker) do not count.
+
+    Raises:
+        redis.RedisError: Redis cannot be reached.
+    """
+    client = client or redis_client()
+    with client.pipeline(transaction=False) as pipe:
+        for k in queue_keys(lanes.INTERACTIVE):
+            pipe.llen(k)
+        pipe.hvals(INFLIGHT_KEY)
+        pipe.hvals(PENDING_KEY)
+        *lengths, inflight, pending = pipe.execute()
+    if any(lengths):
+        return True
+    now, stale = time.time(), _stale_after_s()
+    return (any(now - float(v.split()[1]) <= stale for v in inflight)
+            or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
+
+
+def migration_yield(max_pause_s: float | None = None) -> float:
+    """Wait while the interactive lane is busy (:func:`interactive_busy`), at most ``max_pause_s``
+    (default ``MIGRATION_YIELD_MAX_S``); returns the milliseconds waited.
+
+    Called by a migration chunk before each of its micro-batches (``BatchRunner.run``'s
+    ``before_pass``): a migration re-embeds the catalogue in the interactive lane's idle time, so on
+    cores shared with the interactive worker a person's request never waits behind more than the
+    micro-batch already running (``MIGRATION_MICRO_BATCH`` images). Nice 19 alone was not enough:
+    the interactive p95 doubled during a migration on 2 cores (docs/benchmarks-migration.md, runs
+    3 and 5), because a bulk forward pass still takes its share of the cores, caches and memory
+    bandwidth. The bound keeps a migration moving under a lane that is never idle: after
+    ``max_pause_s`` one micro-batch runs anyway. ``max_pause_s`` 0, or Redis unreachable: no wait.
+    """
+    import redis
+
+    max_pause_s = settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s
+    if max_pause_s <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    try:
+        client = redis_client()
+        while interactive_busy(client) and time.perf_counter() - t0 < max_pause_s:
+            time.sleep(MIGRATION_YIELD_POLL_S)
+    except redis.RedisError as e:
+        log.warning("migration not yielding (Redis: %s)", e)
+    return (time.perf_counter() - t0) * 1000
+
+
+def _bulk_messages_held() -> int:
+    """Bulk messages this worker process has reserved and not finished (running or waiting)."""
+    from celery.worker import state
+
+    held = 0
+    for req in tuple(state.reserved_requests):  # a copy: pool threads remove finished requests
+        info = getattr(req, "delivery_info", None) or {}
+        held += info.get("routing_key") == lanes.BULK
+    return held
+
+
+class LaneGateCycle(priority_cycle):
+    """kombu queue cycle (``broker_transport_options["queue_order_strategy"]``) that gates bulk.
+
+    kombu's Redis transport asks this object which queues the next ``BRPOP`` covers
+    (``Channel._brpop_start`` → ``consume``); its keys are ordered priority step first, then the
+    queues in the listed order, so interactive step-0 messages always come out first. On top of
+    kombu's ``priority`` strategy, when the process consumes both lanes and already holds
+    :data:`BULK_HELD` bulk messages (reserved, running or on deck), the bulk queue is left out: the
+    worker's other threads then only ever take interactive work, and no further bulk message is
+    hoarded in the process (celery/celery#3434). A worker consuming one lane (deployment (a))
+    behaves exactly as with ``"priority"``.
+
+    The bulk queue returns to the ``BRPOP`` once the one in flight returns (at the latest after
+    ``polling_interval`` s); the on-deck chunk hides that delay while a chunk takes longer.
+    """
+
+    def consume(self, n: int) -> list[str]:
+        queues = self.items[:n]
+        if lanes.BULK in queues and lanes.INTERACTIVE in queues and _bulk_messages_held() >= BULK_HELD:
+            return [q for q in queues if q != lanes.BULK]
+        return queues
