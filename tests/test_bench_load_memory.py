@@ -1,0 +1,45 @@
+"""The load benchmark's memory check (``benchmarks.load``): it judges the anonymous resident set
+(heap, stacks), where a leak lives, and not the pages of mapped files, which grow with the data an
+embedded vector store keeps in mmapped segments and logs (docs/benchmarks-load.md, "Memory")."""
+from __future__ import annotations
+
+import mmap
+import os
+
+from benchmarks.load import Sampler, tree_memory_mb
+
+MIB = 2**20
+
+
+def test_tree_memory_counts_written_heap_as_anonymous_and_a_mapped_file_as_resident_only(tmp_path):
+    pid = os.getpid()
+    rss0, anon0 = tree_memory_mb(pid)
+    assert 0 < anon0 < rss0
+
+    heap = b"\x01" * (64 * MIB)  # written, so resident: anonymous memory
+    rss1, anon1 = tree_memory_mb(pid)
+    assert anon1 - anon0 >= 60 and rss1 - rss0 >= 60
+
+    path = tmp_path / "segment"
+    path.write_bytes(b"\x02" * (64 * MIB))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as segment:
+        touched = sum(segment[i] for i in range(0, len(segment), mmap.PAGESIZE))  # every page read once
+        rss2, anon2 = tree_memory_mb(pid)
+    assert touched == 2 * (64 * MIB // mmap.PAGESIZE)
+    assert rss2 - rss1 >= 60  # the mapped file's pages are resident...
+    assert anon2 - anon1 < 8  # ...but not anonymous: the check does not read them as growth
+    del heap
+
+
+def test_the_summary_reports_whole_and_anonymous_growth_per_process():
+    """Twenty samples, one a second: the whole RSS climbs 1 MiB a sample (a store's mapped data),
+    the anonymous part stays at 100 MiB but for one step to 104 MiB in the second half."""
+    sampler = Sampler({"vectors": 1})
+    sampler.samples = [{"t": float(i), "vectors": 200.0 + i, "vectors:anon": 100.0 + (4.0 if i >= 15 else 0.0)}
+                       for i in range(20)]
+    m = sampler.summary()["vectors"]
+    # tenths of two samples: first {200, 201}, middle {209, 210}, last {218, 219}
+    assert (m["start_mb"], m["end_mb"], m["max_mb"]) == (200.0, 219.0, 219.0)
+    assert (m["growth_mb"], m["second_half_growth_mb"]) == (18.0, 9.0)
+    assert (m["anon_start_mb"], m["anon_end_mb"]) == (100.0, 104.0)
+    assert (m["anon_growth_mb"], m["anon_second_half_growth_mb"]) == (4.0, 4.0)
