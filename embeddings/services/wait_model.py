@@ -112,6 +112,16 @@ MARGIN_PRIOR_WEIGHT = 2.0
 #: An empty lane admits one request (a probe) when the newest answer is older than this (s), even
 #: if the model predicts a miss: without answers the model cannot learn that the machine got faster.
 PROBE_AFTER_S = 5.0
+#: A lane with at most this many requests' images ahead of a request (queued and in flight) admits
+#: it whatever the margin, when its predicted wait alone fits (:func:`decide`): it joins the next
+#: forward pass, and its answer is what tells a model learnt in a bad moment that the lane has
+#: drained. Until 2026-12-02 only an empty lane did (0): after a burst of late answers the fitted
+#: scale (1.2-1.5) and the margin (at its cap) kept a 1 s lane one or two requests deep for 2-5 s
+#: while those answered in 0.25-0.4 s and the 429s of the trough said 0.6 s. With 1, in three
+#: runs of the load benchmark's 1 s phases (docs/benchmarks-load.md, "Shallow lanes"): 429s within
+#: ±30 % 90.1-92.0 % (84.0-89.1 % in six earlier runs), with bulk 82.2-93.9 % (77.5-89.6 %); 202s
+#: 0.8-2.5 %; 2 s and 5 s unchanged (98.1-98.8 %).
+SHALLOW_REQUESTS = 1
 #: Weight of the pull of the fit's intercept towards the lone requests' mean overhead
 #: (:data:`admission.LONE_KEY`, :func:`_solve`), in fresh answers: under a steady overload the
 #: answers' works are bunched and say little about the intercept apart from the slope, and the fit
@@ -450,9 +460,10 @@ def margin_s(fit: WaitFit, wait_s: float, *, min_share: float, max_s: float = ma
 
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
     """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
-    ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); an
-    empty lane admits a request whose predicted wait alone fits, or any request once the newest
-    answer is older than :data:`PROBE_AFTER_S` (a probe).
+    ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); a lane
+    with at most :data:`SHALLOW_REQUESTS` requests' images ahead admits a request whose predicted
+    wait alone fits, and an empty lane any request once the newest answer is older than
+    :data:`PROBE_AFTER_S` (a probe).
 
     A refusal carries ``wait_ahead_s``, the predicted wait of the work ahead now (the backlog,
     without the refused request's own images: by then that work has drained, and a request
@@ -470,13 +481,14 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     work = load.work_s(images)
     share = settings.ADMISSION_MIN_MARGIN_SHARE if min_margin_share is None else min_margin_share
     cap = settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s
-    # An empty lane admits whatever the margin, and whatever the prediction once the evidence is
-    # stale (a probe): the request goes straight to an idle worker, and its answer is what a model
-    # learnt in a bad moment needs to be corrected.
+    # A shallow lane admits whatever the margin, an empty one whatever the prediction once the
+    # evidence is stale (a probe): the request goes straight to the next pass of a worker, and its
+    # answer is what a model learnt in a bad moment needs to be corrected.
     empty = load.backlog_images == 0
+    shallow = load.backlog_images <= SHALLOW_REQUESTS * load.images_per_request
     margin = None if wait is None else margin_s(load.fit, wait, min_share=share, max_s=cap)
     if (wait is None or wait + margin <= deadline_s
-            or (empty and (wait <= deadline_s or load.fit.age_s > PROBE_AFTER_S))):
+            or (shallow and wait <= deadline_s) or (empty and load.fit.age_s > PROBE_AFTER_S)):
         return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
     # the work ahead of it now, without its own images; and never less than a request of its size
     # waits in an empty lane, which is what the next one admitted waits once that work has drained

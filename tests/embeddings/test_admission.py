@@ -402,18 +402,35 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     assert not decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 + 0.1 s
     assert decide(dataclasses.replace(fits, queued_messages=74), deadline_s=deadline).retry_after_s == 12  # 11.76 + 0.1 s
-    # A lone pass of 0.3 s nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
+    # A pass of two images nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
     # the next request admitted waits its own pass; wait_ahead_s is never less than that.
-    lone = wait_model.LaneLoad(queued_messages=0, inflight_images=1, capacity_ips=1 / 0.3, workers=1,
-                               curves=(({1: 300.0, 8: 550.0}, 8),), passes=((1, 0.02),),
+    lone = wait_model.LaneLoad(queued_messages=0, inflight_images=2, capacity_ips=1 / 0.3, workers=1,
+                               curves=(({1: 300.0, 8: 550.0}, 8),), passes=((2, 0.02),),
                                fit=wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50))
     d = decide(lone, deadline_s=0.6)
     assert not d.admitted and d.predicted_wait_s == pytest.approx(0.05 + 0.02 + 0.3)
     assert d.wait_ahead_s == pytest.approx(0.05 + 0.3)  # not 0.05 + 0.02: the work ahead alone
-    assert decide(dataclasses.replace(lone, passes=((1, 0.25),)), deadline_s=0.6).wait_ahead_s \
+    assert decide(dataclasses.replace(lone, passes=((2, 0.25),)), deadline_s=0.6).wait_ahead_s \
         == pytest.approx(0.05 + 0.3)  # more left, still under a lone pass: the floor
     assert decide(dataclasses.replace(lone, queued_messages=8, inflight_images=8, passes=((8, 0.5),)),
                             deadline_s=0.6).wait_ahead_s == pytest.approx(0.05 + 0.5 + 0.55)  # the backlog's drain
+
+
+def test_a_shallow_lane_admits_whatever_the_margin_when_the_wait_alone_fits():
+    """``SHALLOW_REQUESTS`` (1): with at most one request's images ahead, the margin (learnt in a
+    bad moment: 0.3 s) is not applied; the predicted wait alone still is. Two requests ahead: the
+    margin is. A lane of two-image requests counts requests, not images."""
+    assert wait_model.SHALLOW_REQUESTS == 1
+    fit = wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50)
+    lane = lambda inflight, per_request=1.0: wait_model.LaneLoad(
+        queued_messages=0, inflight_images=inflight, capacity_ips=1 / 0.3, workers=1, images_per_request=per_request,
+        curves=(({1: 300.0, 2: 350.0, 8: 550.0}, 8),), passes=((inflight, 0.1),) if inflight else (), fit=fit)
+    one = wait_model.decide(lane(1), deadline_s=0.6)  # 0.05 + 0.1 left + 0.3 own pass = 0.45 s; + 0.3 > 0.6
+    assert one.admitted and one.predicted_wait_s == pytest.approx(0.45) and one.ahead_images == 1
+    assert not wait_model.decide(lane(1), deadline_s=0.4).admitted  # the wait alone misses: refused
+    two = wait_model.decide(lane(2), deadline_s=0.6)  # the same wait, two requests ahead: the margin applies
+    assert not two.admitted and two.predicted_wait_s == pytest.approx(0.45) and two.margin_s == pytest.approx(0.24)
+    assert wait_model.decide(lane(2, per_request=2.0), deadline_s=0.6).admitted  # one request of two images ahead
 
 
 def test_the_margin_is_never_less_than_a_share_of_the_predicted_wait():
