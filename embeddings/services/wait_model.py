@@ -54,7 +54,9 @@ here takes injected clocks and records. A request is refused when the predicted 
   that have waited longer than predicted before they are even answered
   (:data:`admission.PENDING_KEY`).
 
-With no worker measurement yet every request is admitted: there is nothing to predict with.
+With no worker measurement yet every request is admitted: there is nothing to predict with. A lane
+with at most :data:`SHALLOW_REQUESTS` requests' images ahead is spared the margin (the predicted wait
+alone must fit), and an empty lane admits a probe once the newest answer is stale (:func:`decide`).
 """
 from __future__ import annotations
 
