@@ -194,7 +194,7 @@ class Client:
             out["model"] = {k: extra.get(k) for k in ("overhead_s", "scale", "margin_s", "capacity_ips",
                                                       "queued_messages", "inflight_images", "workers", "learnt_margin_s",
                                                       "running_pass_images", "running_pass_left_s",
-                                                      "retry_margin_s")}
+                                                      "retry_margin_s", "wait_ahead_from", "work_ahead_wait_s")}
         elif r.status_code >= 500:
             out["body"] = r.text[:300]
         return out

@@ -19,12 +19,13 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    All of it is read in one Redis round trip (a pipeline) per request. With no worker
    measurement yet every request is admitted: there is nothing to predict with. A Redis error
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
-   so admission is skipped there. A refused request's ``extra.wait_ahead_s`` is the predicted wait
-   of the work ahead of it now (its own images left out, s, 3 decimals), and at least that of a
-   request of its size in an empty lane: about the wait of a request admitted at that moment.
-   ``Retry-After`` is that plus its margin (its upper bound, as admission bounds a wait) rounded
-   **up** to whole seconds (RFC 9110 delay-seconds, ≥ 1): no earlier has that work drained, so a
-   client never retries too early.
+   so admission is skipped there. A refused request's ``extra.wait_ahead_s`` (s, 3 decimals) is
+   about the wait of a request admitted at that moment: the mean predicted wait of the requests
+   admitted in the last ``wait_model.RECENT_ADMISSIONS_S`` s, else that of the work ahead of it now
+   (its own images left out), and at least that of a request of its size in an empty lane
+   (``extra.wait_ahead_from``: ``recent_admissions`` or ``work_ahead``). ``Retry-After`` is that
+   plus its margin (its upper bound, as admission bounds a wait) rounded **up** to whole seconds
+   (RFC 9110 delay-seconds, ≥ 1), so a client never retries too early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries
    (:data:`WORKERS_KEY`: capacity, per-batch-size service times, refreshed every
@@ -210,13 +211,15 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     if not decision.admitted:
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
-            f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; the work ahead drains in about "
+            f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; a request admitted now waits about "
             f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
                    # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and the
                    # predicted wait of the work ahead now, about what a request admitted now waits
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
+                   "wait_ahead_from": "recent_admissions" if load.recent_admitted_s else "work_ahead",
+                   "work_ahead_wait_s": round(decision.work_ahead_wait_s, 3),
                    "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
                    "running_pass_images": sum(n for n, _ in load.passes),
                    "running_pass_left_s": round(max((x for _, x in load.passes), default=0.0), 3),

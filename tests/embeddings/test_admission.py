@@ -677,6 +677,35 @@ def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, meas
 
 # --- the API --------------------------------------------------------------------------------------
 
+
+def test_a_refusal_says_what_the_requests_admitted_just_before_it_were_promised():
+    """``RECENT_ADMISSIONS_S`` (2 s): a lane at the edge of a 1 s deadline (a pass of one running,
+    0.3 s left, one request queued) refuses a request predicted 0.95 s (+ a 0.2 s margin). The work
+    ahead waits 0.05 + 0.3 + 0.45 = 0.8 s; the requests admitted in the last 2 s were promised 0.85
+    and 0.95 s, so ``wait_ahead_s`` is their mean, 0.9 s: what the next one admitted waits. Never
+    below a lone request's wait (0.5 s); with no recent admission, the work ahead."""
+    assert wait_model.RECENT_ADMISSIONS_S == 2.0
+    fit = wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.2, samples=50)
+    lane = wait_model.LaneLoad(queued_messages=1, inflight_images=1, capacity_ips=1 / 0.45, workers=1,
+                               curves=(({1: 450.0, 2: 600.0}, 8),), passes=((1, 0.3),), fit=fit)
+    before = wait_model.decide(lane, deadline_s=1.0)  # 0.05 + 0.3 + a pass of two (0.6) = 0.95 s, + 0.2 > 1
+    assert not before.admitted and before.wait_ahead_s == pytest.approx(0.8)
+    d = wait_model.decide(dataclasses.replace(lane, recent_admitted_s=(0.85, 0.95)), deadline_s=1.0)
+    assert not d.admitted and d.wait_ahead_s == pytest.approx(0.9) and d.predicted_wait_s == pytest.approx(0.95)
+    assert d.retry_after_s == 2  # ⌈0.9 + its margin 0.2⌉
+    assert wait_model.decide(dataclasses.replace(lane, recent_admitted_s=(0.2,)), deadline_s=1.0).wait_ahead_s \
+        == pytest.approx(0.5)  # a lone request's wait: the floor
+    # lane_load takes them from the answers and the pending requests admitted in the last 2 s, oldest first
+    now = 1000.0
+    entry = json.dumps({"capacity_ips": 2.0, "images_per_request": 1.0, "updated": now - 1})
+    answered = [json.dumps({"admitted": now - a, "answered": now - a + 0.8, "work_s": 0.7, "predicted_s": p,
+                            "status": 200, "images": 1, "ahead": 1}) for a, p in ((3.0, 9.9), (1.9, 0.8), (1.2, 0.9))]
+    pending = [json.dumps({"admitted": now - 0.4, "work_s": 0.7, "predicted_s": 0.7, "deadline_s": 1.0}),
+               json.dumps({"admitted": now - 0.1, "work_s": 0.7, "predicted_s": None, "deadline_s": 1.0})]
+    load = wait_model.lane_load(queued_messages=0, inflight_images=0, workers={"w": entry}, answers=answered,
+                                pending=pending, now=now)
+    assert load.recent_admitted_s == (0.8, 0.9, 0.7)  # 3 s ago is out; an unpredicted admission is left out
+
 @pytest.fixture
 def overloaded(service, lane_redis, measured, tracker):
     """A real, non-eager setting: a worker's measured capacity in Redis and more queued interactive
