@@ -381,6 +381,9 @@ class LaneLoad:
             ``inflight_images`` too.
         recent_admitted_s: the predicted waits (s) of the requests admitted in the last
             :data:`RECENT_ADMISSIONS_S` s, oldest first (answered or not).
+        lone_overhead_s: the mean ``wait − work_s`` (s, ≥ 0) of the last lone requests answered 200
+            (:data:`admission.LONE_KEY`); ``None``: none yet. Bounds the prediction for an empty
+            lane (:meth:`predicted_wait_s`).
     """
 
     queued_messages: int
@@ -392,6 +395,7 @@ class LaneLoad:
     curves: tuple[tuple[dict[int, float], int], ...] = ()
     passes: tuple[tuple[int, float], ...] = ()
     recent_admitted_s: tuple[float, ...] = ()
+    lone_overhead_s: float | None = None
 
     @property
     def backlog_images(self) -> float:
@@ -419,9 +423,23 @@ class LaneLoad:
         return left + total / self.capacity_ips
 
     def predicted_wait_s(self, images: int = 1) -> float | None:
-        """Admitted→answered seconds predicted for a request of ``images`` arriving now; ``None`` when unknown."""
+        """Admitted→answered seconds predicted for a request of ``images`` arriving now; ``None`` when unknown.
+
+        In an empty lane (nothing queued, in flight or running) at most ``work_s`` plus
+        :attr:`lone_overhead_s`, what the last lone requests measured: the fit is learnt mostly where
+        there is a backlog, and after a phase of long waits whose length did not follow their work
+        (a 5 s deadline's limit cycle) it kept an intercept of 1.33 s and its slope at the 0.25
+        floor, predicted 1.50 s for a request to an empty lane whose lone requests waited 0.7-0.9 s,
+        and refused all but the probes at a 1 s deadline for 40 s (docs/benchmarks-load.md, "A
+        slower machine"). ``work_s`` follows a slower machine at once (the workers' batch times).
+        """
         work = self.work_s(images)
-        return None if work is None else self.fit.predict(work)
+        if work is None:
+            return None
+        wait = self.fit.predict(work)
+        if self.lone_overhead_s is not None and self.backlog_images == 0 and not self.passes:
+            wait = min(wait, work + self.lone_overhead_s)
+        return wait
 
 
 @dataclasses.dataclass(frozen=True)
@@ -559,7 +577,7 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
     and ``pending``'s predicted waits of requests admitted in the last :data:`RECENT_ADMISSIONS_S`
-    s are ``recent_admitted_s``.
+    s are ``recent_admitted_s``; the lone mean is also ``lone_overhead_s``.
 
     Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
     request is their capacity-weighted mean; their per-batch-size times go to ``curves``.
@@ -581,5 +599,5 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
                     images_per_request=per_request, fit=fit, workers=len(live), curves=curves,
-                    passes=passes, recent_admitted_s=recent)
+                    passes=passes, recent_admitted_s=recent, lone_overhead_s=prior)
 

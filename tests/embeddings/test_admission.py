@@ -706,6 +706,32 @@ def test_a_refusal_says_what_the_requests_admitted_just_before_it_were_promised(
                                 pending=pending, now=now)
     assert load.recent_admitted_s == (0.8, 0.9, 0.7)  # 3 s ago is out; an unpredicted admission is left out
 
+
+def test_an_empty_lane_is_predicted_from_what_lone_requests_waited():
+    """After a 5 s phase whose waits did not follow their work, the fit said overhead 1.33 s and
+    scale 0.25 (its floor): 1.47 s for a lone 0.55 s pass, refused at a 1 s deadline while lone
+    requests waited 0.5-0.64 s. An empty lane is bounded by ``work_s`` + the lone requests' mean
+    overhead (0.1 s): 0.65 s, admitted. A lane with a pass running keeps the fit; with no lone
+    evidence, the fit alone (refused: the newest answer is fresh, so no probe)."""
+    fit = wait_model.WaitFit(overhead_s=1.33, scale=0.25, margin_s=0.0, samples=40, age_s=1.0)
+    empty = wait_model.LaneLoad(queued_messages=0, inflight_images=0, capacity_ips=1 / 0.55, workers=1,
+                                curves=(({1: 550.0, 2: 700.0}, 8),), fit=fit, lone_overhead_s=0.1)
+    d = wait_model.decide(empty, deadline_s=1.0)
+    assert d.admitted and d.predicted_wait_s == pytest.approx(0.65)
+    busy = dataclasses.replace(empty, inflight_images=1, passes=((1, 0.2),))
+    assert busy.predicted_wait_s() == pytest.approx(1.33 + 0.25 * (0.2 + 0.55))
+    unknown = dataclasses.replace(empty, lone_overhead_s=None)
+    assert unknown.predicted_wait_s() == pytest.approx(1.33 + 0.25 * 0.55)
+    assert not wait_model.decide(unknown, deadline_s=1.0).admitted
+    # a fit below the lone figure is kept: the bound only ever lowers an empty lane's prediction
+    assert dataclasses.replace(empty, fit=wait_model.WaitFit(overhead_s=0.02, samples=40, age_s=1.0)).predicted_wait_s() \
+        == pytest.approx(0.57)
+    # lane_load: the lone list's mean (≥ 0)
+    entry = json.dumps({"capacity_ips": 2.0, "images_per_request": 1.0, "updated": 99.0})
+    load = wait_model.lane_load(queued_messages=0, inflight_images=0, workers={"w": entry}, answers=[], now=100.0,
+                                lone=["0.05", "0.15"])
+    assert load.lone_overhead_s == pytest.approx(0.1)
+
 @pytest.fixture
 def overloaded(service, lane_redis, measured, tracker):
     """A real, non-eager setting: a worker's measured capacity in Redis and more queued interactive
