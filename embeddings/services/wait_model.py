@@ -57,6 +57,8 @@ here takes injected clocks and records. A request is refused when the predicted 
 With no worker measurement yet every request is admitted: there is nothing to predict with. A lane
 with at most :data:`SHALLOW_REQUESTS` requests' images ahead is spared the margin (the predicted wait
 alone must fit), and an empty lane admits a probe once the newest answer is stale (:func:`decide`).
+An empty lane's prediction is at most ``work_s`` plus what lone requests measured
+(:meth:`LaneLoad.predicted_wait_s`).
 """
 from __future__ import annotations
 
