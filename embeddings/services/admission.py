@@ -215,8 +215,8 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
             f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
-                   # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and the
-                   # predicted wait of the work ahead now, about what a request admitted now waits
+                   # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and about
+                   # what a request admitted now waits (wait_model.decide: which estimate, and the other)
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
                    "wait_ahead_from": "recent_admissions" if load.recent_admitted_s else "work_ahead",
                    "work_ahead_wait_s": round(decision.work_ahead_wait_s, 3),

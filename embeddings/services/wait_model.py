@@ -453,9 +453,8 @@ class Decision:
     that of the work ahead now (the refused request's own images left out); at least that of a
     request of its size in an empty lane (:func:`decide`); and
     ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
-    to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): no earlier than
-    that has the work ahead drained, so a client that waits it never comes back into the same
-    backlog. ``work_s``, ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its
+    to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): a client that
+    waits it does not come back before a request admitted at this moment is answered. ``work_s``, ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its
     :data:`admission.PENDING_KEY` entry) are kept for :func:`admission.interactive_answered`;
     ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body;
     ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), which
