@@ -209,9 +209,11 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         return Decision(True, None)
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
+        about = ("the requests admitted in the last seconds wait about" if load.recent_admitted_s
+                 else "the work ahead drains in about")
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
-            f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; a request admitted now waits about "
+            f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; {about} "
             f"{decision.wait_ahead_s:.2f} s: retry after {decision.retry_after_s} s or use POST /api/jobs/",
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
