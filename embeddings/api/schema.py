@@ -28,9 +28,9 @@ ERROR_STATUS = {
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is about what a request admitted at "
          "this moment waits: the mean predicted wait of the requests admitted in the last 2 s, else that of the "
          "work ahead now (wait_ahead_from: recent_admissions or work_ahead; work_ahead_wait_s: the latter), "
-         "at least that of a request of its size alone; Retry-After is that plus its margin (retry_margin_s) rounded up to whole seconds, so a "
-         "retry never comes too early. extra also has predicted_wait_s, deadline_s, retry_after_s, "
-         "queued_messages, inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, "
+         "at least that of a request of its size alone; Retry-After is that plus its margin (retry_margin_s) "
+         "rounded up to whole seconds, so a retry never comes too early. extra also has predicted_wait_s, "
+         "deadline_s, retry_after_s, queued_messages, inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, "
          "overhead_s, scale, margin_s (the margin applied: learnt_margin_s, at least ADMISSION_MIN_MARGIN_SHARE "
          "of predicted_wait_s, at most ADMISSION_MAX_MARGIN_SHARE of deadline_s), learnt_margin_s, retry_margin_s",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "

@@ -209,8 +209,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         return Decision(True, None)
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
-        about = ("the requests admitted in the last seconds wait about" if load.recent_admitted_s
-                 else "the work ahead drains in about")
+        source = "recent_admissions" if load.recent_admitted_s else "work_ahead"  # as decide chose
+        about = {"recent_admissions": "the requests admitted in the last seconds wait about",
+                 "work_ahead": "the work ahead drains in about"}[source]
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
             f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; {about} "
@@ -220,7 +221,7 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and about
                    # what a request admitted now waits (wait_model.decide: which estimate, and the other)
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
-                   "wait_ahead_from": "recent_admissions" if load.recent_admitted_s else "work_ahead",
+                   "wait_ahead_from": source,
                    "work_ahead_wait_s": round(decision.work_ahead_wait_s, 3),
                    "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
                    "running_pass_images": sum(n for n, _ in load.passes),

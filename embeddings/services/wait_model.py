@@ -382,7 +382,7 @@ class LaneLoad:
             that overran its expected time counts as ending now); their images are in
             ``inflight_images`` too.
         recent_admitted_s: the predicted waits (s) of the requests admitted in the last
-            :data:`RECENT_ADMISSIONS_S` s, oldest first (answered or not).
+            :data:`RECENT_ADMISSIONS_S` s (the answered ones first, then the pending).
         lone_overhead_s: the mean ``wait − work_s`` (s, ≥ 0) of the last lone requests answered 200
             (:data:`admission.LONE_KEY`); ``None``: none yet. Bounds the prediction for an empty
             lane (:meth:`predicted_wait_s`).
@@ -454,8 +454,9 @@ class Decision:
     request of its size in an empty lane (:func:`decide`); and
     ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
     to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): a client that
-    waits it does not come back before a request admitted at this moment is answered. ``work_s``, ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its
-    :data:`admission.PENDING_KEY` entry) are kept for :func:`admission.interactive_answered`;
+    waits it does not come back before a request admitted at this moment is answered. ``work_s``,
+    ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its :data:`admission.PENDING_KEY`
+    entry) are kept for :func:`admission.interactive_answered`;
     ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body;
     ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), which
     is ``wait_ahead_s`` when no request was admitted recently."""
@@ -594,7 +595,7 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
     answered, waiting = [json.loads(a) for a in answers], [json.loads(p) for p in pending]
     fit = fit_wait(answered, now=now, pending=waiting, overhead_prior_s=prior)
-    recent = tuple(r["predicted_s"] for r in sorted(answered + waiting, key=lambda r: r["admitted"])
+    recent = tuple(r["predicted_s"] for r in answered + waiting
                    if r.get("predicted_s") is not None and now - RECENT_ADMISSIONS_S <= r["admitted"] <= now)
     curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
