@@ -44,7 +44,9 @@ Targets (issue 15), per phase:
   log, measured in :class:`Sampler`'s docstring).
 
 Prints the CPU it ran on (``machine_line``) and the load average (at start and end, and per phase), a
-table of all phases and the verdict; writes ``--out`` (JSON with every answer and sample) and one
+table of all phases and the verdict; writes ``--out`` (JSON with every answer and sample, and per
+phase the lanes' depths every 0.2 s, :class:`QueueSampler`, and the dynamic batcher's batch records:
+where a wait was spent) and one
 plot per phase next to it: predicted against actual wait over time (``*-wait-<deadline>s[-bulk].png``).
 """
 from __future__ import annotations
@@ -61,6 +63,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import psutil
 import requests
@@ -76,6 +79,8 @@ from scripts.stack import Stack
 PROCESSES = ("web", "worker-interactive", "worker-bulk", "worker-vectors")
 #: ``embeddings.services.admission.ANSWERS_KEY`` (the driver imports no Django).
 ANSWERS_KEY = "lanes:interactive:answers"
+#: ``embeddings.services.admission.BATCHES_KEY``: the dynamic batcher's batch records.
+BATCHES_KEY = "lanes:interactive:batches"
 #: Share of 429s whose ``Retry-After`` must fall within ±30 % of the actual wait (see module docstring).
 RETRY_AFTER_TOLERANCE = 0.30
 
@@ -153,6 +158,47 @@ class Sampler(threading.Thread):
                       "anon_start_mb": anon[0], "anon_end_mb": anon[-1],
                       "anon_growth_mb": ag, "anon_second_half_growth_mb": ag2}
         return out
+
+
+class QueueSampler(threading.Thread):
+    """Samples the lanes' depths every ``every`` s (one Redis round trip): interactive messages
+    queued (every priority list), interactive tasks started and not finished, interactive messages
+    waiting on the ``vectors`` queue (step 0: searches and interactive writes), admitted requests
+    not answered yet, and forward passes running. ``samples``: ``{"t" (Unix s), "queued",
+    "inflight", "vectors", "pending", "passes"}``. For diagnosis: which queue holds the wait."""
+
+    KEYS: ClassVar[dict[str, str]] = {"inflight": "lanes:interactive:inflight",
+                                      "pending": "lanes:interactive:pending",
+                                      "passes": "lanes:interactive:passes"}
+    #: kombu's priority lists of a queue (``admission.queue_keys``; separator ``\x06\x16``).
+    STEPS = (0, 3, 6, 9)
+
+    def __init__(self, redis_url: str, every: float = 0.2) -> None:
+        import redis
+
+        super().__init__(daemon=True)
+        self.client, self.every = redis.Redis.from_url(redis_url, decode_responses=True), every
+        self.samples: list[dict] = []
+        self.stop = threading.Event()
+
+    @classmethod
+    def lists(cls, queue: str) -> list[str]:
+        return [queue if s == 0 else f"{queue}\x06\x16{s}" for s in cls.STEPS]
+
+    def run(self) -> None:
+        interactive = self.lists("interactive")
+        while not self.stop.is_set():
+            with contextlib.suppress(Exception):
+                with self.client.pipeline(transaction=False) as pipe:
+                    for k in interactive:
+                        pipe.llen(k)
+                    pipe.llen("vectors")
+                    for k in self.KEYS.values():
+                        pipe.hlen(k)
+                    *lengths, vectors, inflight, pending, passes = pipe.execute()
+                self.samples.append({"t": round(time.time(), 3), "queued": sum(lengths), "inflight": inflight,
+                                     "vectors": vectors, "pending": pending, "passes": passes})
+            self.stop.wait(self.every)
 
 
 class Client:
@@ -413,6 +459,15 @@ def web_records_since(redis_url: str, since: float) -> list[dict]:
     return [r for r in (json.loads(x) for x in client.lrange(ANSWERS_KEY, 0, -1)) if r["admitted"] >= since]
 
 
+def batch_records_since(redis_url: str, since: float) -> list[dict]:
+    """The interactive worker's batch records (``admission.batch_records``: ``t``, ``size``,
+    ``requests``, ``queue_delay_ms``, ``service_ms``, ``expired``) reported at or after ``since``."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    return [r for r in (json.loads(x) for x in client.lrange(BATCHES_KEY, 0, -1)) if r["t"] >= since]
+
+
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],
              files: int, clients: list[int], capacity_s: float, with_bulk: list[int], max_in_flight: int = 64,
              warmup: int = 10, log=functools.partial(print, flush=True)) -> dict:
@@ -444,12 +499,18 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
                 raise SystemExit("refusing more than 10,000 requests in one phase")
             log(f"open loop: {r:.2f}/s for {duration} s, deadline {deadline} s")
             t0, load0 = time.time(), round(os.getloadavg()[0], 1)
+            depths = QueueSampler(stack.env["REDIS_URL"])
+            depths.start()
             answers = open_loop(client, rate=r, duration=duration, deadline_s=deadline, max_in_flight=max_in_flight)
+            depths.stop.set()
+            depths.join()
             time.sleep(1)  # the web records an answer just after sending it
             phase = summarise(answers, rate=r, duration=duration, deadline_s=deadline or stack_deadline(stack),
                               capacity=capacity["requests_per_s"] if capacity else None,
                               web_records=web_records_since(stack.env["REDIS_URL"], t0))
             phase["capacity"], phase["load_average"] = capacity, [load0, round(os.getloadavg()[0], 1)]
+            phase["queue_depths"] = depths.samples
+            phase["batches"] = batch_records_since(stack.env["REDIS_URL"], t0)
             if bulk:  # still running? its counts when the phase ended
                 phase["bulk"] = {"images": n_bulk, "counts_at_end": client.job(bulk["job_id"]).get("counts", {})}
             phases.append(phase)

@@ -935,3 +935,32 @@ def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misse
     # the late ones are 1 s over a wait of ~0.7 s: outside ±30 %; short until the margin has seen them
     assert late["within_30pct"] <= 0.91 and 0.01 <= late["short"] < 0.09
     assert replay(records()[:4], half_life_answers=16, half_life_s=10)["error_s"] is None  # too few
+
+
+def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lane_redis):
+    """``benchmarks.load.QueueSampler`` (which imports no Django) names the same Redis keys as
+    admission and counts every priority list: 3 + 2 interactive messages at two priorities, one
+    interactive message on the vectors queue, 2 tasks in flight, 1 pending request, 1 running pass."""
+    from benchmarks.load import QueueSampler
+
+    client, app = lane_redis
+    assert QueueSampler.lists(lanes.INTERACTIVE) == admission.queue_keys(lanes.INTERACTIVE)
+    assert QueueSampler.lists(lanes.VECTORS)[0] == admission.queue_keys(lanes.VECTORS)[0] == "vectors"
+    assert QueueSampler.KEYS == {"inflight": admission.INFLIGHT_KEY, "pending": admission.PENDING_KEY,
+                                 "passes": admission.PASSES_KEY}
+    publish(app, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=3)
+    publish(app, lanes.INTERACTIVE, lanes.PRIORITY_BULK_BACKGROUND, n=2)
+    publish(app, lanes.VECTORS, lanes.PRIORITY_INTERACTIVE)
+    client.hset(admission.INFLIGHT_KEY, mapping={"a": "1 1.0", "b": "1 1.0"})
+    client.hset(admission.PENDING_KEY, "t", "{}")
+    client.hset(admission.PASSES_KEY, "w", "1 1.0 300.0")
+    sampler = QueueSampler(settings.REDIS_URL, every=0.01)
+    sampler.start()
+    deadline = time.time() + 10
+    while len(sampler.samples) < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    sampler.stop.set()
+    sampler.join()
+    last = sampler.samples[-1]
+    assert {k: last[k] for k in ("queued", "inflight", "vectors", "pending", "passes")} == {
+        "queued": 5, "inflight": 2, "vectors": 1, "pending": 1, "passes": 1}
