@@ -10,8 +10,9 @@ here takes injected clocks and records. A request is refused when the predicted 
     work_s = what the running passes have left (the longest)
              + the forward passes that drain the images, full batches first, at each live
              worker's measured per-batch-size service times (images shared by the workers'
-             rates); images / Σ capacity of the live workers (images/s) until every one
-             reported them
+             rates), the last, partial pass with the images admitted behind it before it
+             starts (``arrivals_ips`` × its start, up to a full batch: :func:`drain_s`);
+             images / Σ capacity of the live workers (images/s) until every one reported them
     wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline,
                                                  margin_s ≥ ADMISSION_MIN_MARGIN_SHARE × wait_s)
 
@@ -351,15 +352,29 @@ def batch_ms(curve: dict[int, float], size: float) -> float:
     raise AssertionError("unreachable")
 
 
-def drain_s(curve: dict[int, float], images: float, max_batch: int) -> float:
+def drain_s(curve: dict[int, float], images: float, max_batch: int, *, arrivals_ips: float = 0.0,
+            start_s: float = 0.0) -> float:
     """Seconds of forward passes to drain ``images`` through one worker that forms batches of at most
-    ``max_batch``: full batches first, then the rest (:func:`batch_ms`). Pure.
+    ``max_batch``: full batches first, then the rest (:func:`batch_ms`), which also carries the
+    images that arrive before it starts. Pure.
 
     This is what makes the prediction depend on the batch size: a worker that runs one image in
     300 ms and eight in 550 ms drains a backlog of eight in 0.55 s, not 2.4 s.
+
+    The last, partial pass is not formed yet: the batcher fills it with whatever reached it by the
+    time the pass before ends (``workers.batcher.DynamicBatcher``), so it holds the rest plus
+    ``arrivals_ips`` (images/s arriving behind the last of ``images``) × the seconds until it starts
+    (``start_s``, what the running passes have left, plus the full passes), at most ``max_batch``.
+    Where a pass costs about the same per image whatever its size, the images that join it are what
+    a request waits for behind itself: 2026-12-02, AVX2-only EPYC, passes of 1 / 2 / 3 / 4 / 6
+    images ran 297 / 528 / 677 / 927 / 1,220 ms (load benchmark at 2 s, 2 × capacity), so two
+    requests that joined a request's pass cost it ~0.4 s that the images ahead of it did not show.
     """
     full, rest = divmod(max(0.0, images), max_batch)
-    return (full * batch_ms(curve, max_batch) + batch_ms(curve, rest)) / 1000
+    passes_ms = full * batch_ms(curve, max_batch)
+    if rest > 0:
+        rest = min(max_batch, rest + max(0.0, arrivals_ips) * (start_s + passes_ms / 1000))
+    return (passes_ms + batch_ms(curve, rest)) / 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,6 +401,9 @@ class LaneLoad:
         lone_overhead_s: the mean ``wait − work_s`` (s, ≥ 0) of the last lone requests answered 200
             (:data:`admission.LONE_KEY`); ``None``: none yet. Bounds the prediction for an empty
             lane (:meth:`predicted_wait_s`).
+        arrivals_ips: images/s admitted over the last :data:`RECENT_ADMISSIONS_S` s (the requests
+            of ``recent_admitted_s`` × ``images_per_request``): what joins the last, partial pass
+            of a request before it starts (:func:`drain_s`).
     """
 
     queued_messages: int
@@ -398,6 +416,7 @@ class LaneLoad:
     passes: tuple[tuple[int, float], ...] = ()
     recent_admitted_s: tuple[float, ...] = ()
     lone_overhead_s: float | None = None
+    arrivals_ips: float = 0.0
 
     @property
     def backlog_images(self) -> float:
@@ -412,7 +431,8 @@ class LaneLoad:
         (each worker starts its next pass when its own ends; with several workers this errs long).
         The rest, with every live worker's per-batch-size times (:attr:`curves`): shared between
         the workers in proportion to their full-batch rates, the longest worker's forward passes
-        (:func:`drain_s`). Otherwise: images / the summed ``capacity_ips``.
+        (:func:`drain_s`), the last of which also carries the :attr:`arrivals_ips` that reach it
+        before it starts. Otherwise: images / the summed ``capacity_ips``.
         """
         if not self.capacity_ips:
             return None
@@ -421,7 +441,9 @@ class LaneLoad:
         total = max(0.0, self.backlog_images - running) + images
         if self.curves and len(self.curves) == self.workers:
             rates = [mb / max(1e-6, batch_ms(c, mb)) for c, mb in self.curves]
-            return left + max(drain_s(c, total * r / sum(rates), mb) for (c, mb), r in zip(self.curves, rates))
+            return left + max(drain_s(c, total * r / sum(rates), mb, start_s=left,
+                                      arrivals_ips=self.arrivals_ips * r / sum(rates))
+                              for (c, mb), r in zip(self.curves, rates))
         return left + total / self.capacity_ips
 
     def predicted_wait_s(self, images: int = 1) -> float | None:
@@ -597,9 +619,10 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     fit = fit_wait(answered, now=now, pending=waiting, overhead_prior_s=prior)
     recent = tuple(r["predicted_s"] for r in answered + waiting
                    if r.get("predicted_s") is not None and now - RECENT_ADMISSIONS_S <= r["admitted"] <= now)
+    arrivals = len(recent) * per_request / RECENT_ADMISSIONS_S
     curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
                     images_per_request=per_request, fit=fit, workers=len(live), curves=curves,
-                    passes=passes, recent_admitted_s=recent, lone_overhead_s=prior)
+                    passes=passes, recent_admitted_s=recent, lone_overhead_s=prior, arrivals_ips=arrivals)
 

@@ -292,6 +292,35 @@ def test_a_running_pass_counts_as_the_time_it_has_left():
     assert gone == () and sorted(stale) == ["bad", "dead"]
 
 
+def test_the_images_that_arrive_before_a_requests_pass_starts_join_it():
+    """A pass costs 100 ms + 200 ms an image (the AVX2 EPYC's shape: batching barely helps). A pass
+    of one runs with 0.5 s left and two requests wait for the next: a request arriving now joins
+    them, and so do the 4 images/s admitted behind it until that pass starts (0.5 s: two more), a
+    pass of five (1.1 s), not three (0.7 s). The joiners fill the last pass only up to the largest
+    batch; full passes ahead delay the last one's start, so more join it; an empty lane (nothing
+    running) starts its pass at once: nobody joins."""
+    curve = {1: 300.0, 8: 1700.0}
+    load = wait_model.LaneLoad(queued_messages=0, inflight_images=3, capacity_ips=1000 / 300, workers=1,
+                               curves=((curve, 8),), passes=((1, 0.5),), arrivals_ips=4.0)
+    assert load.work_s(1) == pytest.approx(0.5 + wait_model.batch_ms(curve, 5) / 1000)
+    alone = dataclasses.replace(load, arrivals_ips=0.0)
+    assert alone.work_s(1) == pytest.approx(0.5 + wait_model.batch_ms(curve, 3) / 1000)
+    assert dataclasses.replace(load, arrivals_ips=40.0).work_s(1) == pytest.approx(0.5 + 1.7)  # at most a full pass
+    assert wait_model.drain_s(curve, 9, 8, arrivals_ips=2.0, start_s=0.5) == pytest.approx(
+        1.7 + wait_model.batch_ms(curve, 1 + 2.0 * (0.5 + 1.7)) / 1000)
+    assert wait_model.drain_s(curve, 8, 8, arrivals_ips=2.0, start_s=0.5) == pytest.approx(1.7)  # no partial pass
+    empty = dataclasses.replace(load, inflight_images=0, passes=())
+    assert empty.work_s(1) == pytest.approx(0.3)
+    # lane_load: the requests admitted in the last 2 s (answered or pending) × images per request, per second
+    now = 1000.0
+    entry = json.dumps({"capacity_ips": 2.0, "images_per_request": 2.0, "updated": now - 1})
+    answered = [json.dumps({"admitted": now - a, "answered": now - a + 0.8, "work_s": 0.7, "predicted_s": 0.8,
+                            "status": 200, "images": 2, "ahead": 1}) for a in (3.0, 1.5, 1.0)]
+    pending = [json.dumps({"admitted": now - 0.2, "work_s": 0.7, "predicted_s": 0.7, "deadline_s": 1.0})]
+    assert wait_model.lane_load(queued_messages=0, inflight_images=0, workers={"w": entry}, answers=answered,
+                                pending=pending, now=now).arrivals_ips == pytest.approx(3 * 2.0 / 2.0)
+
+
 def test_the_batcher_reports_each_pass_to_admission(lane_redis, encoder, tracker):
     """The real dynamic batcher's hook writes the running pass (images, start, expected ms at this
     worker's curve) while the model computes, and clears it after; admission reads it in its round
