@@ -601,7 +601,8 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
     and ``pending``'s predicted waits of requests admitted in the last :data:`RECENT_ADMISSIONS_S`
-    s are ``recent_admitted_s``; the lone mean is also ``lone_overhead_s``.
+    s are ``recent_admitted_s``, and their count × images per request / that window is
+    ``arrivals_ips`` (images/s); the lone mean is also ``lone_overhead_s``.
 
     Capacity is summed over workers whose entry is younger than :data:`WORKER_TTL_S`; images per
     request is their capacity-weighted mean; their per-batch-size times go to ``curves``.
