@@ -458,21 +458,16 @@ def plot_waits(phase: dict, path: Path, *, title: str) -> None:
     plt.close(fig)
 
 
-def web_records_since(redis_url: str, since: float) -> list[dict]:
-    """The web's answer records (``admission.interactive_answered``) admitted at or after ``since``."""
+def records_since(redis_url: str, key: str, field: str, since: float) -> list[dict]:
+    """The JSON records of the Redis list ``key`` whose ``field`` (Unix s) is at or after ``since``:
+    the web's answer records (:data:`ANSWERS_KEY`, ``admission.interactive_answered``, by
+    ``admitted``) or the interactive worker's batch records (:data:`BATCHES_KEY`,
+    ``admission.batch_records``: ``t``, ``size``, ``requests``, ``queue_delay_ms``, ``service_ms``,
+    ``expired``, by ``t``)."""
     import redis
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return [r for r in (json.loads(x) for x in client.lrange(ANSWERS_KEY, 0, -1)) if r["admitted"] >= since]
-
-
-def batch_records_since(redis_url: str, since: float) -> list[dict]:
-    """The interactive worker's batch records (``admission.batch_records``: ``t``, ``size``,
-    ``requests``, ``queue_delay_ms``, ``service_ms``, ``expired``) reported at or after ``since``."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return [r for r in (json.loads(x) for x in client.lrange(BATCHES_KEY, 0, -1)) if r["t"] >= since]
+    return [r for r in (json.loads(x) for x in client.lrange(key, 0, -1)) if r[field] >= since]
 
 
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],
@@ -514,10 +509,10 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
             time.sleep(1)  # the web records an answer just after sending it
             phase = summarise(answers, rate=r, duration=duration, deadline_s=deadline or stack_deadline(stack),
                               capacity=capacity["requests_per_s"] if capacity else None,
-                              web_records=web_records_since(stack.env["REDIS_URL"], t0))
+                              web_records=records_since(stack.env["REDIS_URL"], ANSWERS_KEY, "admitted", t0))
             phase["capacity"], phase["load_average"] = capacity, [load0, round(os.getloadavg()[0], 1)]
             phase["queue_depths"] = depths.samples
-            phase["batches"] = batch_records_since(stack.env["REDIS_URL"], t0)
+            phase["batches"] = records_since(stack.env["REDIS_URL"], BATCHES_KEY, "t", t0)
             if bulk:  # still running? its counts when the phase ended
                 phase["bulk"] = {"images": n_bulk, "counts_at_end": client.job(bulk["job_id"]).get("counts", {})}
             phases.append(phase)

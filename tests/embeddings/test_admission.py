@@ -970,9 +970,11 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
     """``benchmarks.load.QueueSampler`` (which imports no Django) names the same Redis keys as
     admission and counts every priority list: 3 + 2 interactive messages at two priorities, one
     interactive message on the vectors queue, 2 tasks in flight, 1 pending request, 1 running pass."""
+    from benchmarks import load
     from benchmarks.load import QueueSampler
 
     client, app = lane_redis
+    assert (load.ANSWERS_KEY, load.BATCHES_KEY) == (admission.ANSWERS_KEY, admission.BATCHES_KEY)
     assert QueueSampler.lists(lanes.INTERACTIVE) == admission.queue_keys(lanes.INTERACTIVE)
     assert QueueSampler.lists(lanes.VECTORS)[0] == admission.queue_keys(lanes.VECTORS)[0] == "vectors"
     assert QueueSampler.KEYS == {"inflight": admission.INFLIGHT_KEY, "pending": admission.PENDING_KEY,
@@ -993,3 +995,5 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
     last = sampler.samples[-1]
     assert {k: last[k] for k in ("queued", "inflight", "vectors", "pending", "passes")} == {
         "queued": 5, "inflight": 2, "vectors": 1, "pending": 1, "passes": 1}
+    client.rpush(admission.BATCHES_KEY, json.dumps({"t": 5.0, "size": 2}), json.dumps({"t": 9.0, "size": 3}))
+    assert load.records_since(settings.REDIS_URL, load.BATCHES_KEY, "t", 6.0) == [{"t": 9.0, "size": 3}]
