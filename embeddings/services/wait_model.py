@@ -441,9 +441,9 @@ class LaneLoad:
         total = max(0.0, self.backlog_images - running) + images
         if self.curves and len(self.curves) == self.workers:
             rates = [mb / max(1e-6, batch_ms(c, mb)) for c, mb in self.curves]
-            return left + max(drain_s(c, total * r / sum(rates), mb, start_s=left,
-                                      arrivals_ips=self.arrivals_ips * r / sum(rates))
-                              for (c, mb), r in zip(self.curves, rates))
+            shares = [r / sum(rates) for r in rates]  # each worker's part of the images and arrivals
+            return left + max(drain_s(c, total * share, mb, start_s=left, arrivals_ips=self.arrivals_ips * share)
+                              for (c, mb), share in zip(self.curves, shares))
         return left + total / self.capacity_ips
 
     def predicted_wait_s(self, images: int = 1) -> float | None:
