@@ -20,12 +20,16 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    measurement yet every request is admitted: there is nothing to predict with. A Redis error
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
    so admission is skipped there. A refused request's ``extra.wait_ahead_s`` (s, 3 decimals) is
-   about the wait of a request admitted at that moment: the mean predicted wait of the requests
-   admitted in the last ``wait_model.RECENT_ADMISSIONS_S`` s, else that of the work ahead of it now
-   (its own images left out), and at least that of a request of its size in an empty lane
-   (``extra.wait_ahead_from``: ``recent_admissions`` or ``work_ahead``). ``Retry-After`` is that
-   plus its margin (its upper bound, as admission bounds a wait) rounded **up** to whole seconds
-   (RFC 9110 delay-seconds, ≥ 1), so a client never retries too early.
+   about the wait of a request admitted at that moment. First estimate
+   (``extra.first_wait_ahead_s``): the mean predicted wait of the requests admitted in the last
+   ``wait_model.RECENT_ADMISSIONS_S`` s, else that of the work ahead of it now (its own images left
+   out), and at least that of a request of its size in an empty lane (``extra.wait_ahead_from``:
+   ``recent_admissions`` or ``work_ahead``). Then learnt (:mod:`embeddings.services.wait_ahead`,
+   ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
+   go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
+   label it. ``Retry-After`` is that plus its margin (its upper bound, as admission bounds a wait)
+   rounded **up** to whole seconds (RFC 9110 delay-seconds, ≥ 1), so a client never retries too
+   early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries
    (:data:`WORKERS_KEY`: capacity, per-batch-size service times, refreshed every
@@ -41,6 +45,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -49,6 +54,7 @@ from typing import Iterator, Sequence
 
 from django.conf import settings
 
+from embeddings.services import wait_ahead
 from embeddings.services.errors import ApplicationError
 from embeddings.services.wait_model import (
     Decision,
@@ -96,6 +102,18 @@ PASSES_KEY = f"lanes:{lanes.INTERACTIVE}:passes"
 #: explains the wait; the fit's intercept is pulled to their mean (:func:`wait_model._solve`).
 LONE_KEY = f"lanes:{lanes.INTERACTIVE}:lone"
 LONE_KEPT = 16
+#: Capped list of JSON records of the interactive lane's refusals, newest last: when (``t``, Unix
+#: s) and their :data:`wait_ahead.FEATURES`, which :func:`wait_ahead.fit_wait_ahead` labels with
+#: the waits of the requests admitted around them to learn what a 429 says (a minute at the ~8
+#: refusals/s of a 2× overload on the 2-core machine is ~500).
+REFUSALS_KEY = f"lanes:{lanes.INTERACTIVE}:refusals"
+REFUSALS_KEPT = 1_024
+#: Newest answers read to label refusals (:data:`wait_ahead.FIT_WINDOW_S` of them at up to ~17
+#: answers/s).
+LABEL_ANSWERS_READ = 1_024
+#: A web process refits what a 429 says at most this often (s): the fit parses up to
+#: :data:`REFUSALS_KEPT` + :data:`LABEL_ANSWERS_READ` records, and refusals come several a second.
+WAIT_AHEAD_REFIT_S = 1.0
 
 
 @functools.cache
@@ -209,9 +227,13 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         return Decision(True, None)
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
+        decision = _refused(decision, load, deadline_s=deadline_s)
         source = "recent_admissions" if load.recent_admitted_s else "work_ahead"  # as decide chose
         about = {"recent_admissions": "the requests admitted in the last seconds wait about",
                  "work_ahead": "the work ahead drains in about"}[source]
+        if decision.wait_ahead_samples:
+            about = f"learnt from {decision.wait_ahead_samples} earlier refusals, a request admitted now waits about"
+        first = decision.wait_ahead_s if decision.first_wait_ahead_s is None else decision.first_wait_ahead_s
         raise ApplicationError(
             f"the interactive lane is overloaded: predicted wait {decision.predicted_wait_s:.2f} s plus a margin of "
             f"{decision.margin_s:.2f} s is longer than the deadline {deadline_s:.2f} s; {about} "
@@ -219,8 +241,11 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
             code="overloaded", status=429, headers={"Retry-After": str(decision.retry_after_s)},
             extra={"predicted_wait_s": round(decision.predicted_wait_s, 3), "deadline_s": round(deadline_s, 3),
                    # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and about
-                   # what a request admitted now waits (wait_model.decide: which estimate, and the other)
+                   # what a request admitted now waits: learnt from earlier refusals' outcomes
+                   # (wait_ahead_samples of them; 0: not yet) from decide's first estimate
+                   # (first_wait_ahead_s: which one, wait_ahead_from; the other, work_ahead_wait_s)
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
+                   "first_wait_ahead_s": round(first, 3), "wait_ahead_samples": decision.wait_ahead_samples,
                    "wait_ahead_from": source,
                    "work_ahead_wait_s": round(decision.work_ahead_wait_s, 3),
                    "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
@@ -240,6 +265,42 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         except Exception as e:
             log.warning("could not record a pending interactive request: %s", e)
     return decision
+
+
+#: This process's learnt :class:`wait_ahead.WaitAheadFit` and when it was fitted (Unix s); refit
+#: every :data:`WAIT_AHEAD_REFIT_S` s at most. Replaced whole, never mutated (web threads share it).
+_wait_ahead_cache: tuple[float, wait_ahead.WaitAheadFit | None] = (-math.inf, None)
+
+
+def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decision:
+    """A refusal with what its 429 says learnt (:func:`wait_ahead.learnt`) from the refusals of the
+    last minute and the answers around them, recorded in :data:`REFUSALS_KEY` to label later; the
+    refusal as :func:`wait_model.decide` made it when Redis fails (never raises)."""
+    global _wait_ahead_cache
+    now = time.time()
+    first = wait_ahead.features(decision, load)
+    try:
+        client = redis_client()
+        fitted_at, fit = _wait_ahead_cache
+        with client.pipeline(transaction=False) as pipe:
+            pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), **{k: round(v, 4) for k, v in first.items()}}))
+            pipe.ltrim(REFUSALS_KEY, -REFUSALS_KEPT, -1)
+            refit = now - fitted_at >= WAIT_AHEAD_REFIT_S
+            if refit:
+                pipe.lrange(REFUSALS_KEY, 0, -1)
+                pipe.lrange(ANSWERS_KEY, -LABEL_ANSWERS_READ, -1)
+                pipe.hvals(PENDING_KEY)
+            replies = pipe.execute()
+        if refit:
+            refusals, answers, pending = replies[2:]
+            fit = wait_ahead.fit_wait_ahead([json.loads(r) for r in refusals], [json.loads(a) for a in answers],
+                                            pending_admitted=[json.loads(p)["admitted"] for p in pending], now=now)
+            _wait_ahead_cache = (now, fit)
+    except Exception as e:  # noqa: BLE001 - what a 429 says is never what fails it
+        log.warning("what the 429 says is not learnt, Redis failed: %s", e)
+        return decision
+    return wait_ahead.learnt(decision, load, fit, min_share=settings.ADMISSION_MIN_MARGIN_SHARE,
+                             max_margin_s=settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s)
 
 
 def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:

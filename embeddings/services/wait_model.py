@@ -481,7 +481,9 @@ class Decision:
     entry) are kept for :func:`admission.interactive_answered`;
     ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body;
     ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), which
-    is ``wait_ahead_s`` when no request was admitted recently."""
+    is ``wait_ahead_s`` when no request was admitted recently. ``first_wait_ahead_s`` (s) and
+    ``wait_ahead_samples``: set when ``wait_ahead_s`` was learnt from labelled refusals
+    (:func:`wait_ahead.learnt`): the estimate above, and how many refusals the fit used."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -494,6 +496,8 @@ class Decision:
     margin_s: float | None = None
     retry_margin_s: float | None = None
     work_ahead_wait_s: float | None = None
+    first_wait_ahead_s: float | None = None
+    wait_ahead_samples: int = 0
 
 
 def retry_after(wait_ahead_s: float) -> int:

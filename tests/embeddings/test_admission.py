@@ -25,7 +25,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
 from embeddings.models import Image, ImageStatus, Job
-from embeddings.services import admission, bulk_yield, wait_model
+from embeddings.services import admission, bulk_yield, wait_ahead, wait_model
 from project import lanes
 from scripts.stack import free_port, redis_answers
 
@@ -66,11 +66,13 @@ def lane_redis(redis_url, settings):
     settings.REDIS_URL = redis_url
     client = admission.redis_client()
     client.flushdb()
+    admission._wait_ahead_cache = (-math.inf, None)  # a web process's learnt 429s belong to its Redis
     app = Celery("admission-test", broker=redis_url, set_as_current=False)
     app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     yield client, app
     app.close()
     client.flushdb()
+    admission._wait_ahead_cache = (-math.inf, None)
 
 
 @pytest.fixture(scope="module")
@@ -817,6 +819,38 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     # A text query on the same lane is refused too; a longer deadline is never granted.
     r = api.post("/api/search/", {"text": "a cat", "k": 3}, format="json")
     assert r.status_code == 429 and r.json()["code"] == "overloaded" and "Retry-After" in r
+
+
+def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_redis):
+    """Earlier refusals of the same lane state in Redis, each with a request admitted 0.1 s after it
+    that waited a quarter longer than the refusal said: the next 429 says more than its first
+    estimate, learnt from them (the pure fit on the same records), with a Retry-After made from
+    that; and it is recorded itself, to be labelled once the requests around it are answered."""
+    client, _ = lane_redis
+    first = overloaded["ahead"]
+    state = {"wait_ahead_s": round(first, 4), "inflight_images": 0.0, "running_pass_left_s": 0.0,
+             "running_pass_images": 0.0, "queued_messages": float(admission.interactive_load().queued_messages)}
+    now = time.time()
+    refusals = [{"t": round(now - 50 + i, 4), **state} for i in range(24)]
+    # work_s / predicted_s None: answers the wait model's fit and recent admissions do not use
+    answers = [{"admitted": r["t"] + 0.1, "answered": r["t"] + 0.1 + 1.25 * first, "images": 1, "status": 200,
+                "work_s": None, "predicted_s": None, "ahead": None} for r in refusals
+               if r["t"] + 0.1 + 1.25 * first < now - 1]
+    client.rpush(admission.REFUSALS_KEY, *map(json.dumps, refusals))
+    client.rpush(admission.ANSWERS_KEY, *map(json.dumps, answers))
+    r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", jpeg_bytes(1), content_type="image/jpeg")]},
+                 format="multipart")
+    assert r.status_code == 429, r.content
+    extra = r.json()["extra"]
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=time.time())
+    assert extra["wait_ahead_samples"] == fit.samples == len(answers) >= wait_ahead.MIN_LABELLED
+    assert extra["first_wait_ahead_s"] == pytest.approx(first, abs=0.01)
+    assert extra["wait_ahead_s"] == pytest.approx(fit.predict(state), abs=0.01)
+    assert 1.2 * first < extra["wait_ahead_s"] <= 1.25 * first  # near what they waited, pulled to the first
+    assert int(r["Retry-After"]) == extra["retry_after_s"] == math.ceil(extra["wait_ahead_s"] + extra["retry_margin_s"])
+    assert "learnt from" in r.json()["message"]
+    recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
+    assert len(recorded) == 25 and recorded[-1]["t"] >= now and recorded[-1]["wait_ahead_s"] == pytest.approx(first, abs=1e-3)
 
 
 def test_bulk_is_never_refused(overloaded, api):

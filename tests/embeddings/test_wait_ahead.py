@@ -1,0 +1,103 @@
+"""What a 429 says, learnt from earlier refusals' outcomes (embeddings/services/wait_ahead.py). Pure:
+injected clocks, refusal and answer records as admission writes them to Redis."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from embeddings.services import wait_ahead, wait_model
+
+
+def refusal(t: float, *, first: float = 0.5, inflight: float = 2, left: float = 0.1, running: float = 1,
+            queued: float = 0) -> dict:
+    return {"t": t, "wait_ahead_s": first, "inflight_images": inflight, "running_pass_left_s": left,
+            "running_pass_images": running, "queued_messages": queued}
+
+
+def answer(admitted: float, wait: float, status: int = 200) -> dict:
+    return {"admitted": admitted, "answered": admitted + wait, "status": status, "images": 1,
+            "work_s": None, "predicted_s": None, "ahead": None}
+
+
+def test_a_refusal_is_labelled_with_the_median_wait_of_the_requests_admitted_around_it():
+    r = refusal(10.0)
+    # admitted within ±0.5 s: waits 0.4, 0.9, 0.6 (median 0.6); 10.6 and 9.4 are outside the window
+    answers = [answer(9.4, 3.0), answer(9.6, 0.4), answer(9.9, 0.9), answer(10.3, 0.6), answer(10.6, 3.0)]
+    (got, label, complete), = wait_ahead.labels([r], answers, pending_admitted=[], now=12.0)
+    assert got is r and label == pytest.approx(0.6) and complete == pytest.approx(10.9)  # the last answered
+    # not before its window has closed, nor while a request admitted in it is still waiting
+    assert wait_ahead.labels([r], answers, pending_admitted=[], now=10.4) == []
+    assert wait_ahead.labels([r], answers, pending_admitted=[10.45], now=12.0) == []
+    assert len(wait_ahead.labels([r], answers, pending_admitted=[10.55, 9.45], now=12.0)) == 1
+    # no request admitted around it: nothing to learn from; older than the fit's window: dropped
+    assert wait_ahead.labels([refusal(20.0)], answers, pending_admitted=[], now=22.0) == []
+    assert wait_ahead.labels([r], answers, pending_admitted=[], now=10.5 + wait_ahead.FIT_WINDOW_S + 0.1) == []
+
+
+def lane(n: int, *, truth, start: float = 0.0, every: float = 1.0):
+    """``n`` refusals every ``every`` s with in-flight images cycling 1..8 (the running pass and the
+    first estimate, 0.45-0.55 s, vary on other cycles), each with one request admitted 0.1 s after
+    it that waited ``truth(inflight)``."""
+    refusals, answers = [], []
+    for i in range(n):
+        t, inflight = start + i * every, 1 + i % 8
+        refusals.append(refusal(t, first=0.45 + 0.05 * (i % 3), inflight=inflight, left=0.05 * (i % 5),
+                                running=1 + i % 7))
+        answers.append(answer(t + 0.1, truth(inflight)))
+    return refusals, answers
+
+
+def test_the_fit_learns_what_the_first_estimate_misses(monkeypatch):
+    """The first estimate says about 0.5 s whatever the lane holds; the requests admitted around
+    each refusal waited 0.15 s + 0.1 s per image in flight. Without the ridge the fit finds that
+    exactly; with it, the learnt estimate lies between the two, near the truth."""
+    def truth(inflight):
+        return 0.15 + 0.1 * inflight
+
+    refusals, answers = lane(48, truth=truth)
+    now = refusals[-1]["t"] + 5
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now)
+    assert fit is not None and fit.samples == 48
+    for inflight in (2, 5, 8):
+        x = refusal(now, inflight=inflight, left=0.1, running=2)
+        first, got, want = x["wait_ahead_s"], fit.predict(x), truth(inflight)
+        assert min(first, want) <= got <= max(first, want) and got == pytest.approx(want, rel=0.1)
+    monkeypatch.setattr(wait_ahead, "RIDGE", 1e-12)
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now)
+    assert fit.coef == pytest.approx((0.15, 0.0, 0.1, 0.0, 0.0, 0.0), abs=1e-6)
+    assert fit.predict(refusal(now, inflight=7)) == pytest.approx(truth(7), rel=1e-6)
+
+
+def test_with_few_labels_the_first_estimate_stands():
+    refusals, answers = lane(wait_ahead.MIN_LABELLED - 1, truth=lambda n: 0.1 * n)
+    assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=30.0) is None
+    refusals, answers = lane(wait_ahead.MIN_LABELLED, truth=lambda n: 0.1 * n)
+    assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=30.0).samples == wait_ahead.MIN_LABELLED
+    # requests admitted around each refusal waited what it said: the fit says what it said
+    refusals, answers = lane(48, truth=lambda n: 0.0)
+    answers = [answer(a["admitted"], r["wait_ahead_s"]) for a, r in zip(answers, refusals)]
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=50.0)
+    assert fit.coef == pytest.approx((0.0, 1.0, 0.0, 0.0, 0.0, 0.0), abs=1e-9)
+
+
+def test_the_learnt_estimate_stays_within_a_factor_of_the_first():
+    fit = wait_ahead.WaitAheadFit(coef=(5.0, 0.0, 0.0, 0.0, 0.0, 0.0), samples=20)
+    assert fit.predict(refusal(0.0, first=0.4)) == pytest.approx(0.4 * wait_ahead.CLAMP)
+    fit = wait_ahead.WaitAheadFit(coef=(-5.0, 0.0, 0.0, 0.0, 0.0, 0.0), samples=20)
+    assert fit.predict(refusal(0.0, first=0.4)) == pytest.approx(0.4 / wait_ahead.CLAMP)
+
+
+def test_a_learnt_refusal_says_its_wait_and_a_retry_after_made_from_it():
+    load = wait_model.LaneLoad(queued_messages=3, inflight_images=5, capacity_ips=4.0,
+                               fit=wait_model.WaitFit(overhead_s=0.1, scale=1.0, margin_s=0.3, samples=20, age_s=0.0),
+                               workers=1, passes=((2, 0.25),))
+    first = wait_model.Decision(False, 1.9, retry_after_s=2, wait_ahead_s=0.8, retry_margin_s=0.3)
+    fit = wait_ahead.WaitAheadFit(coef=(0.2, 0.5, 0.1, 1.0, 0.0, 0.05), samples=40)
+    got = wait_ahead.learnt(first, load, fit, min_share=0.2, max_margin_s=0.8)
+    ahead = 0.2 + 0.5 * 0.8 + 0.1 * 5 + 1.0 * 0.25 + 0.0 * 2 + 0.05 * 3  # = 1.5 s
+    assert got.wait_ahead_s == pytest.approx(ahead) and got.first_wait_ahead_s == 0.8 and got.wait_ahead_samples == 40
+    assert got.retry_margin_s == pytest.approx(0.3)  # the learnt margin, over 0.2 × 1.5 s
+    assert got.retry_after_s == math.ceil(ahead + 0.3) == 2
+    assert not got.admitted and got.predicted_wait_s == 1.9  # what was decided is unchanged
+    assert wait_ahead.learnt(first, load, None, min_share=0.2, max_margin_s=0.8) is first
