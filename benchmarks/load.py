@@ -107,8 +107,25 @@ def tree_memory_mb(pid: int) -> tuple[float, float]:
     return rss / 2**20, anon / 2**20
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process and all its living descendants have used so far."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 class Sampler(threading.Thread):
-    """Samples :func:`tree_memory_mb` of each named process every ``every`` seconds.
+    """Samples :func:`tree_memory_mb` and :func:`tree_cpu_s` of each named process every ``every``
+    seconds (``samples``: ``t`` s since the start, ``unix``, and per process its MiB, ``:anon`` MiB
+    and ``:cpu_s``, cumulative: which process took the cores when the model's passes slowed).
 
     The memory check reads the *anonymous* resident set, not the whole one. Measured on 2026-12-02
     (``EdgeStore`` alone, 512-d points, one write and one top-5 search at a time, as the vectors
@@ -130,10 +147,11 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         t0 = time.monotonic()
         while not self.stop.is_set():
-            sample: dict = {"t": round(time.monotonic() - t0, 2)}
+            sample: dict = {"t": round(time.monotonic() - t0, 2), "unix": round(time.time(), 2)}
             for n, pid in self.pids.items():
                 rss, anon = tree_memory_mb(pid)
                 sample[n], sample[f"{n}:anon"] = round(rss, 1), round(anon, 1)
+                sample[f"{n}:cpu_s"] = round(tree_cpu_s(pid), 2)
             self.samples.append(sample)
             self.stop.wait(self.every)
 
@@ -240,7 +258,8 @@ class Client:
             out["model"] = {k: extra.get(k) for k in ("overhead_s", "scale", "margin_s", "capacity_ips",
                                                       "queued_messages", "inflight_images", "workers", "learnt_margin_s",
                                                       "running_pass_images", "running_pass_left_s",
-                                                      "retry_margin_s", "wait_ahead_from", "work_ahead_wait_s")}
+                                                      "retry_margin_s", "wait_ahead_from", "work_ahead_wait_s",
+                                                      "first_wait_ahead_s", "wait_ahead_samples")}
         elif r.status_code >= 500:
             out["body"] = r.text[:300]
         return out
@@ -347,12 +366,16 @@ def summarise(answers: list[dict], *, rate: float, duration: float, deadline_s: 
             continue
         ra = float(a["retry_after"])
         exact = a.get("wait_ahead_s")
+        before = actual_wait_near(answers, a["sent"] - 1.0)
         checked.append({"t": a["sent"], "retry_after": ra, "actual_s": round(actual, 3),
                         "predicted_s": a.get("predicted_wait_s"), "wait_ahead_s": exact,
                         "within": abs(ra - actual) <= RETRY_AFTER_TOLERANCE * actual,
                         # the header's promise: not before the wait of a request admitted then
                         "not_early": ra >= actual,
-                        "exact_within": exact is not None and abs(exact - actual) <= RETRY_AFTER_TOLERANCE * actual})
+                        "exact_within": exact is not None and abs(exact - actual) <= RETRY_AFTER_TOLERANCE * actual,
+                        # the lane's own drift: was the actual wait 1 s earlier within ±30 % of this one?
+                        "drift_within": before is not None and abs(before - actual) <= RETRY_AFTER_TOLERANCE * actual,
+                        "first_wait_ahead_s": (a.get("model") or {}).get("first_wait_ahead_s")})
     wall = max(a["sent"] + a["ms"] / 1000 for a in answers) - min(a["sent"] for a in answers) if answers else duration
     ok = [a["ms"] for a in answers if a["status"] == 200]
     errors = [(w["predicted_s"], w["answered"] - w["admitted"]) for w in web_records
@@ -374,6 +397,10 @@ def summarise(answers: list[dict], *, rate: float, duration: float, deadline_s: 
         "retry_after_within_30pct_share": round(sum(c["within"] for c in checked) / len(checked), 4) if checked else None,
         "unrounded_within_30pct_share": round(sum(c["exact_within"] for c in checked) / len(checked), 4) if checked else None,
         "retry_after_not_early_share": round(sum(c["not_early"] for c in checked) / len(checked), 4) if checked else None,
+        "drift_within_30pct_share": round(sum(c["drift_within"] for c in checked) / len(checked), 4) if checked else None,
+        "first_within_30pct_share": (round(sum(c["first_wait_ahead_s"] is not None and abs(c["first_wait_ahead_s"] - c["actual_s"])
+                                               <= RETRY_AFTER_TOLERANCE * c["actual_s"] for c in checked) / len(checked), 4)
+                                     if checked else None),
         "retry_after_values": sorted({c["retry_after"] for c in checked}),
         "latency_ms_200": {"p50": pct(ok, 0.5), "p95": pct(ok, 0.95), "p99": pct(ok, 0.99),
                            "max": round(max(ok), 1) if ok else None},
@@ -410,6 +437,10 @@ def verdict(phase: dict, *, retry_after_share: float) -> dict[str, bool]:
 def info(phase: dict) -> dict[str, str]:
     """Figures reported beside the verdict but not judged: the integer header's ±30 % share (whole
     seconds cannot be within ±30 % of waits between 1.43 and 1.54 s, nor of any wait under 0.77 s),
+    the same share for the 429s' first estimate (``extra.first_wait_ahead_s``, before
+    ``embeddings.services.wait_ahead`` learnt from earlier refusals), the lane's own drift (how
+    often the actual wait of the requests admitted 1 s before a 429 was within ±30 % of that of
+    those admitted around it: what an estimate that is one second late could reach at best),
     the share of admitted requests answering 200 within the deadline as the client measured it (a
     request can wait for a free web thread before admission sees it: not the lane's doing), and the
     overload the phase really had, offered rate / rate served (2 when the capacity measured first
@@ -417,6 +448,10 @@ def info(phase: dict) -> dict[str, str]:
     ra = phase["retry_after_within_30pct_share"]
     over = phase.get("overload_of_served")
     return {f"{phase_name(phase)}: Retry-After (whole s) within ±30 % of the actual wait": fmt_share(ra),
+            f"{phase_name(phase)}: wait_ahead_s before it was learnt (first_wait_ahead_s) within ±30 %":
+                fmt_share(phase.get("first_within_30pct_share")),
+            f"{phase_name(phase)}: the actual wait 1 s earlier within ±30 % of the actual wait (the lane's drift)":
+                fmt_share(phase.get("drift_within_30pct_share")),
             f"{phase_name(phase)}: offered rate / rate served (200 + 202) in the open loop":
                 f"{over:.2f}×" if over else "–",
             f"{phase_name(phase)}: admitted answering 200 within the deadline at the client":
