@@ -19,13 +19,20 @@ records the percentile, the pairs, the points in the collection at the time and 
 
 Calibration runs in the workers as one chain: ``cutoff_encode_texts`` on the bulk queue
 (background; a worker holding the model) → ``cutoff_compute`` on the vectors queue (the store's
-owner). It is started by ``gate_start`` (a migration's end) and by the reconciler's rounds when the
+owner). The prompts' text vectors depend only on the space's model and the prompts, so the first
+calibration keeps them in Redis (:func:`remember_prompt_vectors`) and the next ones send
+``cutoff_compute`` alone with them (:func:`cached_prompt_vectors`): encoding the 63 prompts costs
+~5 s of CPU on the 2-core machine, ~10 s in a bulk child that must load the model first, and under
+the load benchmark each such burst slowed the interactive lane's forward passes by ~45 % for
+7-14 s (docs/benchmarks-load.md, "What a 429 says, learnt"). It is started by ``gate_start`` (a migration's end) and by the reconciler's rounds when the
 collection has grown by ≥ :data:`GROWTH_SHARE` or ≥ :data:`GROWTH_POINTS` points since the last one
 (:func:`calibrate_if_due`). Cutoffs belong to their space, so they survive a switch.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import math
 import random
@@ -53,6 +60,11 @@ GROWTH_SHARE = 0.25
 GROWTH_POINTS = 1000
 #: A requested calibration not finished after this long (s) may be requested again.
 PENDING_S = 600.0
+#: Redis key of a space's prompt text vectors (:func:`encode_prompts`' answer, JSON), by model id
+#: and the prompts' sha256: a new prompts file or another model never reads another's.
+PROMPT_VECTORS_KEY = "cutoff:prompt-vectors:{model_id}:{prompts_sha256}"
+#: They are kept this long (s) after the last calibration that used them; gone, they are encoded again.
+PROMPT_VECTORS_TTL_S = 7 * 24 * 3600
 
 #: Where a search's ``min_score`` came from (the API's ``min_score_source``).
 CALIBRATED, REQUEST, UNCALIBRATED = "calibrated", "request", "uncalibrated"
@@ -135,10 +147,64 @@ def sample_points(space: EmbeddingSpace, *, size: int = SAMPLE_POINTS, seed: int
     return random.Random(seed).sample(pids, min(size, len(pids)))
 
 
+def _prompt_vectors_key(model_id: str) -> str:
+    sha = hashlib.sha256("\n".join(prompts()).encode("utf-8")).hexdigest()
+    return PROMPT_VECTORS_KEY.format(model_id=model_id, prompts_sha256=sha)
+
+
+def _redis():
+    """Admission's Redis client (the broker's server), or ``None`` under eager Celery (tests), where
+    nothing is queued and the machine's Redis is not this service's to write."""
+    from project.celery import app
+
+    if app.conf.task_always_eager:
+        return None
+    from embeddings.services.admission import redis_client
+
+    return redis_client()
+
+
+def cached_prompt_vectors(model_id: str) -> dict | None:
+    """The prompts' text vectors of ``model_id`` kept by an earlier calibration
+    (``{"vectors": [base64, ...]}``, one per prompt), or ``None``: none kept, another number of
+    prompts, eager Celery, or Redis unreadable (then they are encoded again; never raises)."""
+    try:
+        client = _redis()
+        raw = client.get(_prompt_vectors_key(model_id)) if client is not None else None
+        texts = json.loads(raw) if raw else None
+    except Exception as e:  # noqa: BLE001 - a cache: encoding again is always right
+        log.warning("cannot read the kept prompt vectors of %s: %s", model_id, e)
+        return None
+    if not texts or len(texts.get("vectors") or ()) != len(prompts()):
+        return None
+    return {"vectors": texts["vectors"]}
+
+
+def remember_prompt_vectors(model_id: str, texts: dict) -> bool:
+    """Keep :func:`encode_prompts`' answer for ``model_id`` for :data:`PROMPT_VECTORS_TTL_S` s
+    (an answer with an error, or with another number of vectors than prompts, is not kept).
+
+    Returns:
+        Whether it was kept (never raises).
+    """
+    if len(texts.get("vectors") or ()) != len(prompts()):
+        return False
+    try:
+        client = _redis()
+        if client is None:
+            return False
+        client.set(_prompt_vectors_key(model_id), json.dumps({"vectors": texts["vectors"]}), ex=PROMPT_VECTORS_TTL_S)
+        return True
+    except Exception as e:  # noqa: BLE001 - a cache
+        log.warning("cannot keep the prompt vectors of %s: %s", model_id, e)
+        return False
+
+
 def calibrate_start(space_or_id) -> None:
-    """Recompute a space's cutoffs in the workers (``cutoff_encode_texts`` → ``cutoff_compute``);
-    marks ``calibration`` as requested (``pending_since``) so the reconciler does not ask twice.
-    Inline with eager Celery."""
+    """Recompute a space's cutoffs in the workers: ``cutoff_compute`` with the prompts' text
+    vectors an earlier calibration kept (:func:`cached_prompt_vectors`), else ``cutoff_encode_texts``
+    → ``cutoff_compute``; marks ``calibration`` as requested (``pending_since``) so the reconciler
+    does not ask twice. Inline with eager Celery."""
     from celery import chain
 
     from embeddings import dispatch
@@ -146,8 +212,13 @@ def calibrate_start(space_or_id) -> None:
     space = _space(space_or_id)
     calibration = {**(space.calibration or {}), "pending_since": time.time()}
     EmbeddingSpace.objects.filter(pk=space.pk).update(calibration=calibration)
+    compute_options = dispatch.vectors_options(interactive=False)
+    kept = cached_prompt_vectors(space.model_id)
+    if kept is not None:  # no text tower to run: nothing for the bulk worker's cores
+        dispatch.task("cutoff_compute", kept, space.model_id, **compute_options).apply_async()
+        return
     encode = dispatch.task("cutoff_encode_texts", space.model_id, immutable=True, **dispatch.bulk_options("background"))
-    compute = dispatch.task("cutoff_compute", space.model_id, **dispatch.vectors_options(interactive=False))
+    compute = dispatch.task("cutoff_compute", space.model_id, **compute_options)
     chain(encode, compute).apply_async()
 
 
@@ -206,6 +277,7 @@ def calibrate(*, model_id: str, texts: dict, seed: int = 0) -> dict:
         calibration["text_error"] = f"{texts['error']}: {texts.get('detail', '')}"
     EmbeddingSpace.objects.filter(pk=space.pk).update(cutoff_image=cut_image, cutoff_text=cut_text,
                                                        calibration=calibration)
+    remember_prompt_vectors(model_id, texts)  # the next calibration needs no text tower
     log.info("calibrated %s: image cutoff %s over %d pairs, text cutoff %s over %d pairs (%d points)", model_id,
              cut_image, len(image_scores), cut_text, len(text_scores), calibration["points"])
     return calibration

@@ -3,6 +3,8 @@ scores, computed in the workers from the stored vectors and the space's text tow
 searches by default, off with ``min_score=0``; an empty answer says so."""
 from __future__ import annotations
 
+import base64
+import json
 import math
 
 import numpy as np
@@ -94,6 +96,69 @@ def test_calibration_takes_the_percentile_of_unrelated_pairs_in_the_store(servic
     space.refresh_from_db()
     assert (space.cutoff_image, space.cutoff_text) == (None, None) and "CUTOFF_MIN_POINTS" in space.calibration["note"]
     assert not cutoff.calibration_due(space, 99) and cutoff.calibration_due(space, 100)
+
+
+def _queued(client, queue: str) -> list[dict]:
+    """The task messages waiting in ``queue`` (every priority list kombu keeps for it), decoded:
+    ``{"task", "args"}`` each."""
+    from embeddings.services.admission import queue_keys
+
+    out = []
+    for key in queue_keys(queue):
+        for raw in client.lrange(key, 0, -1):
+            msg = json.loads(raw)
+            args, _kwargs, _embed = json.loads(base64.b64decode(msg["body"]))
+            out.append({"task": msg["headers"]["task"], "args": args})
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cores_alone(service, private_redis,
+                                                                                         monkeypatch):
+    """The first calibration of a space runs its text tower on the bulk queue; once its prompts'
+    vectors are kept in Redis, the next one is ``cutoff_compute`` alone on the vectors queue,
+    carrying them. Other prompts (or another model) never read them; a Redis that does not answer
+    means encoding again, never an error. Real Celery messages on a private Redis, not run."""
+    from embeddings.services import admission
+    from project import lanes
+    from project.celery import app
+
+    url, client = private_redis
+    service.REDIS_URL = url
+    monkeypatch.setattr(cutoff, "prompts", lambda: ("justice", "theorem", "tuesday", "qxvrtl"))
+    space = spaces.active(fresh=True)
+    texts = cutoff.encode_prompts(model_id=space.model_id)  # the real text tower, 4 prompts
+    assert len(texts["vectors"]) == 4
+    assert not cutoff.remember_prompt_vectors(space.model_id, texts)  # eager (tests): Redis is not ours
+    original = app.conf.broker_url
+    app.close()  # the next publish uses the private Redis
+    app.conf.broker_url, app.conf.task_always_eager = url, False
+    try:
+        assert cutoff.cached_prompt_vectors(space.model_id) is None
+        cutoff.calibrate_start(space)
+        assert [m["task"] for m in _queued(client, lanes.BULK)] == ["embeddings.tasks.cutoff_encode_texts"]
+        assert _queued(client, lanes.VECTORS) == []  # the chain's second step: sent when the first ends
+
+        assert cutoff.remember_prompt_vectors(space.model_id, texts)
+        assert 0 < client.ttl(cutoff._prompt_vectors_key(space.model_id)) <= cutoff.PROMPT_VECTORS_TTL_S
+        assert cutoff.cached_prompt_vectors(space.model_id) == texts
+        cutoff.calibrate_start(space)
+        assert len(_queued(client, lanes.BULK)) == 1  # nothing more for the bulk worker
+        (compute,) = _queued(client, lanes.VECTORS)
+        assert compute == {"task": "embeddings.tasks.cutoff_compute", "args": [texts, space.model_id]}
+
+        # an answer with an error is not kept; other prompts have other vectors
+        assert not cutoff.remember_prompt_vectors(space.model_id, {"error": "weights_unavailable", "detail": "x"})
+        monkeypatch.setattr(cutoff, "prompts", lambda: ("justice", "theorem", "tuesday", "zzz"))
+        assert cutoff.cached_prompt_vectors(space.model_id) is None
+        # Redis gone: no cache, no error
+        monkeypatch.setattr(admission, "redis_client", lambda: admission._client("redis://127.0.0.1:1/0"))
+        assert cutoff.cached_prompt_vectors(space.model_id) is None
+        assert not cutoff.remember_prompt_vectors(space.model_id, {"vectors": texts["vectors"]})
+    finally:
+        app.conf.task_always_eager = True
+        app.close()
+        app.conf.broker_url = original
 
 
 @pytest.mark.django_db(transaction=True)
