@@ -60,6 +60,7 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -464,7 +465,8 @@ def phase_name(phase: dict) -> str:
 
 def plot_waits(phase: dict, path: Path, *, title: str) -> None:
     """Predicted against actual wait over time: the web's record of each admitted request (predicted
-    at admission, actual admitted→answered), and each 429's predicted wait and ``Retry-After``."""
+    at admission, actual admitted→answered), and each 429's predicted wait, ``wait_ahead_s`` and
+    ``Retry-After``."""
     plt = pyplot()
     t0 = min(a["sent"] for a in phase["answers"])
     fig, ax = plt.subplots(figsize=(10, 4.5))
@@ -480,13 +482,16 @@ def plot_waits(phase: dict, path: Path, *, title: str) -> None:
                if a["status"] == 429 and a.get("predicted_wait_s") is not None]
     if refused:
         ax.scatter(*zip(*refused), s=4, c="tab:gray", marker="x", label="predicted wait of a 429", zorder=2)
+    ahead = [(c["t"] - t0, c["wait_ahead_s"]) for c in phase["retry_after_checks"] if c.get("wait_ahead_s") is not None]
+    if ahead:
+        ax.scatter(*zip(*ahead), s=6, c="tab:purple", marker="+", label="wait_ahead_s of a 429 (what it says)", zorder=4)
     ra = [(c["t"] - t0, c["retry_after"]) for c in phase["retry_after_checks"]]
     if ra:
         ax.scatter(*zip(*ra), s=10, facecolors="none", edgecolors="tab:orange", label="Retry-After of a 429")
     ax.axhline(phase["deadline_s"], c="k", ls="--", lw=0.8, label="deadline")
     ax.set_xlabel("time since the first request (s)")
     ax.set_ylabel("wait (s)")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 150), fontsize=8)
     ax.legend(fontsize=7, loc="upper right", ncols=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
