@@ -278,12 +278,12 @@ def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decisi
     refusal as :func:`wait_model.decide` made it when Redis fails (never raises)."""
     global _wait_ahead_cache
     now = time.time()
-    first = wait_ahead.features(decision, load)
+    state = wait_ahead.features(decision, load)
     try:
         client = redis_client()
         fitted_at, fit = _wait_ahead_cache
         with client.pipeline(transaction=False) as pipe:
-            pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), **{k: round(v, 4) for k, v in first.items()}}))
+            pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), **{k: round(v, 4) for k, v in state.items()}}))
             pipe.ltrim(REFUSALS_KEY, -REFUSALS_KEPT, -1)
             refit = now - fitted_at >= WAIT_AHEAD_REFIT_S
             if refit:

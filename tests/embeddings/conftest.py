@@ -5,6 +5,7 @@ workers run (the end-to-end tests in tests/e2e use real worker processes instead
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -98,3 +99,28 @@ def private_redis(tmp_path):
     yield f"redis://127.0.0.1:{port}/0", client
     p.kill()
     p.wait()
+
+
+@contextlib.contextmanager
+def celery_publishing_to(url: str):
+    """The project's Celery app not eager and publishing to the broker at ``url`` while the block
+    runs (nothing consumes it: the test reads what was sent), then eager on the broker it had.
+
+    Both the connection pool (``app.close()``) and the producer pool (``app.amqp._producer_pool``,
+    as Celery itself resets it after a fork) are dropped each way: a producer pool made for an
+    earlier test's broker kept publishing there (a Redis already stopped)."""
+    from project.celery import app
+
+    def drop_pools():
+        app.close()
+        app.amqp._producer_pool = None
+
+    original = app.conf.broker_url
+    drop_pools()
+    app.conf.broker_url, app.conf.task_always_eager = url, False
+    try:
+        yield app
+    finally:
+        app.conf.task_always_eager = True
+        drop_pools()
+        app.conf.broker_url = original

@@ -28,6 +28,7 @@ from embeddings.models import Image, ImageStatus, Job
 from embeddings.services import admission, bulk_yield, wait_ahead, wait_model
 from project import lanes
 from scripts.stack import free_port, redis_answers
+from tests.embeddings.conftest import celery_publishing_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -767,8 +768,6 @@ def test_an_empty_lane_is_predicted_from_what_lone_requests_waited():
 def overloaded(service, lane_redis, measured, tracker):
     """A real, non-eager setting: a worker's measured capacity in Redis and more queued interactive
     work than drains within the deadline. No worker consumes the private Redis."""
-    from project.celery import app
-
     _, publisher = lane_redis
     admission.interactive_report(measured, worker="celery@test")
     capacity = admission.interactive_load().capacity_ips
@@ -777,16 +776,11 @@ def overloaded(service, lane_redis, measured, tracker):
     longest = max(service.INTERACTIVE_DEADLINE_S, service.VECTORS_CALL_TIMEOUT_S)  # uploads, searches
     backlog = math.ceil(2 * longest * max(capacity, full_batch_ips))  # ≥ 2 of the longest deadlines of work
     publish(publisher, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=backlog)
-    original = app.conf.broker_url
-    app.close()  # drops the connection pools, so the next publish uses the private Redis
-    app.conf.broker_url = service.REDIS_URL
-    app.conf.task_always_eager = False
-    # the predicted wait of a one-image request (no answers yet: scale 1): the backlog's and its own
-    # forward passes at the measured per-batch-size times, full batches first
-    yield {"wait": wait_model.drain_s(curve, backlog + 1, max_batch), "ahead": wait_model.drain_s(curve, backlog, max_batch)}
-    app.conf.task_always_eager = True
-    app.close()
-    app.conf.broker_url = original
+    with celery_publishing_to(service.REDIS_URL):
+        # the predicted wait of a one-image request (no answers yet: scale 1): the backlog's and its
+        # own forward passes at the measured per-batch-size times, full batches first
+        yield {"wait": wait_model.drain_s(curve, backlog + 1, max_batch),
+               "ahead": wait_model.drain_s(curve, backlog, max_batch)}
 
 
 def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api, service):

@@ -13,6 +13,7 @@ import pytest
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Lane
 from embeddings.services import cutoff, spaces
+from tests.embeddings.conftest import celery_publishing_to
 from tests.embeddings.test_api import jpeg_bytes, upload
 from workers.ids import point_id
 from workers.vector_store import Point
@@ -121,7 +122,6 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
     means encoding again, never an error. Real Celery messages on a private Redis, not run."""
     from embeddings.services import admission
     from project import lanes
-    from project.celery import app
 
     url, client = private_redis
     service.REDIS_URL = url
@@ -130,10 +130,7 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
     texts = cutoff.encode_prompts(model_id=space.model_id)  # the real text tower, 4 prompts
     assert len(texts["vectors"]) == 4
     assert not cutoff.remember_prompt_vectors(space.model_id, texts)  # eager (tests): Redis is not ours
-    original = app.conf.broker_url
-    app.close()  # the next publish uses the private Redis
-    app.conf.broker_url, app.conf.task_always_eager = url, False
-    try:
+    with celery_publishing_to(url):
         assert cutoff.cached_prompt_vectors(space.model_id) is None
         cutoff.calibrate_start(space)
         assert [m["task"] for m in _queued(client, lanes.BULK)] == ["embeddings.tasks.cutoff_encode_texts"]
@@ -155,10 +152,6 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
         monkeypatch.setattr(admission, "redis_client", lambda: admission._client("redis://127.0.0.1:1/0"))
         assert cutoff.cached_prompt_vectors(space.model_id) is None
         assert not cutoff.remember_prompt_vectors(space.model_id, {"vectors": texts["vectors"]})
-    finally:
-        app.conf.task_always_eager = True
-        app.close()
-        app.conf.broker_url = original
 
 
 @pytest.mark.django_db(transaction=True)
