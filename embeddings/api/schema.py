@@ -43,9 +43,9 @@ ERROR_STATUS = {
 #: ``Retry-After`` (whole seconds) on the statuses that carry it (services.admission, services.calls).
 RETRY_AFTER = OpenApiParameter(
     "Retry-After", OpenApiTypes.INT, location=OpenApiParameter.HEADER, response=[429, 503], required=True,
-    description="whole seconds to wait before retrying (RFC 9110 delay-seconds). 429: the predicted wait of the "
-                "work ahead plus its margin, rounded up (extra.wait_ahead_s, extra.retry_margin_s); 503: a fixed "
-                "back-off",
+    description="whole seconds to wait before retrying (RFC 9110 delay-seconds). 429: about what a request "
+                "admitted now waits plus its margin, rounded up (extra.wait_ahead_s, extra.retry_margin_s); 503: a "
+                "fixed back-off",
 )
 
 

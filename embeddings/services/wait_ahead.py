@@ -17,8 +17,8 @@ So each refusal is **labelled**, once every request admitted within ±:data:`LAB
 has been answered (none of them pending), with the median admitted→answered time of those
 requests: the same quantity the load benchmark checks a 429 against (client side there). A ridge
 regression (:func:`fit_wait_ahead`) of the labels of the last :data:`FIT_WINDOW_S` s on the
-refusals' features, each weighted by a :data:`HALF_LIFE_S` s half-life and by 1 / label² (relative
-errors: the ±30 % of issue 15), pulled towards "the first estimate as is" (:data:`RIDGE`), maps a
+refusals' features, each weighted by a :data:`HALF_LIFE_S` s half-life and by (mean label / label)²
+(relative errors: the ±30 % of issue 15), pulled towards "the first estimate as is" (:data:`RIDGE`), maps a
 new refusal's features to its ``wait_ahead_s`` (:meth:`WaitAheadFit.predict`). It changes only
 what a refusal says (``wait_ahead_s`` and ``Retry-After``), never what is admitted: no feedback
 into the lane. Replayed on that run's 2,364 429s, online (each one predicted from the refusals
@@ -128,8 +128,9 @@ def fit_wait_ahead(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, p
     """Fit :class:`WaitAheadFit` on the refusals labelled by ``now`` (:func:`labels`). Pure.
 
     Weighted ridge least squares in features scaled to their largest magnitude (so :data:`RIDGE`
-    means the same whatever the units), weights ``0.5 ** (age / HALF_LIFE_S) / label²``, pulled
-    to coefficient 1 on the first estimate and 0 elsewhere.
+    means the same whatever the units), weights ``0.5 ** (age / HALF_LIFE_S) × (mean label / label)²``
+    (relative errors; a fresh label weighs about 1 at any deadline), pulled to coefficient 1 on the
+    first estimate and 0 elsewhere.
 
     Returns:
         The fit, or ``None`` with fewer than :data:`MIN_LABELLED` labelled refusals.
