@@ -26,8 +26,8 @@ ERROR_STATUS = {
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
     429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is about what a request admitted at "
-         "this moment waits, learnt from what the requests admitted around earlier refusals waited "
-         "(wait_ahead_samples: how many refusals; 0: not yet) from a first estimate (first_wait_ahead_s): the "
+         "this moment waits, learnt from what the requests admitted around earlier refusals of deadlines "
+         "within about ×1.25 of its own waited (wait_ahead_samples: how many refusals; 0: not yet) from a first estimate (first_wait_ahead_s): the "
          "mean predicted wait of the requests admitted in the last 2 s, else that of the "
          "work ahead now (wait_ahead_from: recent_admissions or work_ahead; work_ahead_wait_s: the latter), "
          "at least that of a request of its size alone; Retry-After is that plus its margin (retry_margin_s) "

@@ -27,7 +27,7 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    ``recent_admissions`` or ``work_ahead``). Then learnt (:mod:`embeddings.services.wait_ahead`,
    ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
    go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
-   label it. ``Retry-After`` is that plus its margin (its upper bound, as admission bounds a wait)
+   label it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that plus its margin (its upper bound, as admission bounds a wait)
    rounded **up** to whole seconds (RFC 9110 delay-seconds, ≥ 1), so a client never retries too
    early.
 
@@ -267,23 +267,28 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     return decision
 
 
-#: This process's learnt :class:`wait_ahead.WaitAheadFit` and when it was fitted (Unix s); refit
-#: every :data:`WAIT_AHEAD_REFIT_S` s at most. Replaced whole, never mutated (web threads share it).
-_wait_ahead_cache: tuple[float, wait_ahead.WaitAheadFit | None] = (-math.inf, None)
+#: This process's learnt :class:`wait_ahead.WaitAheadFit` per deadline band
+#: (:func:`wait_ahead.deadline_band`) and when it was fitted (Unix s); each refit every
+#: :data:`WAIT_AHEAD_REFIT_S` s at most. Replaced whole, never mutated (web threads share it); at
+#: most one entry per band, and deadlines are bounded (0.001 s to the default), so it stays small.
+_wait_ahead_cache: dict[int, tuple[float, wait_ahead.WaitAheadFit | None]] = {}
 
 
 def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decision:
     """A refusal with what its 429 says learnt (:func:`wait_ahead.learnt`) from the refusals of the
-    last minute and the answers around them, recorded in :data:`REFUSALS_KEY` to label later; the
-    refusal as :func:`wait_model.decide` made it when Redis fails (never raises)."""
+    last minute at deadlines of its band (:func:`wait_ahead.deadline_band`) and the answers around
+    them, recorded in :data:`REFUSALS_KEY` (with ``deadline_s``) to label later; the refusal as
+    :func:`wait_model.decide` made it when Redis fails (never raises)."""
     global _wait_ahead_cache
     now = time.time()
     state = wait_ahead.features(decision, load)
+    band = wait_ahead.deadline_band(deadline_s)
     try:
         client = redis_client()
-        fitted_at, fit = _wait_ahead_cache
+        fitted_at, fit = _wait_ahead_cache.get(band, (-math.inf, None))
         with client.pipeline(transaction=False) as pipe:
-            pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), **{k: round(v, 4) for k, v in state.items()}}))
+            pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), "deadline_s": round(deadline_s, 3),
+                                                 **{k: round(v, 4) for k, v in state.items()}}))
             pipe.ltrim(REFUSALS_KEY, -REFUSALS_KEPT, -1)
             refit = now - fitted_at >= WAIT_AHEAD_REFIT_S
             if refit:
@@ -294,8 +299,9 @@ def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decisi
         if refit:
             refusals, answers, pending = replies[2:]
             fit = wait_ahead.fit_wait_ahead([json.loads(r) for r in refusals], [json.loads(a) for a in answers],
-                                            pending_admitted=[json.loads(p)["admitted"] for p in pending], now=now)
-            _wait_ahead_cache = (now, fit)
+                                            pending_admitted=[json.loads(p)["admitted"] for p in pending], now=now,
+                                            deadline_s=deadline_s)
+            _wait_ahead_cache = {**_wait_ahead_cache, band: (now, fit)}
     except Exception as e:  # noqa: BLE001 - what a 429 says is never what fails it
         log.warning("what the 429 says is not learnt, Redis failed: %s", e)
         return decision

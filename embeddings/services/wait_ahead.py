@@ -27,11 +27,19 @@ labelled before it): 87.8 / 94.7 / 97.1 % within ±30 % (with bulk 91.5 / 85.7 /
 moved those by under 5 points. Live, the next two runs, judged on the same 429s against their
 first estimates: 92.7 / 87.5 / 99.7 % (with bulk 86.8 / 90.7 / 97.7 %) against 83.1 / 84.8 /
 100.0 % (77.5 / 83.3 / 99.1 %), then 94.1 / 93.2 % against 84.4 / 89.1 % (1 / 2 s).
+
+Labels are learnt from **per deadline band** (:func:`deadline_band`: deadlines within a factor of
+:data:`DEADLINE_RATIO` share one): the deadline sets how deep admission lets the lane grow, so a
+fit made on a 2 s lane's refusals extrapolates badly to a 5 s lane's (on the Intel Xeon of
+2026-12-02 the 5 s phase's first 10 s of 429s, said from the 2 s phase's fit, missed ±30 % 47
+times; the first estimate would have missed none of them). Until a band has :data:`MIN_LABELLED`
+labels of its own, its refusals say the first estimate as is.
 """
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import statistics
 from typing import Mapping, Sequence
 
@@ -57,9 +65,25 @@ HALF_LIFE_S = 20.0
 RIDGE = 0.5
 #: Labelled refusals needed before the fit is used (fewer: the first estimate as is).
 MIN_LABELLED = 16
+#: Refusals are learnt from only by refusals whose deadlines are in the same band: ``round(log(deadline)
+#: / log(DEADLINE_RATIO))`` (:func:`deadline_band`), so deadlines within about ×1.25 of each other share
+#: labels (1 s, 2 s and 5 s each have their own; 2 s shares its band, 1.75-2.18 s, with 1.9 s).
+DEADLINE_RATIO = 1.25
 #: The learnt estimate stays within [first / CLAMP, first × CLAMP]: a guard against extrapolating
 #: to a state the labels never saw (replayed: it never bound at 2).
 CLAMP = 2.0
+
+
+def deadline_band(deadline_s: float) -> int:
+    """The band of a request's deadline (s, > 0) whose refusals' labels it learns from: deadlines
+    within a factor of about :data:`DEADLINE_RATIO` share a band. Pure.
+
+    Raises:
+        ValueError: ``deadline_s`` is not positive (the API refuses those before admission).
+    """
+    if not deadline_s > 0:
+        raise ValueError(f"a deadline must be positive, not {deadline_s!r}")
+    return round(math.log(deadline_s) / math.log(DEADLINE_RATIO))
 
 
 def features(decision: Decision, load: LaneLoad) -> dict[str, float]:
@@ -92,8 +116,11 @@ class WaitAheadFit:
 
 
 def labels(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, pending_admitted: Sequence[float],
-           now: float) -> list[tuple[Mapping, float, float]]:
+           now: float, deadline_s: float | None = None) -> list[tuple[Mapping, float, float]]:
     """The refusals whose label is known at ``now``: ``(refusal, label_s, complete_at)`` each. Pure.
+
+    With ``deadline_s``, only the refusals of its :func:`deadline_band` (``refusal["deadline_s"]``;
+    one without it, recorded before deadlines were, is of no band).
 
     A refusal at ``t`` (``refusal["t"]``, Unix s) is labelled when ``now ≥ t + LABEL_WINDOW_S``, no
     admitted request in ``[t − w, t + w]`` is still pending (``pending_admitted``: their admission
@@ -106,8 +133,11 @@ def labels(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, pending_a
     rows = sorted((float(a["admitted"]), float(a["answered"])) for a in answers)
     admitted = [r[0] for r in rows]
     waiting = sorted(pending_admitted)
+    band = None if deadline_s is None else deadline_band(deadline_s)
     out = []
     for r in refusals:
+        if band is not None and (not r.get("deadline_s") or deadline_band(float(r["deadline_s"])) != band):
+            continue
         t = float(r["t"])
         if t + w > now or now - (t + w) > FIT_WINDOW_S:
             continue
@@ -124,8 +154,9 @@ def labels(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, pending_a
 
 
 def fit_wait_ahead(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, pending_admitted: Sequence[float],
-                   now: float) -> WaitAheadFit | None:
-    """Fit :class:`WaitAheadFit` on the refusals labelled by ``now`` (:func:`labels`). Pure.
+                   now: float, deadline_s: float | None = None) -> WaitAheadFit | None:
+    """Fit :class:`WaitAheadFit` on the refusals labelled by ``now`` (:func:`labels`; with
+    ``deadline_s``, those of its deadline band alone). Pure.
 
     Weighted ridge least squares in features scaled to their largest magnitude (so :data:`RIDGE`
     means the same whatever the units), weights ``0.5 ** (age / HALF_LIFE_S) × (mean label / label)²``
@@ -133,9 +164,9 @@ def fit_wait_ahead(refusals: Sequence[Mapping], answers: Sequence[Mapping], *, p
     first estimate and 0 elsewhere.
 
     Returns:
-        The fit, or ``None`` with fewer than :data:`MIN_LABELLED` labelled refusals.
+        The fit, or ``None`` with fewer than :data:`MIN_LABELLED` labelled refusals (of the band).
     """
-    rows = labels(refusals, answers, pending_admitted=pending_admitted, now=now)
+    rows = labels(refusals, answers, pending_admitted=pending_admitted, now=now, deadline_s=deadline_s)
     if len(rows) < MIN_LABELLED:
         return None
     x = np.array([[1.0, *(float(r[k]) for k in FEATURES)] for r, _, _ in rows])

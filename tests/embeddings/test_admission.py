@@ -67,13 +67,13 @@ def lane_redis(redis_url, settings):
     settings.REDIS_URL = redis_url
     client = admission.redis_client()
     client.flushdb()
-    admission._wait_ahead_cache = (-math.inf, None)  # a web process's learnt 429s belong to its Redis
+    admission._wait_ahead_cache = {}  # a web process's learnt 429s belong to its Redis
     app = Celery("admission-test", broker=redis_url, set_as_current=False)
     app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     yield client, app
     app.close()
     client.flushdb()
-    admission._wait_ahead_cache = (-math.inf, None)
+    admission._wait_ahead_cache = {}
 
 
 @pytest.fixture(scope="module")
@@ -815,23 +815,30 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert r.status_code == 429 and r.json()["code"] == "overloaded" and "Retry-After" in r
 
 
-def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_redis):
-    """Earlier refusals of the same lane state in Redis, each with a request admitted 0.1 s after it
-    that waited a quarter longer than the refusal said: the next 429 says more than its first
-    estimate, learnt from them (the pure fit on the same records), with a Retry-After made from
-    that; and it is recorded itself, to be labelled once the requests around it are answered."""
+def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_redis, service):
+    """Earlier refusals of the same lane state and deadline in Redis, each with a request admitted
+    0.1 s after it that waited a quarter longer than the refusal said: the next 429 says more than
+    its first estimate, learnt from them (the pure fit on the same records), with a Retry-After
+    made from that; and it is recorded itself, with its deadline, to be labelled once the requests
+    around it are answered. Refusals at a deadline 2.5 times longer, whose admitted requests waited
+    three times what they said, interleaved with them, are not learnt from."""
     client, _ = lane_redis
-    first = overloaded["ahead"]
+    first, deadline = overloaded["ahead"], service.INTERACTIVE_DEADLINE_S
     state = {"wait_ahead_s": round(first, 4), "inflight_images": 0.0, "running_pass_left_s": 0.0,
              "running_pass_images": 0.0, "queued_messages": float(admission.interactive_load().queued_messages)}
     now = time.time()
-    refusals = [{"t": round(now - 50 + i, 4), **state} for i in range(24)]
+    refusals = [{"t": round(now - 50 + i, 4), "deadline_s": deadline, **state} for i in range(24)]
+    longer = [{**r, "t": r["t"] + 0.5 + 0.01 * i, "deadline_s": 2.5 * deadline} for i, r in enumerate(refusals)]
     # work_s / predicted_s None: answers the wait model's fit and recent admissions do not use
-    answers = [{"admitted": r["t"] + 0.1, "answered": r["t"] + 0.1 + 1.25 * first, "images": 1, "status": 200,
-                "work_s": None, "predicted_s": None, "ahead": None} for r in refusals
-               if r["t"] + 0.1 + 1.25 * first < now - 1]
-    client.rpush(admission.REFUSALS_KEY, *map(json.dumps, refusals))
-    client.rpush(admission.ANSWERS_KEY, *map(json.dumps, answers))
+    def answered(rs, factor):
+        return [{"admitted": r["t"] + 0.1, "answered": r["t"] + 0.1 + factor * first, "images": 1, "status": 200,
+                 "work_s": None, "predicted_s": None, "ahead": None} for r in rs
+                if r["t"] + 0.1 + factor * first < now - 1]
+    answers = answered(refusals, 1.25)
+    other = answered(longer, 3.0)
+    assert len(other) >= wait_ahead.MIN_LABELLED
+    client.rpush(admission.REFUSALS_KEY, *map(json.dumps, sorted(refusals + longer, key=lambda r: r["t"])))
+    client.rpush(admission.ANSWERS_KEY, *map(json.dumps, sorted(answers + other, key=lambda a: a["answered"])))
     r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", jpeg_bytes(1), content_type="image/jpeg")]},
                  format="multipart")
     assert r.status_code == 429, r.content
@@ -844,7 +851,8 @@ def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_
     assert int(r["Retry-After"]) == extra["retry_after_s"] == math.ceil(extra["wait_ahead_s"] + extra["retry_margin_s"])
     assert "learnt from" in r.json()["message"]
     recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
-    assert len(recorded) == 25 and recorded[-1]["t"] >= now and recorded[-1]["wait_ahead_s"] == pytest.approx(first, abs=1e-3)
+    assert len(recorded) == 49 and recorded[-1]["t"] >= now and recorded[-1]["wait_ahead_s"] == pytest.approx(first, abs=1e-3)
+    assert recorded[-1]["deadline_s"] == deadline
 
 
 def test_bulk_is_never_refused(overloaded, api):

@@ -101,3 +101,40 @@ def test_a_learnt_refusal_says_its_wait_and_a_retry_after_made_from_it():
     assert got.retry_after_s == math.ceil(ahead + 0.3) == 2
     assert not got.admitted and got.predicted_wait_s == 1.9  # what was decided is unchanged
     assert wait_ahead.learnt(first, load, None, min_share=0.2, max_margin_s=0.8) is first
+
+
+def test_a_refusal_is_learnt_from_only_by_refusals_of_its_deadline_band():
+    """A 2 s lane's refusals, whose admitted requests waited 0.1 s an image in flight, and a 5 s
+    lane's just after, whose waited three times that: a 5 s refusal learns from the 5 s labels
+    alone and a 2 s one from the 2 s labels (1.9 s shares 2 s's band; 1 s and 5 s have their own);
+    with too few labels in its band, a refusal says its first estimate as is (no fit), whatever
+    the other bands hold. A refusal recorded without a deadline belongs to no band."""
+    assert wait_ahead.deadline_band(1.9) == wait_ahead.deadline_band(2.0) == wait_ahead.deadline_band(2.1)
+    assert len({wait_ahead.deadline_band(d) for d in (0.5, 1.0, 2.0, 5.0)}) == 4
+    with pytest.raises(ValueError):
+        wait_ahead.deadline_band(0.0)
+    # 0.7 s apart: each refusal's ±0.5 s window holds its own admitted request alone
+    two, two_answers = lane(32, truth=lambda n: 0.1 * n, every=0.7)
+    five, five_answers = lane(32, truth=lambda n: 0.3 * n, start=22.4, every=0.7)
+    refusals = [{**r, "deadline_s": 2.0} for r in two] + [{**r, "deadline_s": 5.0} for r in five]
+    answers = two_answers + five_answers
+    now = 60.0
+    fits = {d: wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now, deadline_s=d)
+            for d in (1.9, 5.0)}
+    assert fits[1.9].samples == 32 and fits[5.0].samples == 32
+    # each the fit of its own band's refusals alone, as if the other band had never been refused
+    alone = {1.9: wait_ahead.fit_wait_ahead(two, two_answers, pending_admitted=[], now=now),
+             5.0: wait_ahead.fit_wait_ahead(five, five_answers, pending_admitted=[], now=now)}
+    for d in fits:
+        assert fits[d].coef == pytest.approx(alone[d].coef, abs=1e-12)
+    x = refusal(now, first=0.5, inflight=6, running=2)
+    assert fits[1.9].predict(x) < 0.6 < fits[5.0].predict(x)  # truths 0.6 and 1.8 s, pulled to the first, 0.5 s
+    assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now, deadline_s=1.0) is None
+    few, few_answers = lane(wait_ahead.MIN_LABELLED - 1, truth=lambda n: 0.05 * n, start=45.0, every=0.7)
+    few = [{**r, "deadline_s": 1.0} for r in few]
+    assert len(wait_ahead.labels(few, few_answers, pending_admitted=[], now=now, deadline_s=1.0)) == len(few)
+    assert wait_ahead.fit_wait_ahead(refusals + few, answers + few_answers, pending_admitted=[], now=now,
+                                     deadline_s=1.0) is None
+    # no deadline asked: every band, as before deadlines were recorded; none recorded: no band
+    assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now).samples == 64
+    assert wait_ahead.labels(two, two_answers, pending_admitted=[], now=now, deadline_s=2.0) == []
