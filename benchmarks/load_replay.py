@@ -1,6 +1,7 @@
-"""Replay a ``bench-load`` run's admitted requests against the wait model with other half-lives.
+"""Replay a ``bench-load`` run against the wait model with other half-lives, and what its 429s say.
 
     python -m benchmarks.load_replay var/bench-load.json [--half-lives 6:5 16:10 24:15]
+    python -m benchmarks.load_replay var/bench-load.json --wait-ahead
 
 For every admitted request of every phase (the web's own records, ``admission.ANSWERS_KEY``, saved
 by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.wait_model.fit_wait`) on the
@@ -16,10 +17,22 @@ own, so the lane's trajectory (which admissions a different model would have ref
 replayed, and admitted-but-unanswered requests (``fit_wait``'s ``pending``) are left out. It says
 which half-lives would have predicted that trajectory better; ``make bench-load`` with the change
 says whether the lane then behaves better.
+
+``--wait-ahead`` replays instead what each 429 of the run would have said
+(:mod:`embeddings.services.wait_ahead`), on one timeline through all phases as the web saw them:
+each 429 is a refusal at its send time with the lane state its body reported (the first estimate,
+images in flight, the running pass, queued messages) and its phase's deadline, labelled from the
+web's answer records known by then, refitted at most once a second as the web does
+(``admission.WAIT_AHEAD_REFIT_S``). Printed per phase, the share of 429s within ±30 % of the
+actual wait as the benchmark judges it (:func:`benchmarks.load.actual_wait_near`): the first
+estimate as is, the fit on every refusal (before deadline bands), the fit on the refusal's own
+deadline band alone, and what the run's 429s said. The capacity loops' refusals are not in the
+result: the replay's fits start each phase without them.
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import os
 import sys
@@ -59,11 +72,60 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
             "within_30pct": round(within / len(errors), 3), "short": round(short / len(errors), 3)}
 
 
+def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, refit_s: float = 1.0) -> list[dict]:
+    """What each 429 of ``phases`` (a ``benchmarks.load`` result's, in run order) would have said,
+    learnt online (see the module docstring); ``by_deadline``: from the refusals of its own deadline
+    band alone (:func:`wait_ahead.deadline_band`), else from all. Returns per phase ``{"name",
+    "checked", "first", "replayed", "said"}``: 429s judged, and the share of them within ±30 % of
+    the actual wait for the first estimate, the replayed estimate and what the run's 429s said."""
+    from benchmarks.load import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
+    from embeddings.services import wait_ahead
+
+    refusals, answers, judged = [], [], []
+    for i, phase in enumerate(phases):
+        answers += phase["web_records"]
+        for a in phase["answers"]:
+            m = a.get("model") or {}
+            if a["status"] != 429 or m.get("first_wait_ahead_s") is None:
+                continue
+            actual = actual_wait_near(phase["answers"], a["sent"])
+            refusals.append({"t": a["sent"], "deadline_s": phase["deadline_s"], "wait_ahead_s": m["first_wait_ahead_s"],
+                             **{k: float(m.get(k) or 0.0) for k in wait_ahead.FEATURES[1:]}})
+            if actual is not None:
+                judged.append((i, refusals[-1], actual, a.get("wait_ahead_s")))
+    refusals.sort(key=lambda r: r["t"])
+    times = [r["t"] for r in refusals]
+    fits: dict = {}
+    tally = [{"name": phase_name(p), "checked": 0, "first": 0, "replayed": 0, "said": 0} for p in phases]
+    for i, r, actual, said in sorted(judged, key=lambda j: j[1]["t"]):
+        now = r["t"]
+        key = wait_ahead.deadline_band(r["deadline_s"]) if by_deadline else None
+        fitted_at, fit = fits.get(key, (-float("inf"), None))
+        if now - fitted_at >= refit_s:
+            known = [a for a in answers if a["answered"] <= now]
+            pending = [a["admitted"] for a in answers if a["admitted"] <= now < a["answered"]]
+            fit = wait_ahead.fit_wait_ahead(refusals[:bisect.bisect_left(times, now)], known, pending_admitted=pending,
+                                            now=now, deadline_s=r["deadline_s"] if by_deadline else None)
+            fits[key] = (now, fit)
+        first = r["wait_ahead_s"]
+        replayed = fit.predict(r) if fit else first
+        tol = RETRY_AFTER_TOLERANCE * actual
+        row = tally[i]
+        row["checked"] += 1
+        row["first"] += abs(first - actual) <= tol
+        row["replayed"] += abs(replayed - actual) <= tol
+        row["said"] += said is not None and abs(said - actual) <= tol
+    return [{**row, **{k: round(row[k] / row["checked"], 4) if row["checked"] else None
+                       for k in ("first", "replayed", "said")}} for row in tally]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("result", help="a benchmarks.load --out JSON")
     ap.add_argument("--half-lives", nargs="+", default=["6:5", "16:10"], metavar="ANSWERS:SECONDS",
                     help="fit half-lives to compare (default: 6:5, the earlier ones, and 16:10)")
+    ap.add_argument("--wait-ahead", action="store_true",
+                    help="replay what the 429s say (learnt from all refusals, and per deadline band) instead")
     args = ap.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     import django
@@ -71,6 +133,17 @@ def main() -> int:
     django.setup()
     result = json.loads(Path(args.result).read_text())
     print(f"{result.get('machine', {}).get('cpu', '?')}; {args.result}")
+    if args.wait_ahead:
+        every = replay_wait_ahead(result["phases"], by_deadline=False)
+        banded = replay_wait_ahead(result["phases"], by_deadline=True)
+        print("| phase | 429s judged | first estimate ±30 % | learnt from every refusal | learnt per deadline band "
+              "| what the run's 429s said |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        pc = lambda x: "-" if x is None else f"{100 * x:.1f} %"  # noqa: E731
+        for a, b in zip(every, banded):
+            print(f"| {a['name']} | {a['checked']} | {pc(a['first'])} | {pc(a['replayed'])} | {pc(b['replayed'])} "
+                  f"| {pc(a['said'])} |")
+        return 0
     print("| phase | half-lives (answers : s) | requests | error p5 / p50 / p95 (s) | within ±30 % | short of predicted + margin |")
     print("| --- | --- | ---: | --- | ---: | ---: |")
     for phase in result["phases"]:

@@ -31,3 +31,38 @@ def test_each_429_is_judged_against_the_requests_admitted_around_it():
     assert p["drift_within_30pct_share"] == pytest.approx(2 / 3, abs=1e-4)      # not at 2.6 s, where the wait doubled
     assert p["retry_after_not_early_share"] == 1.0 and p["retry_after_within_30pct_share"] == 0.0
     assert p["goodput_per_s"] == pytest.approx(17 / 4)
+
+
+def test_the_replay_of_what_429s_say_learns_per_deadline_band():
+    """``benchmarks.load_replay.replay_wait_ahead`` on two phases: at 2 s the first estimate says
+    0.5 s whatever the lane holds while the requests admitted around each 429 waited 0.15 s + 0.1 s
+    per image in flight; then at 5 s the first estimate is right (3 s). Learnt from every refusal,
+    the 2 s phase's fit (the first estimate has no weight in it) carries into the 5 s one and
+    misses there; per deadline band the 5 s
+    phase's 429s say the first estimate until their own band has labels, which say it too."""
+    from benchmarks.load_replay import replay_wait_ahead
+
+    def phase(deadline: float, start: float, n: int, *, first, wait) -> dict:
+        answers, records = [], []
+        for i in range(n):
+            t, inflight, first_s = start + 0.7 * i, 1 + i % 8, first(i)
+            answers.append({"sent": t, "status": 429, "ms": 5.0, "wait_ahead_s": first_s,
+                            "model": {"first_wait_ahead_s": first_s, "inflight_images": inflight,
+                                      "running_pass_left_s": 0.05 * (i % 5), "running_pass_images": 1 + i % 7,
+                                      "queued_messages": 0}})
+            answers.append({"sent": t + 0.1, "status": 200, "ms": 1000 * wait(inflight)})
+            records.append({"admitted": t + 0.1, "answered": t + 0.1 + wait(inflight), "status": 200})
+        return {"deadline_s": deadline, "answers": answers, "web_records": records}
+
+    phases = [phase(2.0, 0.0, 48, first=lambda i: 0.45 + 0.05 * (i % 3), wait=lambda n: 0.15 + 0.1 * n),
+              phase(5.0, 40.0, 48, first=lambda i: 3.0, wait=lambda n: 3.0)]
+    every = replay_wait_ahead(phases, by_deadline=False)
+    banded = replay_wait_ahead(phases, by_deadline=True)
+    assert [p["name"] for p in banded] == ["2 s", "5 s"] and [p["checked"] for p in banded] == [48, 48]
+    assert banded[0] == every[0]  # one band so far: the same fits
+    truth = [0.15 + 0.1 * (1 + i % 8) for i in range(48)]
+    assert banded[0]["first"] == pytest.approx(sum(abs(0.45 + 0.05 * (i % 3) - w) <= 0.3 * w
+                                                   for i, w in enumerate(truth)) / 48, abs=1e-4)
+    assert banded[0]["replayed"] > banded[0]["first"]  # learnt what the first estimate misses
+    assert banded[1]["first"] == banded[1]["replayed"] == banded[1]["said"] == 1.0
+    assert every[1]["replayed"] < banded[1]["replayed"]  # the 2 s phase's fit, said at 5 s: some miss
