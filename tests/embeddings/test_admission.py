@@ -815,39 +815,49 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert r.status_code == 429 and r.json()["code"] == "overloaded" and "Retry-After" in r
 
 
-def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_redis, service):
+def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_redis, service, monkeypatch):
     """Earlier refusals of the same lane state and deadline in Redis, each with a request admitted
     0.1 s after it that waited a quarter longer than the refusal said: the next 429 says more than
     its first estimate, learnt from them (the pure fit on the same records), with a Retry-After
     made from that; and it is recorded itself, with its deadline, to be labelled once the requests
-    around it are answered. Refusals at a deadline 2.5 times longer, whose admitted requests waited
-    three times what they said, interleaved with them, are not learnt from."""
+    around it are answered. Refusals at a deadline 2.5 times longer, 1 s after each of those, whose
+    admitted requests waited half what they said, are not learnt from (they would pull it down)."""
     client, _ = lane_redis
+    # a window long enough for both deadlines' labels of these ~25 s waits, all weighing alike
+    monkeypatch.setattr(wait_ahead, "FIT_WINDOW_S", 150.0)
+    monkeypatch.setattr(wait_ahead, "HALF_LIFE_S", 1e6)
     first, deadline = overloaded["ahead"], service.INTERACTIVE_DEADLINE_S
     state = {"wait_ahead_s": round(first, 4), "inflight_images": 0.0, "running_pass_left_s": 0.0,
              "running_pass_images": 0.0, "queued_messages": float(admission.interactive_load().queued_messages)}
     now = time.time()
-    refusals = [{"t": round(now - 50 + i, 4), "deadline_s": deadline, **state} for i in range(24)]
-    longer = [{**r, "t": r["t"] + 0.5 + 0.01 * i, "deadline_s": 2.5 * deadline} for i, r in enumerate(refusals)]
+    # 2 s apart, the other deadline's 1 s after: each refusal's ±0.5 s window holds its own answer alone
+    refusals = [{"t": round(now - 130 + 2 * i, 4), "deadline_s": deadline, **state} for i in range(24)]
+    longer = [{**r, "t": r["t"] + 1.0, "deadline_s": 2.5 * deadline} for r in refusals]
+
     # work_s / predicted_s None: answers the wait model's fit and recent admissions do not use
     def answered(rs, factor):
         return [{"admitted": r["t"] + 0.1, "answered": r["t"] + 0.1 + factor * first, "images": 1, "status": 200,
                  "work_s": None, "predicted_s": None, "ahead": None} for r in rs
                 if r["t"] + 0.1 + factor * first < now - 1]
-    answers = answered(refusals, 1.25)
-    other = answered(longer, 3.0)
-    assert len(other) >= wait_ahead.MIN_LABELLED
+    answers, other = answered(refusals, 1.25), answered(longer, 0.5)
+    assert len(answers) >= wait_ahead.MIN_LABELLED and len(other) >= wait_ahead.MIN_LABELLED
     client.rpush(admission.REFUSALS_KEY, *map(json.dumps, sorted(refusals + longer, key=lambda r: r["t"])))
     client.rpush(admission.ANSWERS_KEY, *map(json.dumps, sorted(answers + other, key=lambda a: a["answered"])))
     r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", jpeg_bytes(1), content_type="image/jpeg")]},
                  format="multipart")
     assert r.status_code == 429, r.content
-    extra = r.json()["extra"]
-    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=time.time())
-    assert extra["wait_ahead_samples"] == fit.samples == len(answers) >= wait_ahead.MIN_LABELLED
+    extra, later = r.json()["extra"], time.time()
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=later)
+    banded = wait_ahead.fit_wait_ahead(refusals + longer, answers + other, pending_admitted=[], now=later,
+                                       deadline_s=deadline)
+    mixed = wait_ahead.fit_wait_ahead(refusals + longer, answers + other, pending_admitted=[], now=later)
+    assert banded.coef == pytest.approx(fit.coef, abs=1e-9) and banded.samples == fit.samples
+    assert extra["wait_ahead_samples"] == fit.samples == len(answers)
+    assert mixed.samples == len(answers) + len(other)
     assert extra["first_wait_ahead_s"] == pytest.approx(first, abs=0.01)
     assert extra["wait_ahead_s"] == pytest.approx(fit.predict(state), abs=0.01)
     assert 1.2 * first < extra["wait_ahead_s"] <= 1.25 * first  # near what they waited, pulled to the first
+    assert mixed.predict(state) < first  # what learning from every deadline would have said
     assert int(r["Retry-After"]) == extra["retry_after_s"] == math.ceil(extra["wait_ahead_s"] + extra["retry_margin_s"])
     assert "learnt from" in r.json()["message"]
     recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
@@ -1000,6 +1010,23 @@ def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misse
     # the late ones are 1 s over a wait of ~0.7 s: outside ±30 %; short until the margin has seen them
     assert late["within_30pct"] <= 0.91 and 0.01 <= late["short"] < 0.09
     assert replay(records()[:4], half_life_answers=16, half_life_s=10)["error_s"] is None  # too few
+
+
+def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(lane_redis):
+    """``benchmarks.load.first_calibration`` watches the key under which the cutoff calibration keeps
+    its prompts' text vectors (``cutoff.PROMPT_VECTORS_KEY``): not there, it gives up after its
+    timeout (``None``); there, it answers at once."""
+    import fnmatch
+
+    from benchmarks import load
+    from embeddings.services import cutoff
+
+    client, _ = lane_redis
+    key = cutoff.PROMPT_VECTORS_KEY.format(model_id="ViT-B-32/random", prompts_sha256="ab" * 32)
+    assert fnmatch.fnmatchcase(key, load.PROMPT_VECTORS_PATTERN)
+    assert load.first_calibration(settings.REDIS_URL, timeout_s=1.5, quiet_s=0) is None
+    client.set(key, "{}")
+    assert load.first_calibration(settings.REDIS_URL, timeout_s=1.5, quiet_s=0) == 0.0
 
 
 def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lane_redis):
