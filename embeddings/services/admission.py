@@ -272,6 +272,10 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
 #: :data:`WAIT_AHEAD_REFIT_S` s at most. Replaced whole, never mutated (web threads share it); at
 #: most one entry per band, and deadlines are bounded (0.001 s to the default), so it stays small.
 _wait_ahead_cache: dict[int, tuple[float, wait_ahead.WaitAheadFit | None]] = {}
+#: The records the fits are made from, parsed (refusals, answers, pending requests' admission
+#: times), and when they were read (Unix s): read at most every :data:`WAIT_AHEAD_REFIT_S` s per
+#: process, whatever the number of bands refitted from them. Replaced whole, never mutated.
+_wait_ahead_records: tuple[float, tuple[list, list, list]] = (-math.inf, ([], [], []))
 
 
 def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decision:
@@ -279,28 +283,33 @@ def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decisi
     last minute at deadlines of its band (:func:`wait_ahead.deadline_band`) and the answers around
     them, recorded in :data:`REFUSALS_KEY` (with ``deadline_s``) to label later; the refusal as
     :func:`wait_model.decide` made it when Redis fails (never raises)."""
-    global _wait_ahead_cache
+    global _wait_ahead_cache, _wait_ahead_records
     now = time.time()
     state = wait_ahead.features(decision, load)
     band = wait_ahead.deadline_band(deadline_s)
     try:
         client = redis_client()
         fitted_at, fit = _wait_ahead_cache.get(band, (-math.inf, None))
+        read_at, records = _wait_ahead_records
+        refit = now - fitted_at >= WAIT_AHEAD_REFIT_S
+        read = refit and now - read_at >= WAIT_AHEAD_REFIT_S  # another band's refit may have read them
         with client.pipeline(transaction=False) as pipe:
             pipe.rpush(REFUSALS_KEY, json.dumps({"t": round(now, 4), "deadline_s": round(deadline_s, 3),
                                                  **{k: round(v, 4) for k, v in state.items()}}))
             pipe.ltrim(REFUSALS_KEY, -REFUSALS_KEPT, -1)
-            refit = now - fitted_at >= WAIT_AHEAD_REFIT_S
-            if refit:
+            if read:
                 pipe.lrange(REFUSALS_KEY, 0, -1)
                 pipe.lrange(ANSWERS_KEY, -LABEL_ANSWERS_READ, -1)
                 pipe.hvals(PENDING_KEY)
             replies = pipe.execute()
-        if refit:
+        if read:
             refusals, answers, pending = replies[2:]
-            fit = wait_ahead.fit_wait_ahead([json.loads(r) for r in refusals], [json.loads(a) for a in answers],
-                                            pending_admitted=[json.loads(p)["admitted"] for p in pending], now=now,
-                                            deadline_s=deadline_s)
+            records = ([json.loads(r) for r in refusals], [json.loads(a) for a in answers],
+                       [json.loads(p)["admitted"] for p in pending])
+            _wait_ahead_records = (now, records)
+        if refit:
+            refusals, answers, pending = records
+            fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=pending, now=now, deadline_s=deadline_s)
             _wait_ahead_cache = {**_wait_ahead_cache, band: (now, fit)}
     except Exception as e:  # noqa: BLE001 - what a 429 says is never what fails it
         log.warning("what the 429 says is not learnt, Redis failed: %s", e)

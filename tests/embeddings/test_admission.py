@@ -68,12 +68,14 @@ def lane_redis(redis_url, settings):
     client = admission.redis_client()
     client.flushdb()
     admission._wait_ahead_cache = {}  # a web process's learnt 429s belong to its Redis
+    admission._wait_ahead_records = (-math.inf, ([], [], []))
     app = Celery("admission-test", broker=redis_url, set_as_current=False)
     app.conf.broker_transport_options = settings.CELERY_BROKER_TRANSPORT_OPTIONS
     yield client, app
     app.close()
     client.flushdb()
     admission._wait_ahead_cache = {}
+    admission._wait_ahead_records = (-math.inf, ([], [], []))
 
 
 @pytest.fixture(scope="module")
@@ -863,6 +865,25 @@ def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_
     recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
     assert len(recorded) == 49 and recorded[-1]["t"] >= now and recorded[-1]["wait_ahead_s"] == pytest.approx(first, abs=1e-3)
     assert recorded[-1]["deadline_s"] == deadline
+
+
+def test_refusals_of_several_deadline_bands_read_the_records_once_a_second(overloaded, api, lane_redis, service):
+    """Two 429s in a row at deadlines of two bands: each band has its own fit, and both are made from
+    one read of the refusals, answers and pending requests (``LRANGE`` counted by Redis itself:
+    two per admission's own load read, two for the records, once)."""
+    client, _ = lane_redis
+    deadlines = (service.INTERACTIVE_DEADLINE_S, service.INTERACTIVE_DEADLINE_S / 2.5)
+    assert wait_ahead.deadline_band(deadlines[0]) != wait_ahead.deadline_band(deadlines[1])
+    client.config_resetstat()
+    for i, deadline in enumerate(deadlines):
+        r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", jpeg_bytes(i), content_type="image/jpeg")],
+                                      "deadline": deadline}, format="multipart")
+        assert r.status_code == 429, r.content
+        assert r.json()["extra"]["deadline_s"] == pytest.approx(deadline, abs=1e-3)
+    assert client.info("commandstats")["cmdstat_lrange"]["calls"] == 2 * 2 + 2
+    assert set(admission._wait_ahead_cache) == {wait_ahead.deadline_band(d) for d in deadlines}
+    recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
+    assert [x["deadline_s"] for x in recorded] == [pytest.approx(d, abs=1e-3) for d in deadlines]
 
 
 def test_bulk_is_never_refused(overloaded, api):
