@@ -13,6 +13,7 @@ import platform
 import statistics
 import struct
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -168,3 +169,16 @@ def hms(seconds: float) -> str:
     """``H:MM:SS``."""
     s = int(round(seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def wait_for(fetch, ok, *, timeout: float, every: float = 1.0):
+    """``fetch()`` every ``every`` s until ``ok(value)``; the value. Raises ``TimeoutError`` (with the
+    last value) after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fetch()
+        if ok(value):
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not reached after {timeout} s: {json.dumps(value, default=str)[:2000]}")
+        time.sleep(every)

@@ -73,7 +73,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import machine, machine_line, pyplot
+from benchmarks._common import machine, machine_line, pyplot, wait_for
 from benchmarks.lanes import scratch_database
 from scripts.soak import make_jpeg, zip_of
 from scripts.stack import Stack
@@ -533,12 +533,12 @@ def first_calibration(redis_url: str, *, timeout_s: float = 150.0, quiet_s: floa
 
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if next(client.scan_iter(PROMPT_VECTORS_PATTERN, count=1000), None) is not None:
-            time.sleep(quiet_s)
-            return round(time.monotonic() - t0, 1)
-        time.sleep(1.0)
-    return None
+    try:
+        wait_for(lambda: next(client.scan_iter(PROMPT_VECTORS_PATTERN, count=1000), None), bool, timeout=timeout_s)
+    except TimeoutError:
+        return None
+    time.sleep(quiet_s)
+    return round(time.monotonic() - t0, 1)
 
 
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],

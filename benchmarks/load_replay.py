@@ -72,14 +72,16 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
             "within_30pct": round(within / len(errors), 3), "short": round(short / len(errors), 3)}
 
 
-def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, refit_s: float = 1.0) -> list[dict]:
+def replay_wait_ahead(phases: list[dict], *, by_deadline: bool) -> list[dict]:
     """What each 429 of ``phases`` (a ``benchmarks.load`` result's, in run order) would have said,
-    learnt online (see the module docstring); ``by_deadline``: from the refusals of its own deadline
-    band alone (:func:`wait_ahead.deadline_band`), else from all. Returns per phase ``{"name",
-    "checked", "first", "replayed", "said"}``: 429s judged, and the share of them within ±30 % of
-    the actual wait for the first estimate, the replayed estimate and what the run's 429s said."""
+    learnt online (see the module docstring), refitted every ``admission.WAIT_AHEAD_REFIT_S`` s as
+    the web does; ``by_deadline``: from the refusals of its own deadline band alone
+    (:func:`wait_ahead.deadline_band`), else from all. Returns per phase ``{"name", "checked",
+    "first", "replayed", "said"}``: 429s judged, and the share of them within ±30 % of the actual
+    wait for the first estimate, the replayed estimate and what the run's 429s said."""
     from benchmarks.load import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
     from embeddings.services import wait_ahead
+    from embeddings.services.admission import WAIT_AHEAD_REFIT_S
 
     refusals, answers, judged = [], [], []
     for i, phase in enumerate(phases):
@@ -101,7 +103,7 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, refit_s: float =
         now = r["t"]
         key = wait_ahead.deadline_band(r["deadline_s"]) if by_deadline else None
         fitted_at, fit = fits.get(key, (-float("inf"), None))
-        if now - fitted_at >= refit_s:
+        if now - fitted_at >= WAIT_AHEAD_REFIT_S:
             known = [a for a in answers if a["answered"] <= now]
             pending = [a["admitted"] for a in answers if a["admitted"] <= now < a["answered"]]
             fit = wait_ahead.fit_wait_ahead(refusals[:bisect.bisect_left(times, now)], known, pending_admitted=pending,

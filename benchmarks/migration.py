@@ -44,7 +44,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, machine, machine_line, pyplot  # noqa: E402
-from benchmarks._common import write_folder  # noqa: E402
+from benchmarks._common import wait_for, write_folder  # noqa: E402
 from benchmarks.lanes import (  # noqa: E402
     Client,
     Sample,
@@ -152,18 +152,6 @@ def summary(samples: list[dict]) -> dict:
             "errors": sum(1 for r in samples if r["http"] not in (200, 202, 429)),
             "refused_429": sum(1 for r in samples if r["http"] == 429),
             "late_202": sum(1 for r in samples if r["http"] == 202)}
-
-
-def wait_for(fetch, ok, *, timeout: float, every: float = 1.0):
-    """``fetch()`` until ``ok(value)``; the value. Raises ``TimeoutError`` with the last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fetch()
-        if ok(value):
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not reached after {timeout} s: {json.dumps(value)[:2000]}")
-        time.sleep(every)
 
 
 def fmt(v, spec=".0f") -> str:
