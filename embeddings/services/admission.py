@@ -21,10 +21,11 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    admits too (the enqueue that follows reports the outage). Eager Celery (tests) queues nothing,
    so admission is skipped there. A refused request's ``extra.wait_ahead_s`` (s, 3 decimals) is
    about the wait of a request admitted at that moment. First estimate
-   (``extra.first_wait_ahead_s``): the mean predicted wait of the requests admitted in the last
-   ``wait_model.RECENT_ADMISSIONS_S`` s, else that of the work ahead of it now (its own images left
-   out), and at least that of a request of its size in an empty lane (``extra.wait_ahead_from``:
-   ``recent_admissions`` or ``work_ahead``). Then learnt (:mod:`embeddings.services.wait_ahead`,
+   (``extra.first_wait_ahead_s``): the admission edge, the longest predicted wait admitted now
+   (``wait_model.admission_edge_s``: under overload the next request admitted is admitted there),
+   or the time the backlog needs to drain to it where that is longer, and at least the wait of a
+   request of its size in an empty lane (``extra.wait_ahead_from``: ``edge``, ``drain`` or
+   ``alone``). Then learnt (:mod:`embeddings.services.wait_ahead`,
    ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
    go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
    label it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
@@ -228,9 +229,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     decision = decide(load, deadline_s=deadline_s, images=images)
     if not decision.admitted:
         decision = _refused(decision, load, deadline_s=deadline_s)
-        source = "recent_admissions" if load.recent_admitted_s else "work_ahead"  # as decide chose
-        about = {"recent_admissions": "the requests admitted in the last seconds wait about",
-                 "work_ahead": "the work ahead drains in about"}[source]
+        about = {"edge": "a request admitted next waits about",
+                 "drain": "the work ahead drains to what this deadline admits in about",
+                 "alone": "a request of its size waits about, even in an empty lane,"}[decision.wait_ahead_from]
         if decision.wait_ahead_samples:
             about = f"learnt from {decision.wait_ahead_samples} earlier refusals, a request admitted now waits about"
         first = decision.wait_ahead_s if decision.first_wait_ahead_s is None else decision.first_wait_ahead_s
@@ -243,10 +244,11 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    # Retry-After (whole seconds: wait_ahead_s + retry_margin_s, rounded up) and about
                    # what a request admitted now waits: learnt from earlier refusals' outcomes
                    # (wait_ahead_samples of them; 0: not yet) from decide's first estimate
-                   # (first_wait_ahead_s: which one, wait_ahead_from; the other, work_ahead_wait_s)
+                   # (first_wait_ahead_s: which one, wait_ahead_from; what the work queued now
+                   # needs, work_ahead_wait_s)
                    "retry_after_s": decision.retry_after_s, "wait_ahead_s": round(decision.wait_ahead_s, 3),
                    "first_wait_ahead_s": round(first, 3), "wait_ahead_samples": decision.wait_ahead_samples,
-                   "wait_ahead_from": source,
+                   "wait_ahead_from": decision.wait_ahead_from,
                    "work_ahead_wait_s": round(decision.work_ahead_wait_s, 3),
                    "queued_messages": load.queued_messages, "inflight_images": load.inflight_images,
                    "running_pass_images": sum(n for n, _ in load.passes),

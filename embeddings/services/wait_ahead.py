@@ -2,9 +2,10 @@
 own outcomes. Pure (no Redis): :mod:`embeddings.services.admission` records each refusal's
 :data:`FEATURES` in Redis (``admission.REFUSALS_KEY``) and reads them back with the answers.
 
-:func:`wait_model.decide` gives a first estimate of ``wait_ahead_s``: the mean wait predicted for
-the requests admitted in the last ``RECENT_ADMISSIONS_S`` s (at least a lone request's). Under a 2×
-overload it is right on average and wrong in the moment: on the AVX-512 EPYC of 2026-12-02 (load
+:func:`wait_model.decide` gives a first estimate of ``wait_ahead_s``: the admission edge
+(``wait_model.admission_edge_s``; at least a lone request's). Until 2026-12-03 it was the mean
+wait predicted for the requests admitted in the last ``RECENT_ADMISSIONS_S`` s, and what follows
+was measured with that. Under a 2× overload it is right on average and wrong in the moment: on the AVX-512 EPYC of 2026-12-02 (load
 benchmark, ``--deadline 1 2 5 --with-bulk 0 3000``) its ratio to the wait that requests admitted
 around each 429 had was 0.97-1.04 at the median of every phase, but only 79 / 94 / 93 % of the 429s
 (1 / 2 / 5 s; with a bulk job 83 / 80 / 93 %) were within ±30 %. Where it misses is where the

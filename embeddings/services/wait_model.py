@@ -133,17 +133,11 @@ SHALLOW_REQUESTS = 1
 #: wandered (overhead 1.2 s and scale 0.25 at a 2 s deadline; scale 1.9 for lone requests in a lane
 #: that had just drained).
 OVERHEAD_PRIOR_WEIGHT = 2.0
-#: A refusal's ``wait_ahead_s`` is the mean wait predicted for the requests admitted in the last
-#: this-many seconds (answered or not), when there are some (:func:`decide`): under overload the lane
-#: admits at the edge of what fits, so what those requests were promised is what a request admitted
-#: at the moment of the refusal waits. 2026-12-02, AVX2-only EPYC, where a 1 s deadline leaves room
-#: for about one pass ahead (docs/benchmarks-load.md, "A slower machine"): replayed on that run's
-#: 429s, within ±30 % of the actual wait 85.5 % (1 s) and 83.6 % (1 s + bulk) against 69.0 % and
-#: 83.6 % with the predicted wait of the work ahead, which there counts the pass a queued request
-#: waits for but not the one the next admitted request waits for behind it; 1 s and 2 s windows
-#: differed by under a point. Live, judged with both on the same 429s of one run (1 / 2 / 5 s, then
-#: 2 / 5 s with a bulk job): 100.0 / 79.4 / 78.1 / 87.3 / 82.3 % against 96.2 / 69.1 / 75.4 / 83.3 /
-#: 85.5 %.
+#: What admitted requests were promised over the last this-many seconds (answered or not):
+#: ``LaneLoad.recent_admitted_s``, and the arrivals that join the last, partial pass
+#: (``arrivals_ips``). Until 2026-12-03 a refusal's first ``wait_ahead_s`` was their mean (2 s:
+#: 1 s and 2 s windows differed by under a point); now it is the admission edge
+#: (:func:`admission_edge_s`), which that mean lagged behind when admission stopped.
 RECENT_ADMISSIONS_S = 2.0
 
 
@@ -471,17 +465,19 @@ class Decision:
     """``admitted``; the ``predicted_wait_s`` it was based on (``None``: unknown).
 
     When refused: ``wait_ahead_s`` (s), about what a request admitted at this moment waits: the
-    mean predicted wait of the requests admitted in the last :data:`RECENT_ADMISSIONS_S` s, else
-    that of the work ahead now (the refused request's own images left out); at least that of a
-    request of its size in an empty lane (:func:`decide`); and
+    admission edge (:func:`admission_edge_s`, the longest predicted wait admitted now), or how long
+    the backlog needs to drain to it where that is longer, at least the wait of a request of its
+    size in an empty lane (:func:`decide`; ``wait_ahead_from``: ``"edge"``, ``"drain"`` or
+    ``"alone"``); and
     ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
     to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): a client that
     waits it does not come back before a request admitted at this moment is answered. ``work_s``,
     ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its :data:`admission.PENDING_KEY`
     entry) are kept for :func:`admission.interactive_answered`;
     ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body;
-    ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), which
-    is ``wait_ahead_s`` when no request was admitted recently. ``first_wait_ahead_s`` (s) and
+    ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), for
+    the 429's body (what the work queued now needs; the next request admitted waits for more, the
+    pass it joins). ``first_wait_ahead_s`` (s) and
     ``wait_ahead_samples``: set when ``wait_ahead_s`` was learnt from labelled refusals
     (:func:`wait_ahead.learnt`): the estimate above, and how many refusals the fit used."""
 
@@ -496,6 +492,7 @@ class Decision:
     margin_s: float | None = None
     retry_margin_s: float | None = None
     work_ahead_wait_s: float | None = None
+    wait_ahead_from: str | None = None
     first_wait_ahead_s: float | None = None
     wait_ahead_samples: int = 0
 
@@ -525,6 +522,36 @@ def margin_s(fit: WaitFit, wait_s: float, *, min_share: float, max_s: float = ma
     return min(max(fit.margin_s, min_share * wait_s), max_s)
 
 
+def admission_edge_s(fit: WaitFit, deadline_s: float, *, min_share: float, max_s: float = math.inf) -> float:
+    """The admission edge (s): the longest predicted wait :func:`decide` admits at ``deadline_s``
+    (s) in a lane deeper than shallow, the largest ``w`` with ``w + margin_s(fit, w) ≤ deadline_s``
+    (:func:`margin_s`, the same ``min_share`` and ``max_s``); 0 when none fits. Pure.
+
+    ``w + margin_s(w)`` rises with slope ≥ 1 and is linear in pieces: the learnt margin binding
+    (``w = deadline − learnt``), the floor (``w = deadline / (1 + min_share)``) or the cap
+    (``w = deadline − max_s``); the edge is the largest of those that fits.
+
+    Under overload it is what a request admitted at the moment of a refusal is promised: the next
+    request admitted is the first whose predicted wait falls back to it. It is the first
+    ``wait_ahead_s`` of a refusal (:func:`decide`) since 2026-12-03; before, the mean predicted wait
+    of the requests admitted in the last :data:`RECENT_ADMISSIONS_S` s, the same number in a steady
+    overload, but it lagged when admission stopped: on the Intel Xeon of that day (load benchmark,
+    ``--deadline 1 2 5 --with-bulk 0 3000``), a 5 s phase admitted nothing for 2.0 s after its
+    passes slowed by a third, the margin grew from 0.9 to 2.0 s, its 429s kept saying 4.0 s from the
+    last admissions and the requests admitted next waited 2.2-2.8 s: 69 misses of ±30 %, 91.2 %
+    within. Replayed on that run and the next (``benchmarks/load_replay.py``; first estimate alone,
+    then learnt, :mod:`embeddings.services.wait_ahead`), within ±30 % of the actual wait with the
+    edge against the mean: 2 s 98.7 / 98.9 % against 92.9 / 96.7 % (learnt 100.0 / 98.6 against
+    97.8 / 97.5), 5 s 95.2 / 99.1 against 91.1 / 96.3 (learnt 99.8 / 99.1 against 91.2 / 97.9), 1 s
+    98.5 / 97.8 against 98.8 / 99.3 (learnt 98.7 / 99.4 against 98.7 / 100.0); with a bulk job
+    (the first run) 1 s 70.2 against 79.5 (learnt 90.7 both), 2 s 95.9 against 97.9 (learnt 97.6
+    both), 5 s 100 both.
+    """
+    candidates = (deadline_s - min(fit.margin_s, max_s), deadline_s / (1 + min_share), deadline_s - max_s)
+    return max((w for w in candidates
+                if w >= 0 and w + margin_s(fit, w, min_share=min_share, max_s=max_s) <= deadline_s + 1e-9), default=0.0)
+
+
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
     """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
     ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); a lane
@@ -533,14 +560,15 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     :data:`PROBE_AFTER_S` (a probe).
 
     A refusal carries ``wait_ahead_s``, about what a request admitted at this moment waits: the
-    mean predicted wait of the requests admitted in the last :data:`RECENT_ADMISSIONS_S` s
-    (:attr:`LaneLoad.recent_admitted_s`; under overload the lane admits at the edge of what fits,
-    so that is what the next one admitted is promised), or, with none, the predicted wait of the
-    work ahead now (the backlog, without the refused request's own images: by then that work has
-    drained); either at least the predicted wait of a request of its size
-    in an empty lane (a lone pass nearly done leaves little work ahead, but the next request
-    admitted still waits its own pass: replayed on a load-benchmark run at deadline 1 s, the floor
-    put 78 % of the 429s within ±30 % of the wait admitted requests had, against 56 %); and
+    admission edge (:func:`admission_edge_s`), since under overload the next request admitted is
+    the first whose predicted wait, plus its margin, fits the deadline again. Where the backlog
+    needs longer than that to drain to the edge (predicted wait − edge: a lane filled by requests
+    of longer deadlines, or one that lost a worker), that time instead: no request of this deadline
+    is admitted before, and Retry-After is when to come back. At least the
+    predicted wait of a request of its size in an empty lane (a lone pass nearly done leaves little
+    work ahead, but the next request admitted still waits its own pass: replayed on a
+    load-benchmark run at deadline 1 s, the floor put 78 % of the 429s within ±30 % of the wait
+    admitted requests had, against 56 %); and
     ``retry_after_s`` = :func:`retry_after` of it plus its margin (``retry_margin_s``): the header
     promises "not before", and ``wait_ahead_s`` alone rounded up was early where the wait sat just
     above a whole second (79-94 % not early at a 5 s deadline). Not
@@ -560,16 +588,17 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     if (wait is None or wait + margin <= deadline_s
             or (shallow and wait <= deadline_s) or (empty and load.fit.age_s > PROBE_AFTER_S)):
         return Decision(True, wait, work_s=work, ahead_images=load.backlog_images)
-    # the work ahead of it now, without its own images; and never less than a request of its size
-    # waits in an empty lane, which is what the next one admitted waits once that work has drained
+    # the next request admitted is admitted at the edge; a backlog that needs longer than that to
+    # drain to the edge keeps admission shut that long; never less than a request of its size waits
+    # in an empty lane. The work ahead of it now (its own images left out) goes in the body.
     alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
-    recent, drained = load.recent_admitted_s, max(load.predicted_wait_s(0), alone)
-    ahead = max(statistics.fmean(recent), alone) if recent else drained
+    edge = admission_edge_s(load.fit, deadline_s, min_share=share, max_s=cap)
+    ahead, source = max((edge, "edge"), (wait - edge, "drain"), (alone, "alone"), key=lambda x: x[0])
     # the header promises "not before": that wait's upper bound, as admission bounds a wait
     late = margin_s(load.fit, ahead, min_share=share, max_s=cap)
     return Decision(False, wait, retry_after(ahead + late), work_s=work, wait_ahead_s=ahead,
                     ahead_images=load.backlog_images, margin_s=margin, retry_margin_s=late,
-                    work_ahead_wait_s=drained)
+                    work_ahead_wait_s=max(load.predicted_wait_s(0), alone), wait_ahead_from=source)
 
 
 

@@ -20,6 +20,8 @@ import time
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
@@ -414,8 +416,10 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     over = wait_model.LaneLoad(queued_messages=9, inflight_images=1, capacity_ips=capacity, fit=fit)
     refused = decide(over, deadline_s=deadline)
     assert not refused.admitted and refused.predicted_wait_s == pytest.approx(0.2 + 1.25 * 11 / 8)
-    # the wait of the 10 images ahead, 0.2 + 1.25 × 10 / 8 = 1.76 s, plus its margin (0.1 s), rounded up
-    assert refused.wait_ahead_s == pytest.approx(1.7625) and refused.retry_margin_s == pytest.approx(0.1)
+    # the admission edge, the longest predicted wait admitted: 2 − 0.1 = 1.9 s (the work ahead,
+    # 0.2 + 1.25 × 10 / 8 = 1.76 s, goes in the body), plus its margin (0.1 s), rounded up
+    assert refused.wait_ahead_s == pytest.approx(1.9) and refused.wait_ahead_from == "edge"
+    assert refused.work_ahead_wait_s == pytest.approx(1.7625) and refused.retry_margin_s == pytest.approx(0.1)
     assert refused.retry_after_s == 2
     # Requests of several images weigh more, queued and arriving; unknown capacity admits.
     assert not decide(dataclasses.replace(fits, images_per_request=2.0), deadline_s=deadline).admitted
@@ -434,20 +438,30 @@ def test_decide_refuses_exactly_when_the_predicted_wait_plus_margin_exceeds_the_
     stale = dataclasses.replace(fresh, age_s=wait_model.PROBE_AFTER_S + 0.1)
     assert decide(dataclasses.replace(empty, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
     assert not decide(dataclasses.replace(fits, capacity_ips=0.4, fit=stale), deadline_s=deadline).admitted
-    assert decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline).retry_after_s == 13  # 12.54 + 0.1 s
-    assert decide(dataclasses.replace(fits, queued_messages=74), deadline_s=deadline).retry_after_s == 12  # 11.76 + 0.1 s
+    # A backlog far beyond the edge (a lane filled by longer deadlines): no request of this deadline
+    # is admitted until it has drained to the edge, predicted wait − edge; Retry-After follows it.
+    deep = decide(dataclasses.replace(fits, queued_messages=79), deadline_s=deadline)  # 0.2 + 1.25 × 80 / 8 = 12.7 s
+    assert deep.wait_ahead_from == "drain" and deep.wait_ahead_s == pytest.approx(12.7 - 1.9)
+    assert deep.retry_after_s == 11  # ⌈10.8 + 0.1⌉
+    assert decide(dataclasses.replace(fits, queued_messages=70), deadline_s=deadline).retry_after_s == 10  # 9.39 + 0.1 s
     # A pass of two images nearly done (0.02 s left) with a 0.3 s margin: little work is ahead, but
-    # the next request admitted waits its own pass; wait_ahead_s is never less than that.
+    # the next request admitted waits its own pass; wait_ahead_s is never less than that. At a 0.6 s
+    # deadline the edge is 0.6 − 0.24 (the margin's cap, 0.4 × the deadline) = 0.36 s, above it; at
+    # 0.5 s it is 0.3 s, below: the floor.
     lone = wait_model.LaneLoad(queued_messages=0, inflight_images=2, capacity_ips=1 / 0.3, workers=1,
                                curves=(({1: 300.0, 8: 550.0}, 8),), passes=((2, 0.02),),
                                fit=wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.3, samples=50))
     d = decide(lone, deadline_s=0.6)
     assert not d.admitted and d.predicted_wait_s == pytest.approx(0.05 + 0.02 + 0.3)
-    assert d.wait_ahead_s == pytest.approx(0.05 + 0.3)  # not 0.05 + 0.02: the work ahead alone
-    assert decide(dataclasses.replace(lone, passes=((2, 0.25),)), deadline_s=0.6).wait_ahead_s \
+    assert d.wait_ahead_s == pytest.approx(0.36) and d.wait_ahead_from == "edge"
+    d = decide(lone, deadline_s=0.5)
+    assert d.wait_ahead_s == pytest.approx(0.05 + 0.3) and d.wait_ahead_from == "alone"  # not the work ahead, 0.07 s
+    assert decide(dataclasses.replace(lone, passes=((2, 0.25),)), deadline_s=0.5).wait_ahead_s \
         == pytest.approx(0.05 + 0.3)  # more left, still under a lone pass: the floor
-    assert decide(dataclasses.replace(lone, queued_messages=8, inflight_images=8, passes=((8, 0.5),)),
-                            deadline_s=0.6).wait_ahead_s == pytest.approx(0.05 + 0.5 + 0.55)  # the backlog's drain
+    backlog = decide(dataclasses.replace(lone, queued_messages=8, inflight_images=8, passes=((8, 0.5),)),
+                     deadline_s=0.6)  # predicted 0.05 + 0.5 left + a pass of eight 0.55 + its own 0.3 = 1.4 s
+    assert backlog.wait_ahead_from == "drain" and backlog.wait_ahead_s == pytest.approx(1.4 - 0.36)
+    assert backlog.work_ahead_wait_s == pytest.approx(0.05 + 0.5 + 0.55)
 
 
 def test_a_shallow_lane_admits_whatever_the_margin_when_the_wait_alone_fits():
@@ -712,24 +726,52 @@ def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, meas
 # --- the API --------------------------------------------------------------------------------------
 
 
-def test_a_refusal_says_what_the_requests_admitted_just_before_it_were_promised():
-    """``RECENT_ADMISSIONS_S`` (2 s): a lane at the edge of a 1 s deadline (a pass of one running,
-    0.3 s left, one request queued) refuses a request predicted 0.95 s (+ a 0.2 s margin). The work
-    ahead waits 0.05 + 0.3 + 0.45 = 0.8 s; the requests admitted in the last 2 s were promised 0.85
-    and 0.95 s, so ``wait_ahead_s`` is their mean, 0.9 s: what the next one admitted waits. Never
-    below a lone request's wait (0.5 s); with no recent admission, the work ahead."""
-    assert wait_model.RECENT_ADMISSIONS_S == 2.0
+def test_the_admission_edge_is_the_longest_predicted_wait_admitted():
+    """``admission_edge_s``: the largest ``w`` with ``w + margin_s(w) ≤ deadline``, whichever of the
+    learnt margin, the floor (a share of ``w``) or the cap (a share of the deadline) binds there."""
+    edge = functools.partial(wait_model.admission_edge_s, min_share=0.2, max_s=0.8)  # a 2 s deadline's cap
+    learnt = lambda m: wait_model.WaitFit(margin_s=m)  # noqa: E731
+    assert edge(learnt(0.5), 2.0) == pytest.approx(1.5)  # the learnt margin: 1.5 + 0.5 = 2
+    assert edge(learnt(0.1), 2.0) == pytest.approx(2.0 / 1.2)  # the floor: 1.667 + 0.2 × 1.667 = 2
+    assert edge(learnt(1.5), 2.0) == pytest.approx(1.2)  # the cap: 1.2 + 0.8 = 2
+    assert edge(learnt(0.1), 2.0, min_share=0.0) == pytest.approx(1.9)
+    assert wait_model.admission_edge_s(learnt(5.0), 2.0, min_share=0.0) == 0.0  # no cap, nothing fits
+
+
+@given(margin=st.floats(0, 10), deadline=st.floats(0.05, 60), share=st.floats(0, 1), cap=st.floats(0, 1))
+def test_the_admission_edge_is_where_decide_stops_admitting(margin, deadline, share, cap):
+    """Property: at the edge the predicted wait plus its margin is the deadline (or under it where
+    it is 0), and a wait a millisecond longer does not fit; ``decide``'s own rule."""
+    fit = wait_model.WaitFit(margin_s=margin)
+    mg = functools.partial(wait_model.margin_s, fit, min_share=share, max_s=cap * deadline)
+    e = wait_model.admission_edge_s(fit, deadline, min_share=share, max_s=cap * deadline)
+    assert 0 <= e <= deadline and e + mg(e) <= deadline + 1e-9
+    assert e + 1e-3 + mg(e + 1e-3) > deadline
+
+
+def test_a_refusal_says_the_wait_at_the_admission_edge():
+    """Under overload the next request admitted is the first whose predicted wait plus its margin
+    fits again: a lane at the edge of a 1 s deadline (a pass of one running, 0.3 s left, one request
+    queued) refuses a request predicted 0.95 s (+ a 0.2 s margin). The work ahead waits 0.05 + 0.3
+    + 0.45 = 0.8 s; ``wait_ahead_s`` is the edge, 1 − 0.2 = 0.8 s, whatever the requests admitted in
+    the last seconds were promised (before 2026-12-03: their mean, which lagged when admission
+    stopped). With a margin of 0.4 s (the cap) the edge is 0.6 s. At a 0.6 s deadline the edge is
+    0.4 s, and the lane needs 0.95 − 0.4 = 0.55 s to drain to it: that, longer (and longer than a
+    lone request's 0.5 s, the floor: ``test_decide_refuses_exactly_…``)."""
     fit = wait_model.WaitFit(overhead_s=0.05, scale=1.0, margin_s=0.2, samples=50)
     lane = wait_model.LaneLoad(queued_messages=1, inflight_images=1, capacity_ips=1 / 0.45, workers=1,
                                curves=(({1: 450.0, 2: 600.0}, 8),), passes=((1, 0.3),), fit=fit)
-    before = wait_model.decide(lane, deadline_s=1.0)  # 0.05 + 0.3 + a pass of two (0.6) = 0.95 s, + 0.2 > 1
-    assert not before.admitted and before.wait_ahead_s == pytest.approx(0.8)
-    d = wait_model.decide(dataclasses.replace(lane, recent_admitted_s=(0.85, 0.95)), deadline_s=1.0)
-    assert not d.admitted and d.wait_ahead_s == pytest.approx(0.9) and d.predicted_wait_s == pytest.approx(0.95)
-    assert d.retry_after_s == 2  # ⌈0.9 + its margin 0.2⌉
-    assert wait_model.decide(dataclasses.replace(lane, recent_admitted_s=(0.2,)), deadline_s=1.0).wait_ahead_s \
-        == pytest.approx(0.5)  # a lone request's wait: the floor
-    # lane_load takes them from the answers and the pending requests admitted in the last 2 s, oldest first
+    d = wait_model.decide(lane, deadline_s=1.0)  # 0.05 + 0.3 + a pass of two (0.6) = 0.95 s, + 0.2 > 1
+    assert not d.admitted and d.predicted_wait_s == pytest.approx(0.95)
+    assert d.wait_ahead_s == pytest.approx(0.8) and d.wait_ahead_from == "edge"
+    assert d.work_ahead_wait_s == pytest.approx(0.8) and d.retry_after_s == 1  # ⌈0.8 + its margin 0.2⌉
+    assert wait_model.decide(dataclasses.replace(lane, recent_admitted_s=(0.2,)), deadline_s=1.0) == d
+    wider = wait_model.decide(dataclasses.replace(lane, fit=dataclasses.replace(fit, margin_s=0.6)), deadline_s=1.0)
+    assert wider.wait_ahead_s == pytest.approx(0.6) and wider.wait_ahead_from == "edge"
+    short = wait_model.decide(lane, deadline_s=0.6)
+    assert short.wait_ahead_s == pytest.approx(0.55) and short.wait_ahead_from == "drain"
+    # lane_load still keeps what the requests admitted in the last 2 s were promised (their count is
+    # the arrivals that join the last, partial pass): from the answers and the pending, oldest first
     now = 1000.0
     entry = json.dumps({"capacity_ips": 2.0, "images_per_request": 1.0, "updated": now - 1})
     answered = [json.dumps({"admitted": now - a, "answered": now - a + 0.8, "work_s": 0.7, "predicted_s": p,
@@ -780,9 +822,15 @@ def overloaded(service, lane_redis, measured, tracker):
     publish(publisher, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=backlog)
     with celery_publishing_to(service.REDIS_URL):
         # the predicted wait of a one-image request (no answers yet: scale 1): the backlog's and its
-        # own forward passes at the measured per-batch-size times, full batches first
-        yield {"wait": wait_model.drain_s(curve, backlog + 1, max_batch),
-               "ahead": wait_model.drain_s(curve, backlog, max_batch)}
+        # own forward passes at the measured per-batch-size times, full batches first; the work
+        # ahead of it, without its own image; and what a 429 first says: the backlog needs
+        # (wait − the admission edge) to drain to what the deadline admits, longer than the edge
+        wait, deadline = wait_model.drain_s(curve, backlog + 1, max_batch), service.INTERACTIVE_DEADLINE_S
+        edge = wait_model.admission_edge_s(admission.interactive_load().fit, deadline,
+                                           min_share=service.ADMISSION_MIN_MARGIN_SHARE,
+                                           max_s=service.ADMISSION_MAX_MARGIN_SHARE * deadline)
+        assert wait - edge > edge
+        yield {"wait": wait, "ahead": wait_model.drain_s(curve, backlog, max_batch), "first": wait - edge}
 
 
 def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api, service):
@@ -793,8 +841,11 @@ def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api,
     assert set(body) == {"message", "code", "extra"} and body["code"] == "overloaded"
     wait = body["extra"]["predicted_wait_s"]
     assert wait == pytest.approx(overloaded["wait"], rel=0.01) and wait > service.INTERACTIVE_DEADLINE_S
-    # the backlog's wait, without its own image
-    assert body["extra"]["wait_ahead_s"] == pytest.approx(overloaded["ahead"], abs=0.01)
+    # the time the backlog needs to drain to the admission edge; the backlog's wait (without its
+    # own image) beside it
+    assert body["extra"]["wait_ahead_s"] == pytest.approx(overloaded["first"], abs=0.01)
+    assert body["extra"]["wait_ahead_from"] == "drain"
+    assert body["extra"]["work_ahead_wait_s"] == pytest.approx(overloaded["ahead"], abs=0.01)
     # Retry-After: that wait plus its margin (its upper bound, as admission bounds a wait), rounded up
     ra_margin = body["extra"]["retry_margin_s"]
     assert ra_margin == pytest.approx(min(max(body["extra"]["learnt_margin_s"], 0.2 * body["extra"]["wait_ahead_s"]),
@@ -828,7 +879,7 @@ def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_
     # a window long enough for both deadlines' labels of these ~25 s waits, all weighing alike
     monkeypatch.setattr(wait_ahead, "FIT_WINDOW_S", 150.0)
     monkeypatch.setattr(wait_ahead, "HALF_LIFE_S", 1e6)
-    first, deadline = overloaded["ahead"], service.INTERACTIVE_DEADLINE_S
+    first, deadline = overloaded["first"], service.INTERACTIVE_DEADLINE_S
     state = {"wait_ahead_s": round(first, 4), "inflight_images": 0.0, "running_pass_left_s": 0.0,
              "running_pass_images": 0.0, "queued_messages": float(admission.interactive_load().queued_messages)}
     now = time.time()
