@@ -6,7 +6,8 @@
 
 Starts the whole service (``scripts.stack.Stack``: private Redis, web, one worker per queue,
 embedded Qdrant, the real ViT-B-32 architecture with seeded random weights, fp32), warms it up (10
-uploads, and the first cutoff calibration's one-time text tower: :func:`first_calibration`), then
+uploads; ``--max-in-flight`` concurrent clients for :data:`WEB_WARMUP_S` s, which start the web's
+threads; and the first cutoff calibration's one-time text tower: :func:`first_calibration`), then
 for each value of ``--with-bulk`` (0: no bulk job; N: first post a bulk job of N distinct JPEGs, one
 zip, whose chunks then run on the same cores) and each ``--deadline``:
 
@@ -107,6 +108,15 @@ def tree_memory_mb(pid: int) -> tuple[float, float]:
         rss += m.rss
         anon += m.rss - getattr(m, "shared", 0)
     return rss / 2**20, anon / 2**20
+
+
+def tree_threads(pid: int) -> int:
+    """Threads of a process and all its descendants (gunicorn's master and workers)."""
+    try:
+        root = psutil.Process(pid)
+        return sum(p.num_threads() for p in [root, *root.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        return 0
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -541,6 +551,17 @@ def first_calibration(redis_url: str, *, timeout_s: float = 150.0, quiet_s: floa
     return round(time.monotonic() - t0, 1)
 
 
+#: Seconds of ``max_in_flight`` concurrent clients in the warm-up. gunicorn's gthread workers start
+#: their threads on first use (up to ``WEB_THREADS`` each), and each new thread brings its own stack,
+#: database connection and caches, ~0.7 MiB of anonymous memory: on the Intel Xeon of 2026-12-03 the
+#: web went from 9 to 70 threads and 184 to 226 MiB as 4, 8, 16, 32 and 64 clients took turns (10 s
+#: each), then +5.4, +1.0, +0.4 and +0.5 MiB over four more turns of 64 and 8 clients (~200
+#: requests each). Without it the first phase that reached that concurrency (the 5 s one, ~56
+#: requests in flight) started them, and the web's "growth" over the second half of the first round
+#: was +17.0-17.7 MiB in three runs, over the 16 MiB a leak is judged by; +3.7-5.9 in the second.
+WEB_WARMUP_S = 15.0
+
+
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],
              files: int, clients: list[int], capacity_s: float, with_bulk: list[int], max_in_flight: int = 64,
              warmup: int = 10, log=functools.partial(print, flush=True)) -> dict:
@@ -550,6 +571,12 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
     client = Client(stack, files=files, max_in_flight=max_in_flight)
     for _ in range(warmup):  # load the model, fill caches: not measured
         client.upload()
+    web = stack.pid("web") if "web" in stack.procs else None
+    before = tree_memory_mb(web)[1] if web else 0.0
+    started = closed_loop(client, clients=max_in_flight, seconds=WEB_WARMUP_S, deadline_s=stack_deadline(stack))
+    if web:
+        log(f"web threads started ({max_in_flight} clients, {WEB_WARMUP_S:g} s, {sum(started['by_status'].values())} "
+            f"requests): {tree_threads(web)} threads, anonymous memory {before:.1f} -> {tree_memory_mb(web)[1]:.1f} MiB")
     calibrated_after = first_calibration(stack.env["REDIS_URL"])
     log(f"first cutoff calibration (prompts through the text tower): done {calibrated_after} s after the warm-up"
         if calibrated_after is not None else "first cutoff calibration: not seen within its wait; measuring anyway")

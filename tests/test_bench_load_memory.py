@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import subprocess
+import sys
+import threading
 
-from benchmarks.load import Sampler, tree_memory_mb
+from benchmarks.load import Sampler, tree_memory_mb, tree_threads
 
 MIB = 2**20
 
@@ -48,3 +51,25 @@ def test_the_summary_reports_whole_and_anonymous_growth_per_process():
     assert (m["growth_mb"], m["second_half_growth_mb"]) == (18.0, 9.0)
     assert (m["anon_start_mb"], m["anon_end_mb"]) == (100.0, 104.0)
     assert (m["anon_growth_mb"], m["anon_second_half_growth_mb"]) == (4.0, 4.0)
+
+
+def test_tree_threads_counts_the_threads_of_a_process_and_its_children():
+    """What the warm-up reports of the web (gunicorn's master and its workers' threads): three more
+    threads here, and a child process with its one."""
+    pid = os.getpid()
+    before = tree_threads(pid)
+    stop = threading.Event()
+    threads = [threading.Thread(target=stop.wait) for _ in range(3)]
+    for t in threads:
+        t.start()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert tree_threads(pid) == before + 3 + 1
+    finally:
+        stop.set()
+        child.kill()
+        child.wait()
+        for t in threads:
+            t.join()
+    assert tree_threads(pid) == before
+    assert tree_threads(2**22 + 1) == 0  # no such process
