@@ -1,7 +1,7 @@
 """Replay a ``bench-load`` run against the wait model with other half-lives, and what its 429s say.
 
     python -m benchmarks.load_replay var/bench-load.json [--half-lives 6:5 16:10 24:15]
-    python -m benchmarks.load_replay var/bench-load.json --wait-ahead
+    python -m benchmarks.load_replay var/bench-load.json --wait-ahead [--first-edge]
 
 For every admitted request of every phase (the web's own records, ``admission.ANSWERS_KEY``, saved
 by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.wait_model.fit_wait`) on the
@@ -27,7 +27,11 @@ web's answer records known by then, refitted at most once a second as the web do
 actual wait as the benchmark judges it (:func:`benchmarks.load.actual_wait_near`): the first
 estimate as is, the fit on every refusal (before deadline bands), the fit on the refusal's own
 deadline band alone, and what the run's 429s said. The capacity loops' refusals are not in the
-result: the replay's fits start each phase without them.
+result: the replay's fits start each phase without them. With ``--first-edge`` the first estimate
+of each 429 is replaced by the admission edge (:func:`embeddings.services.wait_model.admission_edge_s`,
+from the 429's ``learnt_margin_s`` and its phase's deadline), or the drain to it
+(``predicted_wait_s`` − edge) where longer: what runs made before 2026-12-03 09:30 UTC would have
+said with it (a lone request's wait, the floor, is not in a 429's body and is left out).
 """
 from __future__ import annotations
 
@@ -72,13 +76,27 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
             "within_30pct": round(within / len(errors), 3), "short": round(short / len(errors), 3)}
 
 
-def replay_wait_ahead(phases: list[dict], *, by_deadline: bool) -> list[dict]:
+def edge_first(model: dict, *, deadline_s: float, predicted_wait_s: float | None) -> float:
+    """The first estimate a 429 says since 2026-12-03 (s), from what its body reported: the admission
+    edge at its learnt margin, or the drain to it (``predicted_wait_s`` − edge) where longer."""
+    from django.conf import settings
+
+    from embeddings.services import wait_model
+
+    edge = wait_model.admission_edge_s(wait_model.WaitFit(margin_s=float(model.get("learnt_margin_s") or 0.0)),
+                                       deadline_s, min_share=settings.ADMISSION_MIN_MARGIN_SHARE,
+                                       max_s=settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s)
+    return max(edge, (predicted_wait_s or 0.0) - edge)
+
+
+def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool = False) -> list[dict]:
     """What each 429 of ``phases`` (a ``benchmarks.load`` result's, in run order) would have said,
     learnt online (see the module docstring), refitted every ``admission.WAIT_AHEAD_REFIT_S`` s as
     the web does; ``by_deadline``: from the refusals of its own deadline band alone
     (:func:`wait_ahead.deadline_band`), else from all. Returns per phase ``{"name", "checked",
     "first", "replayed", "said"}``: 429s judged, and the share of them within ±30 % of the actual
-    wait for the first estimate, the replayed estimate and what the run's 429s said."""
+    wait for the first estimate, the replayed estimate and what the run's 429s said. ``first_edge``:
+    the first estimate is :func:`edge_first` instead of the one the 429 reported."""
     from benchmarks.load import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
     from embeddings.services import wait_ahead
     from embeddings.services.admission import WAIT_AHEAD_REFIT_S
@@ -91,7 +109,9 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool) -> list[dict]:
             if a["status"] != 429 or m.get("first_wait_ahead_s") is None:
                 continue
             actual = actual_wait_near(phase["answers"], a["sent"])
-            refusals.append({"t": a["sent"], "deadline_s": phase["deadline_s"], "wait_ahead_s": m["first_wait_ahead_s"],
+            first = (edge_first(m, deadline_s=phase["deadline_s"], predicted_wait_s=a.get("predicted_wait_s"))
+                     if first_edge else m["first_wait_ahead_s"])
+            refusals.append({"t": a["sent"], "deadline_s": phase["deadline_s"], "wait_ahead_s": first,
                              **{k: float(m.get(k) or 0.0) for k in wait_ahead.FEATURES[1:]}})
             if actual is not None:
                 judged.append((i, refusals[-1], actual, a.get("wait_ahead_s")))
@@ -128,6 +148,9 @@ def main() -> int:
                     help="fit half-lives to compare (default: 6:5, the earlier ones, and 16:10)")
     ap.add_argument("--wait-ahead", action="store_true",
                     help="replay what the 429s say (learnt from all refusals, and per deadline band) instead")
+    ap.add_argument("--first-edge", action="store_true",
+                    help="with --wait-ahead: the first estimate from the admission edge (what 429s say since "
+                         "2026-12-03) instead of the one each 429 reported")
     args = ap.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     import django
@@ -136,8 +159,8 @@ def main() -> int:
     result = json.loads(Path(args.result).read_text())
     print(f"{result.get('machine', {}).get('cpu', '?')}; {args.result}")
     if args.wait_ahead:
-        every = replay_wait_ahead(result["phases"], by_deadline=False)
-        banded = replay_wait_ahead(result["phases"], by_deadline=True)
+        every = replay_wait_ahead(result["phases"], by_deadline=False, first_edge=args.first_edge)
+        banded = replay_wait_ahead(result["phases"], by_deadline=True, first_edge=args.first_edge)
         print("| phase | 429s judged | first estimate ±30 % | learnt from every refusal | learnt per deadline band "
               "| what the run's 429s said |")
         print("| --- | ---: | ---: | ---: | ---: | ---: |")

@@ -66,3 +66,14 @@ def test_the_replay_of_what_429s_say_learns_per_deadline_band():
     assert banded[0]["replayed"] > banded[0]["first"]  # learnt what the first estimate misses
     assert banded[1]["first"] == banded[1]["replayed"] == banded[1]["said"] == 1.0
     assert every[1]["replayed"] < banded[1]["replayed"]  # the 2 s phase's fit, said at 5 s: some miss
+
+
+def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
+    """``load_replay.edge_first`` (``--first-edge``): from a 429's body, the edge at its learnt margin
+    (2 − 0.5 = 1.5 s at a 2 s deadline, the margin's floor 0.2 and cap 0.4 of the settings), or the
+    drain to it where the predicted wait is more than twice that."""
+    from benchmarks.load_replay import edge_first
+
+    assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=2.2) == pytest.approx(1.5)
+    assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=4.0) == pytest.approx(2.5)
+    assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None) == pytest.approx(2 / 1.2)
