@@ -88,19 +88,32 @@ BATCHES_KEY = "lanes:interactive:batches"
 RETRY_AFTER_TOLERANCE = 0.30
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """A process and all its descendants (prefork children, gunicorn workers); ``[]`` when it is gone."""
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _tree_sum(pid: int, of) -> float:
+    """``Σ of(p)`` over :func:`process_tree`, skipping a process that exits meanwhile."""
+    total = 0.0
+    for p in process_tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += of(p)
+    return total
+
+
 def tree_memory_mb(pid: int) -> tuple[float, float]:
     """``(rss, anonymous)`` resident MiB of a process and all its descendants (prefork children,
     gunicorn workers). *Anonymous* is ``rss − shared`` (psutil on Linux: ``shared`` is
     ``RssFile + RssShmem``, the resident pages of mapped files), i.e. the heap, thread stacks and
     anonymous maps, where a leak lives. The mapped files' pages are what the kernel may drop at will:
     code, and the embedded vector store's segments and write-ahead log (see :class:`Sampler`)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0, 0.0
     rss = anon = 0
-    for p in procs:
+    for p in process_tree(pid):
         try:
             m = p.memory_info()
         except psutil.NoSuchProcess:
@@ -112,26 +125,12 @@ def tree_memory_mb(pid: int) -> tuple[float, float]:
 
 def tree_threads(pid: int) -> int:
     """Threads of a process and all its descendants (gunicorn's master and workers)."""
-    try:
-        root = psutil.Process(pid)
-        return sum(p.num_threads() for p in [root, *root.children(recursive=True)])
-    except psutil.NoSuchProcess:
-        return 0
+    return int(_tree_sum(pid, lambda p: p.num_threads()))
 
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process and all its living descendants have used so far."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
+    return _tree_sum(pid, lambda p: sum(p.cpu_times()[:2]))
 
 
 class Sampler(threading.Thread):

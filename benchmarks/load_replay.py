@@ -77,16 +77,18 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
 
 
 def edge_first(model: dict, *, deadline_s: float, predicted_wait_s: float | None) -> float:
-    """The first estimate a 429 says since 2026-12-03 (s), from what its body reported: the admission
-    edge at its learnt margin, or the drain to it (``predicted_wait_s`` − edge) where longer."""
+    """The first estimate a 429 says since 2026-12-03 (s), from what its body reported
+    (:func:`wait_model.first_wait_ahead` at its learnt margin; a lone request's wait, not reported,
+    left out): the admission edge, or the drain to it (``predicted_wait_s`` − edge) where longer."""
     from django.conf import settings
 
     from embeddings.services import wait_model
 
-    edge = wait_model.admission_edge_s(wait_model.WaitFit(margin_s=float(model.get("learnt_margin_s") or 0.0)),
-                                       deadline_s, min_share=settings.ADMISSION_MIN_MARGIN_SHARE,
-                                       max_s=settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s)
-    return max(edge, (predicted_wait_s or 0.0) - edge)
+    ahead, _ = wait_model.first_wait_ahead(wait_model.WaitFit(margin_s=float(model.get("learnt_margin_s") or 0.0)),
+                                           deadline_s=deadline_s, wait_s=predicted_wait_s or 0.0, alone_s=0.0,
+                                           min_share=settings.ADMISSION_MIN_MARGIN_SHARE,
+                                           max_s=settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s)
+    return ahead
 
 
 def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool = False) -> list[dict]:

@@ -29,8 +29,8 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
    go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
    label it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
-   plus its margin (its upper bound, as admission bounds a wait) rounded **up** to whole seconds (RFC 9110 delay-seconds, ≥ 1), so a client never retries too
-   early.
+   plus its margin (its upper bound, as admission bounds a wait) rounded **up** to whole seconds
+   (RFC 9110 delay-seconds, ≥ 1), so a client never retries too early.
 
 2. **Worker side, interactive lane**: the in-flight hash, the per-worker entries
    (:data:`WORKERS_KEY`: capacity, per-batch-size service times, refreshed every

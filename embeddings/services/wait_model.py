@@ -552,6 +552,16 @@ def admission_edge_s(fit: WaitFit, deadline_s: float, *, min_share: float, max_s
                 if w >= 0 and w + margin_s(fit, w, min_share=min_share, max_s=max_s) <= deadline_s + 1e-9), default=0.0)
 
 
+def first_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s: float, min_share: float,
+                     max_s: float = math.inf) -> tuple[float, str]:
+    """A refusal's first ``wait_ahead_s`` (s) and where it came from (:func:`decide`'s docstring):
+    the admission edge (:func:`admission_edge_s`), ``"edge"``; the drain to it, ``wait_s`` (the
+    refused request's predicted wait, s) − edge, where longer, ``"drain"``; at least ``alone_s``
+    (a request of its size in an empty lane, s), ``"alone"``. Pure."""
+    edge = admission_edge_s(fit, deadline_s, min_share=min_share, max_s=max_s)
+    return max((edge, "edge"), (wait_s - edge, "drain"), (alone_s, "alone"), key=lambda x: x[0])
+
+
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
     """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
     ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); a lane
@@ -592,8 +602,8 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     # drain to the edge keeps admission shut that long; never less than a request of its size waits
     # in an empty lane. The work ahead of it now (its own images left out) goes in the body.
     alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
-    edge = admission_edge_s(load.fit, deadline_s, min_share=share, max_s=cap)
-    ahead, source = max((edge, "edge"), (wait - edge, "drain"), (alone, "alone"), key=lambda x: x[0])
+    ahead, source = first_wait_ahead(load.fit, deadline_s=deadline_s, wait_s=wait, alone_s=alone,
+                                     min_share=share, max_s=cap)
     # the header promises "not before": that wait's upper bound, as admission bounds a wait
     late = margin_s(load.fit, ahead, min_share=share, max_s=cap)
     return Decision(False, wait, retry_after(ahead + late), work_s=work, wait_ahead_s=ahead,
