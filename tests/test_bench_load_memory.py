@@ -9,7 +9,9 @@ import subprocess
 import sys
 import threading
 
-from benchmarks.load import Sampler, tree_memory_mb, tree_threads
+from benchmarks.load import (  # noqa: I001
+    Sampler, memory_checks, memory_growth, phase_memory, tree_memory_mb, tree_threads,
+)
 
 MIB = 2**20
 
@@ -73,3 +75,50 @@ def test_tree_threads_counts_the_threads_of_a_process_and_its_children():
             t.join()
     assert tree_threads(pid) == before
     assert tree_threads(2**22 + 1) == 0  # no such process
+
+
+def _samples(anon_of, seconds: int, *, start: float = 1000.0) -> list[dict]:
+    """One sample a second from ``start`` (Unix s): each process's anonymous MiB by ``anon_of(i)``."""
+    return [{"t": float(i), "unix": start + i, **{f"{n}:anon": v for n, v in anon_of(i).items()}}
+            for i in range(seconds)]
+
+
+def test_phase_memory_reads_each_phase_window_alone():
+    """Two 20 s phases back to back. The interactive worker sits at 1,220 MiB in the first and at
+    1,270 in the second (a working set that follows the phase); the vectors worker leaks 1 MiB a
+    second in the second phase only."""
+    samples = _samples(lambda i: {"worker-interactive": 1220.0 if i < 20 else 1270.0,
+                                  "worker-vectors": 300.0 + max(0, i - 20)}, 40)
+    first = phase_memory(samples, 1000.0, 1019.0, ["worker-interactive", "worker-vectors"])
+    second = phase_memory(samples, 1020.0, 1039.0, ["worker-interactive", "worker-vectors"])
+    assert first == {"worker-interactive": {"plateau_mb": 1220.0, "growth_mb": 0.0},
+                     "worker-vectors": {"plateau_mb": 300.0, "growth_mb": 0.0}}
+    # second phase, vectors 300..319: second half 310..319 → 314.5; last quarter {315..319} → 317,
+    # second quarter {305..309} → 307
+    assert second == {"worker-interactive": {"plateau_mb": 1270.0, "growth_mb": 0.0},
+                      "worker-vectors": {"plateau_mb": 314.5, "growth_mb": 10.0}}
+    assert phase_memory(samples, 2000.0, 2010.0, ["worker-vectors"]) == {}
+
+
+def _phase(deadline: float, round_index: int, interactive: float, others: float) -> dict:
+    return {"deadline_s": deadline, "round": round_index, "bulk": {"images": 3000} if round_index else None,
+            "memory_mb": {n: {"plateau_mb": v, "growth_mb": 0.0}
+                          for n, v in (("worker-interactive", interactive), ("worker-bulk", others))}}
+
+
+def test_memory_is_judged_against_a_phase_with_the_same_work():
+    """The interactive worker ends each round 50 MiB above its 2 s phase (its 5 s working set) and
+    returns to the same levels in the second round: no growth. The bulk worker loads its model in
+    the bulk round (+1,000 MiB against the first round) and then holds its level through it: no
+    growth either. Then 20 MiB more in the interactive worker's second 5 s phase than in its first,
+    and a bulk worker that climbs 20 MiB through its round: growth, each."""
+    steady = [_phase(2, 0, 1220, 1500), _phase(5, 0, 1270, 1500),
+              _phase(2, 1, 1225, 2500), _phase(5, 1, 1275, 2510)]
+    assert memory_growth(steady) == [{}, {"worker-bulk": 0.0}, {"worker-interactive": 5.0},
+                                     {"worker-interactive": 5.0, "worker-bulk": 10.0}]
+    assert list(memory_checks(steady, max_growth_mb=16).values()) == [True]
+    grown = [*steady[:3], _phase(5, 1, 1290, 2510)]
+    assert memory_growth(grown)[3] == {"worker-interactive": 20.0, "worker-bulk": 10.0}
+    assert list(memory_checks(grown, max_growth_mb=16).values()) == [False]
+    climbing = [*steady[:3], _phase(5, 1, 1275, 2520)]
+    assert list(memory_checks(climbing, max_growth_mb=16).values()) == [False]

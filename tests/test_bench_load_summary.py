@@ -3,9 +3,12 @@
 requests admitted within ±0.5 s of it, and the lane's own drift (that wait 1 s earlier)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from benchmarks.load import actual_wait_near, summarise
+from benchmarks.load import actual_wait_near, measure_capacity, summarise
 
 
 def admitted(sent: float) -> dict:
@@ -77,3 +80,34 @@ def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=2.2) == pytest.approx(1.5)
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=4.0) == pytest.approx(2.5)
     assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None) == pytest.approx(2 / 1.2)
+
+
+class SlowingLane:
+    """A fake lane for :func:`measure_capacity`: one request at a time (a lock), 10 ms each until
+    ``slow_after_s`` after it was made, then 60 ms (a machine that slowed after the scan)."""
+
+    def __init__(self, slow_after_s: float) -> None:
+        self.t0, self.slow_after_s, self.lock = time.monotonic(), slow_after_s, threading.Lock()
+
+    def upload(self, deadline_s: float | None = None) -> dict:
+        sent = time.time()
+        with self.lock:
+            time.sleep(0.01 if time.monotonic() - self.t0 < self.slow_after_s else 0.06)
+        return {"sent": sent, "status": 200, "ms": (time.time() - sent) * 1000}
+
+
+def test_the_capacity_is_measured_again_at_the_scans_best_client_count():
+    """The scan (0.1 s warm-up, two loops of 0.15 s) runs at ~100 requests/s; the lane then slows to
+    ~17/s, and the capacity is what the second loop, 0.4 s at the scan's best client count, served,
+    not the scan's largest rate."""
+    lane = SlowingLane(slow_after_s=0.45)
+    c = measure_capacity(lane, clients=[1, 2], seconds=0.3, deadline_s=1.0, confirm_s=0.4)
+    assert [x["clients"] for x in c["loops"]] == [1, 2]
+    best = max(c["loops"], key=lambda x: x["requests_per_s"])
+    assert c["scan_best_per_s"] == best["requests_per_s"] and c["clients"] == best["clients"]
+    assert c["seconds"] >= 0.4 and set(c["by_status"]) == {"200"}
+    assert c["scan_best_per_s"] > 60 and c["requests_per_s"] < 30
+
+    lane = SlowingLane(slow_after_s=10.0)  # without the second loop: the scan's best, as before
+    c = measure_capacity(lane, clients=[1, 2], seconds=0.3, deadline_s=1.0)
+    assert c["requests_per_s"] == c["scan_best_per_s"] == max(x["requests_per_s"] for x in c["loops"])
