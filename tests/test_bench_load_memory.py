@@ -10,7 +10,7 @@ import sys
 import threading
 
 from benchmarks.load import (  # noqa: I001
-    Sampler, memory_checks, memory_growth, phase_memory, tree_memory_mb, tree_threads,
+    Sampler, memory_checks, memory_since, memory_trend, phase_memory, tree_memory_mb, tree_threads,
 )
 
 MIB = 2**20
@@ -100,25 +100,31 @@ def test_phase_memory_reads_each_phase_window_alone():
     assert phase_memory(samples, 2000.0, 2010.0, ["worker-vectors"]) == {}
 
 
-def _phase(deadline: float, round_index: int, interactive: float, others: float) -> dict:
-    return {"deadline_s": deadline, "round": round_index, "bulk": {"images": 3000} if round_index else None,
-            "memory_mb": {n: {"plateau_mb": v, "growth_mb": 0.0}
-                          for n, v in (("worker-interactive", interactive), ("worker-bulk", others))}}
+def test_the_verdict_reads_the_trend_of_the_last_round_from_its_second_phase():
+    """Two rounds of three 60 s phases, one sample a second. The interactive worker climbs to its
+    high-water mark through the first round (1,220 → 1,260 MiB) and holds it; the bulk worker loads
+    its model in the second round's first phase (+1,000 MiB) and then saw-tooths ±60 MiB around
+    2,700 with each chunk: neither grows. A web that adds 0.1 MiB a second from then on grows 12 MiB
+    over the 120 s read; 0.2 MiB a second, 24 MiB: judged growth."""
+    def sample(i: int, leak: float) -> dict:
+        bulk = 1500.0 if i < 180 else (2000.0 if i < 200 else 2700.0 + (60.0 if i % 2 else -60.0))
+        return {"worker-interactive": min(1260.0, 1220.0 + i / 4), "worker-bulk": bulk,
+                "web": 200.0 + leak * max(0, i - 240)}
 
+    phases = [{"round": i // 180, "window": [1000.0 + i, 1000.0 + i + 59]} for i in range(0, 360, 60)]
+    result = {"phases": phases, "rounds": [{"samples": []},
+                                           {"memory_mb": dict.fromkeys(("web", "worker-interactive", "worker-bulk"))}]}
+    assert memory_since(result) == 1240.0  # the second round's second phase
+    for leak, grows in ((0.1, False), (0.2, True)):
+        samples = _samples(lambda i, leak=leak: sample(i, leak), 360)
+        result["rounds"][1]["samples"] = samples
+        trend = memory_trend(samples, 1240.0, ["web", "worker-interactive", "worker-bulk"])
+        assert trend["worker-interactive"] == 0.0
+        assert abs(trend["worker-bulk"]) < 4.0  # the saw-tooth averages out
+        assert trend["web"] == round(leak * 119, 1)  # 120 samples, 119 s apart at the ends
+        assert list(memory_checks(result, max_growth_mb=16).values()) == [not grows]
+        assert result["memory_trend_mb"] == trend
 
-def test_memory_is_judged_against_a_phase_with_the_same_work():
-    """The interactive worker ends each round 50 MiB above its 2 s phase (its 5 s working set) and
-    returns to the same levels in the second round: no growth. The bulk worker loads its model in
-    the bulk round (+1,000 MiB against the first round) and then holds its level through it: no
-    growth either. Then 20 MiB more in the interactive worker's second 5 s phase than in its first,
-    and a bulk worker that climbs 20 MiB through its round: growth, each."""
-    steady = [_phase(2, 0, 1220, 1500), _phase(5, 0, 1270, 1500),
-              _phase(2, 1, 1225, 2500), _phase(5, 1, 1275, 2510)]
-    assert memory_growth(steady) == [{}, {"worker-bulk": 0.0}, {"worker-interactive": 5.0},
-                                     {"worker-interactive": 5.0, "worker-bulk": 10.0}]
-    assert list(memory_checks(steady, max_growth_mb=16).values()) == [True]
-    grown = [*steady[:3], _phase(5, 1, 1290, 2510)]
-    assert memory_growth(grown)[3] == {"worker-interactive": 20.0, "worker-bulk": 10.0}
-    assert list(memory_checks(grown, max_growth_mb=16).values()) == [False]
-    climbing = [*steady[:3], _phase(5, 1, 1275, 2520)]
-    assert list(memory_checks(climbing, max_growth_mb=16).values()) == [False]
+    one_phase = {"phases": [{"round": 0, "window": [1000.0, 1060.0]}], "rounds": [{"samples": []}]}
+    assert memory_since(one_phase) == 1030.0  # a single phase: its second half
+    assert memory_trend([], 0.0, ["web"])["web"] != memory_trend([], 0.0, ["web"])["web"]  # nan: too few samples
