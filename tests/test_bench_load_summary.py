@@ -82,32 +82,40 @@ def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
     assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None) == pytest.approx(2 / 1.2)
 
 
-class SlowingLane:
-    """A fake lane for :func:`measure_capacity`: one request at a time (a lock), 10 ms each until
-    ``slow_after_s`` after it was made, then 60 ms (a machine that slowed after the scan)."""
+class FullLane:
+    """A fake lane for :func:`measure_capacity`: one request served at a time, 20 ms each (50/s),
+    at most two more waiting; a request that finds three there is refused at once (429), as
+    admission refuses what would not be answered in time."""
 
-    def __init__(self, slow_after_s: float) -> None:
-        self.t0, self.slow_after_s, self.lock = time.monotonic(), slow_after_s, threading.Lock()
+    def __init__(self) -> None:
+        self.lock, self.room = threading.Lock(), threading.BoundedSemaphore(3)
 
     def upload(self, deadline_s: float | None = None) -> dict:
         sent = time.time()
-        with self.lock:
-            time.sleep(0.01 if time.monotonic() - self.t0 < self.slow_after_s else 0.06)
+        if not self.room.acquire(blocking=False):
+            return {"sent": sent, "status": 429, "ms": 0.1, "wait_ahead_s": 0.04}
+        try:
+            with self.lock:
+                time.sleep(0.02)
+        finally:
+            self.room.release()
         return {"sent": sent, "status": 200, "ms": (time.time() - sent) * 1000}
 
 
-def test_the_capacity_is_measured_again_at_the_scans_best_client_count():
-    """The scan (0.1 s warm-up, two loops of 0.15 s) runs at ~100 requests/s; the lane then slows to
-    ~17/s, and the capacity is what the second loop, 0.4 s at the scan's best client count, served,
-    not the scan's largest rate."""
-    lane = SlowingLane(slow_after_s=0.45)
-    c = measure_capacity(lane, clients=[1, 2], seconds=0.3, deadline_s=1.0, confirm_s=0.4)
+def test_the_capacity_is_what_an_open_loop_at_twice_the_closed_loops_best_serves():
+    """The closed loops give a first estimate; the probe, an open loop at twice it, overloads the
+    lane, which serves its 50 requests/s and refuses the rest: the capacity is that rate served,
+    counted once the lane has filled."""
+    c = measure_capacity(FullLane(), clients=[1, 2], seconds=0.6, deadline_s=0.2, confirm_s=1.5)
     assert [x["clients"] for x in c["loops"]] == [1, 2]
     best = max(c["loops"], key=lambda x: x["requests_per_s"])
     assert c["scan_best_per_s"] == best["requests_per_s"] and c["clients"] == best["clients"]
-    assert c["seconds"] >= 0.4 and set(c["by_status"]) == {"200"}
-    assert c["scan_best_per_s"] > 60 and c["requests_per_s"] < 30
+    assert c["probe_rate_per_s"] == round(2 * best["requests_per_s"], 3)
+    assert c["seconds"] == 1.3  # 1.5 s, the first 0.2 s (the deadline: the lane filling) not counted
+    assert set(c["by_status"]) == {"200", "429"}  # overloaded: refusals
+    assert 35 < c["requests_per_s"] < 55  # one server at 20 ms a request: 50/s
+    assert c["requests_per_s"] < c["probe_rate_per_s"] / 1.5
 
-    lane = SlowingLane(slow_after_s=10.0)  # without the second loop: the scan's best, as before
-    c = measure_capacity(lane, clients=[1, 2], seconds=0.3, deadline_s=1.0)
+    c = measure_capacity(FullLane(), clients=[1, 2], seconds=0.3, deadline_s=0.2)  # no probe: the scan's best
     assert c["requests_per_s"] == c["scan_best_per_s"] == max(x["requests_per_s"] for x in c["loops"])
+    assert "probe_rate_per_s" not in c
