@@ -329,11 +329,6 @@ ADMISSION_MAX_MARGIN_SHARE = env.float("ADMISSION_MAX_MARGIN_SHARE", default=0.4
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
-#: Ingest bulk chunks computing at once per worker host while the interactive lane is busy
-#: (embeddings/services/bulk_yield.py busy_slot; the same slots as migrations): two bulk children
-#: computing beside a waiting person made the interactive pass 20 % slower and less predictable on
-#: 2 cores, one embedded as many images (docs/benchmarks-load.md). 0: no limit.
-BULK_BUSY_SLOTS = env.int("BULK_BUSY_SLOTS", default=1)
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
 #: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.

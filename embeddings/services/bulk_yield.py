@@ -76,10 +76,7 @@ def bulk_turn() -> Iterator[Turn]:
             turn.ended = time.time()
 
 
-#: Redis key prefix of the bulk slots of one worker host: ``{prefix}{hostname}:{n}``. Taken by every
-#: migration chunk (:func:`migration_slot`) and by ingest chunks while the interactive lane is busy
-#: (:func:`busy_slot`): with one slot each (the defaults) one bulk chunk of either kind computes at
-#: a time on a host while a person waits.
+#: Redis key prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}``.
 MIGRATION_SLOT_KEY = "lanes:bulk:migration-slot:"
 #: How often (s) a migration chunk waiting for a slot looks again.
 MIGRATION_SLOT_POLL_S = 0.2
@@ -93,11 +90,12 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
     workers share cores, two bulk processes computing migration chunks at once doubled the
     interactive p95 on 2 cores, one kept 90 % of the migration's speed at a third of that cost
     (docs/benchmarks-migration.md). So at most ``MIGRATION_BULK_SLOTS`` (default 1) migration
-    chunks compute at once per host; an ingest chunk takes one only while the interactive lane is
-    busy (:func:`busy_slot`, the same slots). Slots are Redis locks that expire
+    chunks compute at once per host; ingest jobs are not limited. Slots are Redis locks that expire
     after ``hold_s`` (the bulk task's time limit), so a process killed while holding one frees it.
     ``slots`` 0, or Redis unreachable: no limit (a migration must never stall on its own throttle).
     """
+    import socket
+
     import redis
 
     slots = settings.MIGRATION_BULK_SLOTS if slots is None else slots
@@ -105,72 +103,21 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
         yield 0.0
         return
     hold_s = float(settings.CELERY_BULK_TIME_LIMIT_S if hold_s is None else hold_s)
+    host = socket.gethostname()
     t0 = time.perf_counter()
     lock = None
     try:
         client = redis_client()
-        while (lock := _take_slot(client, slots, hold_s)) is None:
-            time.sleep(MIGRATION_SLOT_POLL_S)
+        while lock is None:
+            for n in range(slots):
+                candidate = client.lock(f"{MIGRATION_SLOT_KEY}{host}:{n}", timeout=hold_s, blocking=False)
+                if candidate.acquire():
+                    lock = candidate
+                    break
+            else:
+                time.sleep(MIGRATION_SLOT_POLL_S)
     except redis.RedisError as e:
         log.warning("migration slot not taken (Redis: %s): computing without it", e)
-    try:
-        yield (time.perf_counter() - t0) * 1000
-    finally:
-        if lock is not None:
-            try:
-                lock.release()
-            except redis.RedisError:  # expired or Redis gone: the slot frees itself
-                pass
-
-
-def _take_slot(client, slots: int, hold_s: float):
-    """One free slot of this host's ``slots`` (a held Redis lock expiring after ``hold_s``), or ``None``."""
-    import socket
-
-    host = socket.gethostname()
-    for n in range(slots):
-        candidate = client.lock(f"{MIGRATION_SLOT_KEY}{host}:{n}", timeout=hold_s, blocking=False)
-        if candidate.acquire():
-            return candidate
-    return None
-
-
-@contextlib.contextmanager
-def busy_slot(slots: int | None = None, *, hold_s: float | None = None) -> Iterator[float]:
-    """While the interactive lane is busy (:func:`interactive_busy`), hold one of this host's
-    ``slots`` bulk slots (``BULK_BUSY_SLOTS``, default 1; shared with migration chunks,
-    :data:`MIGRATION_SLOT_KEY`) while the block runs; yields the milliseconds waited for it.
-
-    Called around an ingest chunk's computing (``pipeline.embed_chunk``). A bulk worker's children
-    (``BULK_PROCESSES``, 2) each compute a chunk of 64 at nice 19; with a person waiting they still
-    take the cores' caches and memory bandwidth from the interactive forward pass. Measured on the
-    2-core EPYC (AVX2, fp32) of 2026-12-03 (``make bench-load``, a bulk job of 3,000 images beside
-    a 2× overload of the interactive lane): with two children computing, the interactive pass of 8
-    images took 1,454-1,478 ms (980-1,093 without the bulk job) and varied more from pass to pass
-    (coefficient of variation 0.12-0.19, 0.07-0.12 without); with one, 1,222-1,235 ms and 0.05-0.11,
-    and the bulk job embedded as many images in the same time (2,304 in both runs): at nice 19 bulk
-    gets what the interactive lane leaves, and one chunk computing takes it as well as two.
-
-    With an idle lane no slot is taken (both children compute: the bulk lane's full throughput);
-    a chunk waiting for a slot starts without one as soon as the lane falls idle. ``slots`` 0, or
-    Redis unreachable: no limit. A slot expires after ``hold_s`` (the bulk task's time limit), so a
-    process killed while holding one frees it.
-    """
-    import redis
-
-    slots = settings.BULK_BUSY_SLOTS if slots is None else slots
-    hold_s = float(settings.CELERY_BULK_TIME_LIMIT_S if hold_s is None else hold_s)
-    t0 = time.perf_counter()
-    lock = None
-    try:
-        client = redis_client()
-        while slots > 0 and interactive_busy(client):
-            lock = _take_slot(client, slots, hold_s)
-            if lock is not None:
-                break
-            time.sleep(MIGRATION_SLOT_POLL_S)
-    except redis.RedisError as e:
-        log.warning("bulk slot not taken (Redis: %s): computing without it", e)
     try:
         yield (time.perf_counter() - t0) * 1000
     finally:

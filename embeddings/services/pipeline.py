@@ -4,6 +4,7 @@ searches and deletions. Each returns JSON primitives, ready to be a task result.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -148,7 +149,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
-    slot, passes = bulk_yield.busy_slot(), {}  # while a person waits, one chunk computing per host (BULK_BUSY_SLOTS)
+    slot, passes = contextlib.nullcontext(0.0), {}
     if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
         passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}

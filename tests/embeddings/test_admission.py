@@ -1018,68 +1018,6 @@ def _second(order: list[str]) -> None:
         order.append("second in")
 
 
-def test_ingest_chunks_take_one_host_slot_while_the_interactive_lane_is_busy(lane_redis, settings):
-    """busy_slot: with an idle interactive lane no slot is taken (both bulk children compute); with a
-    request admitted and unanswered, the second chunk waits for the first's slot, and starts
-    without one the moment the lane falls idle; 0 slots, or no Redis, limit nothing."""
-    import threading
-
-    client, _ = lane_redis
-    with bulk_yield.busy_slot(1, hold_s=30) as waited_ms:
-        assert waited_ms < 100
-        assert not client.keys(bulk_yield.MIGRATION_SLOT_KEY + "*")  # idle lane: no slot held
-
-    client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time(), "work_s": 0.3,
-                                                          "predicted_s": 0.5, "deadline_s": 2.0}))
-    order: list[str] = []
-    first_in, release_first = threading.Event(), threading.Event()
-
-    def first():
-        with bulk_yield.busy_slot(1, hold_s=30):
-            order.append("first in")
-            first_in.set()
-            release_first.wait(10)
-            order.append("first out")
-
-    def second():
-        with bulk_yield.busy_slot(1, hold_s=30):
-            order.append("second in")
-
-    t = threading.Thread(target=first)
-    t.start()
-    assert first_in.wait(10)
-    assert len(client.keys(bulk_yield.MIGRATION_SLOT_KEY + "*")) == 1  # busy lane: the first holds the slot
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    time.sleep(0.6)
-    assert order == ["first in"]  # busy lane: the second chunk waits for the slot
-    release_first.set()
-    t.join(10)
-    waiter.join(10)
-    assert order == ["first in", "first out", "second in"]
-    assert not client.keys(bulk_yield.MIGRATION_SLOT_KEY + "*")  # handed back
-
-    # a migration chunk holds the host's slot; the lane then falls idle: the waiting ingest chunk
-    # starts without a slot, before the migration chunk ends
-    order.clear()
-    release_first.clear()
-    with bulk_yield.migration_slot(1, hold_s=30):
-        waiter = threading.Thread(target=second)
-        waiter.start()
-        time.sleep(0.6)
-        assert order == []
-        client.hdel(admission.PENDING_KEY, "tok")
-        waiter.join(10)
-        assert order == ["second in"]
-
-    client.hset(admission.INFLIGHT_KEY, "task-1", f"1 {time.time():.3f}")  # busy again
-    with bulk_yield.busy_slot(0) as waited_ms:  # BULK_BUSY_SLOTS=0: no limit
-        assert waited_ms < 100 and not client.keys(bulk_yield.MIGRATION_SLOT_KEY + "*")
-    settings.REDIS_URL = "redis://127.0.0.1:9/0"  # Redis gone: computing goes on without a slot
-    with bulk_yield.busy_slot(1, hold_s=30) as waited_ms:
-        assert waited_ms < 1000
-
-
 def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, settings):
     """migration_yield blocks while a request is admitted and unanswered, a task runs or a message
     waits, returns as soon as the lane is idle, gives up after its bound, and ignores stale entries."""
