@@ -15,9 +15,9 @@ zip, whose chunks then run on the same cores) and each ``--deadline``:
    sending its next ``POST /api/images/`` (with that deadline: a shorter one leaves the batcher less
    to merge) the moment the last one is answered, ``--capacity-s`` seconds shared between them
    after a third of that as warm-up, whose best rate served (200 or 202) is a first estimate; the
-   lane's capacity is then the rate served by an open loop at twice that for ``--confirm-s``
-   seconds (12), once the lane has filled: what it serves when never idle (the closed loops
-   misjudged it both ways: :func:`measure_capacity`).
+   lane's capacity is then the rate admitted by an open loop at twice that (``--confirm-s`` (12) +
+   2 × deadline seconds) from its first 429 on, once the lane is full: what it serves when never
+   idle (the closed loops misjudged it both ways: :func:`measure_capacity`).
    Several client counts because with many clients the closed loop measures admission's own
    refusals as much as the lane, and with few the lane idles between requests;
 2. **overload**: ``POST /api/images/`` open loop (a slow answer does not delay the next request) at
@@ -403,37 +403,46 @@ def measure_capacity(client: Client, *, clients: list[int], seconds: float, dead
 
     First a scan: closed loops of each number of ``clients`` in turn (a third of ``seconds`` of
     warm-up, then ``seconds`` shared between them); the largest rate served is a first estimate.
-    Then, where ``confirm_s`` > 0, an open loop at twice that for ``confirm_s`` seconds (the probe:
-    admission keeps the lane full and refuses the rest); the capacity is the rate it served,
-    counted from the requests sent after its first ``min(deadline_s, confirm_s / 3)`` seconds
-    (the lane filling). The scan's best alone misjudged it both ways on 2026-12-03: with a bulk job
-    the 8-client loop served 10.33/s where 16 clients served 8.39 and the open loop at "2×" 9.4 (an
-    overload of 2.2×, goodput 88.2 % of a capacity the lane never had); at a 1 s deadline on the
-    EPYC the closed loops served 4.2-4.9/s (few clients idle the lane between round trips, many
-    are refused) where the open loop served 5.8 (137 % of "capacity", an overload of 1.5×).
+    Then, where ``confirm_s`` > 0 and once the scan's backlog has drained (``deadline_s``), an open
+    loop at twice that estimate for ``confirm_s`` + 2 × ``deadline_s`` seconds (the probe). Until
+    the lane is full, admission admits every request (more than the lane serves); from the
+    probe's first 429 on it admits what the lane drains, so the capacity is the share admitted
+    (200 or 202) of the requests sent from then on, times the probe's rate. The scan's best alone
+    misjudged it both ways on 2026-12-03: with a bulk job the 8-client loop served 10.33/s where
+    16 clients served 8.39 and the open loop at "2×" 9.4 (an overload of 2.2×, goodput 88.2 % of a
+    capacity the lane never had); at a 1 s deadline on the EPYC the closed loops served
+    4.2-4.9/s (few clients idle the lane between round trips, many are refused) where the open
+    loop served 5.8 (137 % of "capacity", an overload of 1.5×). And a probe counted from a fixed
+    time missed both ways too (e4: at 5 s it began while the 16-client loop's backlog still filled
+    the lane and read 4.70/s where the phase's open loop then served 7.17).
 
     Returns the deciding figures (``requests_per_s``, ``clients``: the scan's best count,
-    ``seconds``, ``by_status``, ``latency_ms_p50``) with ``loops`` (the scan), ``scan_best_per_s``
-    and, with a probe, ``probe_rate_per_s``."""
+    ``seconds`` counted, ``by_status`` of the requests counted, ``latency_ms_p50``) with ``loops``
+    (the scan), ``scan_best_per_s`` and, with a probe, ``probe_rate_per_s``; a probe that was
+    never refused was not an overload: then its rate admitted is a lower bound, and
+    ``probe_refused`` is False."""
     if clients[0] and seconds:
         closed_loop(client, clients=clients[0], seconds=0, deadline_s=deadline_s, warm_s=seconds / 3)
     loops = [closed_loop(client, clients=c, seconds=seconds / len(clients), deadline_s=deadline_s) for c in clients]
     best = max(loops, key=lambda x: x["requests_per_s"])
     if confirm_s <= 0 or best["requests_per_s"] <= 0:
         return {**best, "loops": loops, "scan_best_per_s": best["requests_per_s"]}
+    time.sleep(deadline_s)  # the scan's last requests answered or expired
     rate = 2 * best["requests_per_s"]
-    answers = open_loop(client, rate=rate, duration=confirm_s, deadline_s=deadline_s, max_in_flight=max_in_flight)
-    fill = min(deadline_s, confirm_s / 3)
-    counted = [a for a in answers if a["sent"] >= answers[0]["sent"] + fill]
+    answers = open_loop(client, rate=rate, duration=confirm_s + 2 * deadline_s, deadline_s=deadline_s,
+                        max_in_flight=max_in_flight)
+    refused = [a["sent"] for a in answers if a["status"] == 429]
+    counted = [a for a in answers if a["sent"] >= refused[0]] if refused else answers
     by_status: dict[str, int] = {}
     for a in counted:
         by_status[str(a["status"])] = by_status.get(str(a["status"]), 0) + 1
     served = [a["ms"] for a in counted if a["status"] in (200, 202)]
-    return {"clients": best["clients"], "seconds": round(confirm_s - fill, 1), "by_status": by_status,
+    return {"clients": best["clients"], "seconds": round(len(counted) / rate, 1), "by_status": by_status,
             "requests_per_s": round(rate * len(served) / len(counted), 3) if counted else 0.0,
             "ok_per_s": round(rate * by_status.get("200", 0) / len(counted), 3) if counted else 0.0,
             "latency_ms_p50": round(statistics.median(served), 1) if served else None,
-            "loops": loops, "scan_best_per_s": best["requests_per_s"], "probe_rate_per_s": round(rate, 3)}
+            "loops": loops, "scan_best_per_s": best["requests_per_s"], "probe_rate_per_s": round(rate, 3),
+            "probe_refused": bool(refused)}
 
 
 def open_loop(client: Client, *, rate: float, duration: float, deadline_s: float | None, max_in_flight: int) -> list[dict]:
@@ -761,7 +770,8 @@ def table(result: dict, checks: dict[str, bool], infos: dict[str, str]) -> str:
         if c := p["capacity"]:
             loops = ", ".join(f"{x['clients']}: {x['requests_per_s']}/s" for x in c.get("loops", [c]))
             lines.append(f"capacity at deadline {phase_name(p)} (closed loops, clients: rate served {loops}; "
-                         + (f"then an open loop at {c['probe_rate_per_s']}/s, {c['seconds']} s counted"
+                         + (f"then an open loop at {c['probe_rate_per_s']}/s, {c['seconds']} s counted from its first 429"
+                            + ("" if c.get("probe_refused", True) else " (never refused: a lower bound)")
                             if c.get("probe_rate_per_s") else f"best {c['clients']} clients, {c['seconds']} s")
                          + f"): {c['requests_per_s']} requests/s served, "
                          f"200 or 202 (p50 {c['latency_ms_p50']} ms; {c['by_status']})")
@@ -823,8 +833,9 @@ def main() -> int:
     ap.add_argument("--capacity-s", type=float, default=24.0,
                     help="seconds of the capacity measurement, shared by the --clients loops (plus a third as warm-up)")
     ap.add_argument("--confirm-s", type=float, default=12.0,
-                    help="seconds of the capacity probe: an open loop at twice the closed loops' best rate, "
-                         "whose rate served is the capacity (0: the closed loops' best rate, as before 2026-12-03)")
+                    help="seconds of the capacity probe beyond 2 x the deadline: an open loop at twice the closed "
+                         "loops' best rate, whose rate admitted from its first 429 on is the capacity (0: the closed "
+                         "loops' best rate, as before 2026-12-03)")
     ap.add_argument("--files", type=int, default=1, help="images per request")
     ap.add_argument("--max-in-flight", type=int, default=64)
     ap.add_argument("--retry-after-share", type=float, default=0.95,
