@@ -14,10 +14,7 @@ zip, whose chunks then run on the same cores) and each ``--deadline``:
 1. **capacity** (unless ``--rate``): closed loops of ``--clients`` clients (2, 4, 8, 16 in turn), each
    sending its next ``POST /api/images/`` (with that deadline: a shorter one leaves the batcher less
    to merge) the moment the last one is answered, ``--capacity-s`` seconds shared between them
-   after a third of that as warm-up, whose best rate served (200 or 202) is a first estimate; the
-   lane's capacity is then the rate admitted by an open loop at twice that (``--confirm-s`` (12) +
-   2 × deadline seconds) from its first 429 on, once the lane is full: what it serves when never
-   idle (the closed loops misjudged it both ways: :func:`measure_capacity`).
+   after a third of that as warm-up; the lane's capacity is the largest rate served (200 or 202).
    Several client counts because with many clients the closed loop measures admission's own
    refusals as much as the lane, and with few the lane idles between requests;
 2. **overload**: ``POST /api/images/`` open loop (a slow answer does not delay the next request) at
@@ -396,53 +393,17 @@ def closed_loop(client: Client, *, clients: int, seconds: float, deadline_s: flo
             "latency_ms_p50": round(statistics.median(a["ms"] for a in served), 1) if served else None}
 
 
-def measure_capacity(client: Client, *, clients: list[int], seconds: float, deadline_s: float,
-                     confirm_s: float = 0.0, max_in_flight: int = 64) -> dict:
-    """The lane's capacity at ``deadline_s``: the requests per second it serves (200 or 202: a 202's
-    work is done too, just late) when it is never idle.
-
-    First a scan: closed loops of each number of ``clients`` in turn (a third of ``seconds`` of
-    warm-up, then ``seconds`` shared between them); the largest rate served is a first estimate.
-    Then, where ``confirm_s`` > 0 and once the scan's backlog has drained (``deadline_s``), an open
-    loop at twice that estimate for ``confirm_s`` + 2 × ``deadline_s`` seconds (the probe). Until
-    the lane is full, admission admits every request (more than the lane serves); from the
-    probe's first 429 on it admits what the lane drains, so the capacity is the share admitted
-    (200 or 202) of the requests sent from then on, times the probe's rate. The scan's best alone
-    misjudged it both ways on 2026-12-03: with a bulk job the 8-client loop served 10.33/s where
-    16 clients served 8.39 and the open loop at "2×" 9.4 (an overload of 2.2×, goodput 88.2 % of a
-    capacity the lane never had); at a 1 s deadline on the EPYC the closed loops served
-    4.2-4.9/s (few clients idle the lane between round trips, many are refused) where the open
-    loop served 5.8 (137 % of "capacity", an overload of 1.5×). And a probe counted from a fixed
-    time missed both ways too (e4: at 5 s it began while the 16-client loop's backlog still filled
-    the lane and read 4.70/s where the phase's open loop then served 7.17).
-
-    Returns the deciding figures (``requests_per_s``, ``clients``: the scan's best count,
-    ``seconds`` counted, ``by_status`` of the requests counted, ``latency_ms_p50``) with ``loops``
-    (the scan), ``scan_best_per_s`` and, with a probe, ``probe_rate_per_s``; a probe that was
-    never refused was not an overload: then its rate admitted is a lower bound, and
-    ``probe_refused`` is False."""
+def measure_capacity(client: Client, *, clients: list[int], seconds: float, deadline_s: float) -> dict:
+    """The lane's capacity at ``deadline_s``: closed loops of each number of ``clients`` in turn (a
+    third of ``seconds`` of warm-up first, then ``seconds`` shared between them); the capacity is
+    the largest rate served (200 or 202: a 202's work is done too, just late). Several client
+    counts, because with many clients the closed loop measures admission's own refusals as much
+    as the lane, and with few the lane idles between requests."""
     if clients[0] and seconds:
         closed_loop(client, clients=clients[0], seconds=0, deadline_s=deadline_s, warm_s=seconds / 3)
     loops = [closed_loop(client, clients=c, seconds=seconds / len(clients), deadline_s=deadline_s) for c in clients]
     best = max(loops, key=lambda x: x["requests_per_s"])
-    if confirm_s <= 0 or best["requests_per_s"] <= 0:
-        return {**best, "loops": loops, "scan_best_per_s": best["requests_per_s"]}
-    time.sleep(deadline_s)  # the scan's last requests answered or expired
-    rate = 2 * best["requests_per_s"]
-    answers = open_loop(client, rate=rate, duration=confirm_s + 2 * deadline_s, deadline_s=deadline_s,
-                        max_in_flight=max_in_flight)
-    refused = [a["sent"] for a in answers if a["status"] == 429]
-    counted = [a for a in answers if a["sent"] >= refused[0]] if refused else answers
-    by_status: dict[str, int] = {}
-    for a in counted:
-        by_status[str(a["status"])] = by_status.get(str(a["status"]), 0) + 1
-    served = [a["ms"] for a in counted if a["status"] in (200, 202)]
-    return {"clients": best["clients"], "seconds": round(len(counted) / rate, 1), "by_status": by_status,
-            "requests_per_s": round(rate * len(served) / len(counted), 3) if counted else 0.0,
-            "ok_per_s": round(rate * by_status.get("200", 0) / len(counted), 3) if counted else 0.0,
-            "latency_ms_p50": round(statistics.median(served), 1) if served else None,
-            "loops": loops, "scan_best_per_s": best["requests_per_s"], "probe_rate_per_s": round(rate, 3),
-            "probe_refused": bool(refused)}
+    return {**best, "loops": loops}
 
 
 def open_loop(client: Client, *, rate: float, duration: float, deadline_s: float | None, max_in_flight: int) -> list[dict]:
@@ -675,7 +636,6 @@ WEB_WARMUP_S = 15.0
 
 def run_load(stack: Stack, *, rate: float | None, overload: float, duration: float, deadlines: list[float | None],
              files: int, clients: list[int], capacity_s: float, with_bulk: list[int], max_in_flight: int = 64,
-             confirm_s: float = 0.0,
              warmup: int = 10, log=functools.partial(print, flush=True)) -> dict:
     """Send the load to a running stack; returns the result dict (see module docstring). One round of
     ``deadlines`` per entry of ``with_bulk``: 0 without a bulk job, N after posting a bulk job of N
@@ -706,8 +666,7 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
         for deadline in deadlines:
             capacity = None
             if rate is None:  # per deadline: a shorter one leaves the batcher less to merge
-                capacity = measure_capacity(client, clients=clients, seconds=capacity_s, deadline_s=deadline,
-                                            confirm_s=confirm_s, max_in_flight=max_in_flight)
+                capacity = measure_capacity(client, clients=clients, seconds=capacity_s, deadline_s=deadline)
                 log(f"capacity at deadline {deadline} s{' + bulk' if bulk else ''}: {capacity}")
                 time.sleep(3)  # let the closed loop's last requests drain
             r = rate or overload * capacity["requests_per_s"]
@@ -770,10 +729,7 @@ def table(result: dict, checks: dict[str, bool], infos: dict[str, str]) -> str:
         if c := p["capacity"]:
             loops = ", ".join(f"{x['clients']}: {x['requests_per_s']}/s" for x in c.get("loops", [c]))
             lines.append(f"capacity at deadline {phase_name(p)} (closed loops, clients: rate served {loops}; "
-                         + (f"then an open loop at {c['probe_rate_per_s']}/s, {c['seconds']} s counted from its first 429"
-                            + ("" if c.get("probe_refused", True) else " (never refused: a lower bound)")
-                            if c.get("probe_rate_per_s") else f"best {c['clients']} clients, {c['seconds']} s")
-                         + f"): {c['requests_per_s']} requests/s served, "
+                         f"best {c['clients']} clients, {c['seconds']} s): {c['requests_per_s']} requests/s served, "
                          f"200 or 202 (p50 {c['latency_ms_p50']} ms; {c['by_status']})")
     for r in result["rounds"]:
         if b := r["bulk"]:
@@ -832,10 +788,6 @@ def main() -> int:
                     help="closed-loop clients for the capacity measurement, one loop each (the best counts)")
     ap.add_argument("--capacity-s", type=float, default=24.0,
                     help="seconds of the capacity measurement, shared by the --clients loops (plus a third as warm-up)")
-    ap.add_argument("--confirm-s", type=float, default=12.0,
-                    help="seconds of the capacity probe beyond 2 x the deadline: an open loop at twice the closed "
-                         "loops' best rate, whose rate admitted from its first 429 on is the capacity (0: the closed "
-                         "loops' best rate, as before 2026-12-03)")
     ap.add_argument("--files", type=int, default=1, help="images per request")
     ap.add_argument("--max-in-flight", type=int, default=64)
     ap.add_argument("--retry-after-share", type=float, default=0.95,
@@ -865,8 +817,7 @@ def main() -> int:
                                           log=lambda *a: None) as stack:
         result = run_load(stack, rate=args.rate, overload=args.overload, duration=args.duration,
                           deadlines=args.deadline, files=args.files, clients=args.clients,
-                          capacity_s=args.capacity_s, with_bulk=args.with_bulk, max_in_flight=args.max_in_flight,
-                          confirm_s=args.confirm_s)
+                          capacity_s=args.capacity_s, with_bulk=args.with_bulk, max_in_flight=args.max_in_flight)
     checks, infos = {}, {}
     for phase in result["phases"]:
         checks.update(verdict(phase, retry_after_share=args.retry_after_share))

@@ -3,12 +3,9 @@
 requests admitted within ±0.5 s of it, and the lane's own drift (that wait 1 s earlier)."""
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
-from benchmarks.load import actual_wait_near, measure_capacity, summarise
+from benchmarks.load import actual_wait_near, summarise
 
 
 def admitted(sent: float) -> dict:
@@ -80,42 +77,3 @@ def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=2.2) == pytest.approx(1.5)
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=4.0) == pytest.approx(2.5)
     assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None) == pytest.approx(2 / 1.2)
-
-
-class FullLane:
-    """A fake lane for :func:`measure_capacity`: one request served at a time, 20 ms each (50/s),
-    at most two more waiting; a request that finds three there is refused at once (429), as
-    admission refuses what would not be answered in time."""
-
-    def __init__(self) -> None:
-        self.lock, self.room = threading.Lock(), threading.BoundedSemaphore(3)
-
-    def upload(self, deadline_s: float | None = None) -> dict:
-        sent = time.time()
-        if not self.room.acquire(blocking=False):
-            return {"sent": sent, "status": 429, "ms": 0.1, "wait_ahead_s": 0.04}
-        try:
-            with self.lock:
-                time.sleep(0.02)
-        finally:
-            self.room.release()
-        return {"sent": sent, "status": 200, "ms": (time.time() - sent) * 1000}
-
-
-def test_the_capacity_is_what_an_open_loop_at_twice_the_closed_loops_best_serves():
-    """The closed loops give a first estimate; the probe, an open loop at twice it, overloads the
-    lane, which serves its 50 requests/s and refuses the rest: the capacity is the rate admitted
-    from the probe's first refusal on, once the lane is full."""
-    c = measure_capacity(FullLane(), clients=[1, 2], seconds=0.6, deadline_s=0.2, confirm_s=1.5)
-    assert [x["clients"] for x in c["loops"]] == [1, 2]
-    best = max(c["loops"], key=lambda x: x["requests_per_s"])
-    assert c["scan_best_per_s"] == best["requests_per_s"] and c["clients"] == best["clients"]
-    assert c["probe_rate_per_s"] == round(2 * best["requests_per_s"], 3)
-    assert c["probe_refused"] and 1.5 <= c["seconds"] <= 1.9  # 1.5 s + 2 × 0.2, counted from the first 429
-    assert set(c["by_status"]) == {"200", "429"}  # overloaded: refusals
-    assert 35 < c["requests_per_s"] < 55  # one server at 20 ms a request: 50/s
-    assert c["requests_per_s"] < c["probe_rate_per_s"] / 1.5
-
-    c = measure_capacity(FullLane(), clients=[1, 2], seconds=0.3, deadline_s=0.2)  # no probe: the scan's best
-    assert c["requests_per_s"] == c["scan_best_per_s"] == max(x["requests_per_s"] for x in c["loops"])
-    assert "probe_rate_per_s" not in c
