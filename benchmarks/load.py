@@ -43,10 +43,10 @@ Targets (issue 15), per phase:
   lives; the whole RSS is printed beside it; sampled once a second, process and children) of
   ``--max-growth-mb`` or more through the last round from its second phase on (a least-squares
   trend, :func:`memory_checks`: by then a working set that follows the phase has met every phase
-  once). Not
-  the whole resident set: the vectors worker's grows with every point it stores (the embedded
-  store's mmapped segments and write-ahead log, measured in :class:`Sampler`'s docstring). Each
-  round's growth over its second half is printed too, not judged.
+  once). Not the whole resident set: the vectors worker's grows with every point it stores (the
+  embedded store's mmapped segments and write-ahead log, measured in :class:`Sampler`'s
+  docstring). Each round's growth over its second half, and each phase's level, are printed too,
+  not judged.
 
 Prints the CPU it ran on (``machine_line``) and the load average (at start and end, and per phase), a
 table of all phases and the verdict; writes ``--out`` (JSON with every answer and sample, and per
@@ -173,7 +173,7 @@ class Sampler(threading.Thread):
     def summary(self) -> dict[str, dict]:
         """Per process: MiB at start / end / max, and growth = mean(last tenth) − mean(first tenth),
         of the whole resident set (``*_mb``) and of its anonymous part (``anon_*``); reported, not
-        judged (the verdict compares phases: :func:`memory_checks`)."""
+        judged (the verdict reads a trend: :func:`memory_checks`)."""
         out = {}
         k = max(1, len(self.samples) // 10)
 
@@ -241,9 +241,11 @@ def memory_since(result: dict) -> float:
     (the first round's, and the last round's first): the interactive worker's anonymous memory
     follows the phase (on 2026-12-03, 1,223-1,280 MiB, higher with the full batches of a 5 s
     phase) and keeps its high-water mark (e2: 1,225 → 1,259 MiB through the first round, then
-    1,259-1,268 through the second), the web's grows with its threads' SQLite page caches. A
-    round's end against its middle read those as +16.5 and +18.4 MiB; a leak still grows
-    with the work of the last phases."""
+    1,259-1,268 through the second), and the web's rose by ~10 MiB a round, slowing (not
+    investigated; its threads keep SQLite connections, each with its page cache). A round's end
+    against its middle read the interactive worker's as +16.5 and +18.4 MiB; a leak still grows
+    with the work of the last phases. Where the last round has one phase only, the middle of that
+    phase (the rule before 2026-12-03, for a phase: its second half)."""
     last = [p for p in result["phases"] if p.get("round") == len(result["rounds"]) - 1] or result["phases"][-1:]
     if len(last) > 1:
         return last[1]["window"][0]
