@@ -224,14 +224,8 @@ def memory_trend(samples: list[dict], since: float, processes) -> dict[str, floa
     if len(window) < 10:
         return {n: math.nan for n in processes}
     t = [s["unix"] for s in window]
-    span, tm = t[-1] - t[0], statistics.fmean(t)
-    sxx = sum((x - tm) ** 2 for x in t)
-    out = {}
-    for n in processes:
-        y = [s[f"{n}:anon"] for s in window]
-        ym = statistics.fmean(y)
-        out[n] = round(sum((x - tm) * (v - ym) for x, v in zip(t, y)) / sxx * span, 1)
-    return out
+    return {n: round(statistics.linear_regression(t, [s[f"{n}:anon"] for s in window]).slope * (t[-1] - t[0]), 1)
+            for n in processes}
 
 
 def memory_since(result: dict) -> float:
