@@ -511,6 +511,9 @@ def verdict(phase: dict, *, retry_after_share: float) -> dict[str, bool]:
     }
     if goodput is not None:  # a fixed --rate measures no capacity
         checks[f"{name}: goodput >= 90 % of capacity"] = goodput >= 0.90
+    if bulk := phase.get("bulk"):  # a job that ran out during the phase measured part of it without bulk
+        checks[f"{name}: the bulk job still had images queued at the phase's end (else a larger --with-bulk)"] = \
+            bulk.get("counts_at_end", {}).get("queued", 0) > 0
     return checks
 
 

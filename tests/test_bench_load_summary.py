@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.load import actual_wait_near, summarise
+from benchmarks.load import actual_wait_near, summarise, verdict
 
 
 def admitted(sent: float) -> dict:
@@ -31,6 +31,16 @@ def test_each_429_is_judged_against_the_requests_admitted_around_it():
     assert p["drift_within_30pct_share"] == pytest.approx(2 / 3, abs=1e-4)      # not at 2.6 s, where the wait doubled
     assert p["retry_after_not_early_share"] == 1.0 and p["retry_after_within_30pct_share"] == 0.0
     assert p["goodput_per_s"] == pytest.approx(17 / 4)
+
+
+def test_a_bulk_phase_whose_job_ran_out_fails_its_verdict():
+    answers = [admitted(i / 4) for i in range(8)]
+    p = summarise(answers, rate=4.0, duration=2.0, deadline_s=2.0, capacity=4.0, web_records=[])
+    assert not any("bulk job" in name for name in verdict(p, retry_after_share=0.95))  # no bulk job: not judged
+    for queued, ok in ((64, True), (0, False)):
+        p["bulk"] = {"images": 3000, "counts_at_end": {"queued": queued, "embedded": 3000 - queued}}
+        (name, value), = [(k, v) for k, v in verdict(p, retry_after_share=0.95).items() if "bulk job" in k]
+        assert value is ok and name.startswith("2 s + bulk: ")
 
 
 def test_the_replay_of_what_429s_say_learns_per_deadline_band():
