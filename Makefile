@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load schema bench-db bench-migration
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ soak: setup
 # vs actual wait (docs/benchmarks-load.md); e.g. BENCH_ARGS="--deadline 1 2 5 --with-bulk 0 3000", "--rate 4".
 bench-load: setup
 	$(PY) -m benchmarks.load $(BENCH_ARGS)
+
+# How much a bulk forward pass slows an interactive one on the same cores, by the bulk worker's
+# scheduling policy (alone / nice 19 / SCHED_IDLE; docs/benchmarks-load.md), ~2 min.
+bench-sched: setup
+	$(PY) -m benchmarks.sched_policy $(BENCH_ARGS)
 
 # Issue 13 (docs/benchmarks-migration.md): interactive p95 alone and while a migration re-embeds a
 # 500-image catalogue with another model; its images/s, the quality gate, promote→visible. A few

@@ -28,7 +28,7 @@ from pathlib import Path
 from benchmarks._common import ROOT, machine, machine_line, markdown_table, pyplot, write_json
 
 #: The conditions: ``alone`` (no bulk process), ``nice`` (nice 19, ``BULK_WORKER_NICE``), ``idle``
-#: (nice 19 and ``SCHED_IDLE``, ``BULK_WORKER_SCHED_IDLE``: what a bulk-only worker does).
+#: (nice 19 and ``SCHED_IDLE``: what a bulk-only worker does with ``BULK_WORKER_SCHED_IDLE=1``).
 CONDITIONS = ("alone", "nice", "idle")
 
 

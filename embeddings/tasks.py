@@ -194,24 +194,61 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
     return runtime.drop_collection(model_id, collection, dim)
 
 
+def _queue_names(queues) -> set[str]:
+    """``-Q`` queues (a list or a comma-separated string) as a set of names."""
+    return {q.strip() for q in (queues.split(",") if isinstance(queues, str) else queues or ()) if q.strip()}
+
+
 def worker_niceness(queues) -> int:
     """Niceness for a worker consuming ``queues`` (``-Q``: a list or a comma-separated string):
     ``WORKER_NICE`` when set, else ``BULK_WORKER_NICE`` for a bulk-only worker, else 0."""
     if settings.WORKER_NICE:
         return settings.WORKER_NICE
-    names = {q.strip() for q in (queues.split(",") if isinstance(queues, str) else queues or ()) if q.strip()}
-    return settings.BULK_WORKER_NICE if names == {lanes.BULK} else 0
+    return settings.BULK_WORKER_NICE if _queue_names(queues) == {lanes.BULK} else 0
+
+
+def worker_idle_policy(queues) -> bool:
+    """Whether a worker consuming ``queues`` runs under ``SCHED_IDLE``: a bulk-only worker while
+    ``BULK_WORKER_SCHED_IDLE`` (default) is set."""
+    return settings.BULK_WORKER_SCHED_IDLE and _queue_names(queues) == {lanes.BULK}
+
+
+def set_idle_policy() -> bool:
+    """Put every thread of this process under Linux's ``SCHED_IDLE`` scheduling policy (threads and
+    processes started later inherit it); returns whether it was set.
+
+    ``SCHED_IDLE`` (sched(7)): a thread runs only when no normal thread wants its core, and a normal
+    thread waking on that core preempts it at once; lowering a policy needs no privilege. Applied
+    to each thread of ``/proc/self/task`` because Linux sets the policy per thread. Where the OS has
+    no ``SCHED_IDLE`` (macOS) or refuses it, logs a warning and returns False: niceness still holds.
+    """
+    import os
+
+    if not hasattr(os, "SCHED_IDLE"):
+        log.warning("SCHED_IDLE is not available here: the bulk worker keeps niceness only")
+        return False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+    except OSError as e:
+        log.warning("SCHED_IDLE not set (%s): the bulk worker keeps niceness only", e)
+        return False
+    return True
 
 
 @celeryd_init.connect
 def lower_cpu_priority(options=None, **kwargs) -> None:
     """Lower this worker's CPU priority before it starts its pool (children inherit it):
-    :func:`worker_niceness` of its ``-Q`` queues (docs/lanes.md)."""
+    :func:`worker_niceness` of its ``-Q`` queues, and ``SCHED_IDLE`` for a bulk-only worker
+    (:func:`worker_idle_policy`, docs/lanes.md)."""
     import os
 
-    nice = worker_niceness((options or {}).get("queues"))
+    queues = (options or {}).get("queues")
+    nice = worker_niceness(queues)
     if nice:
         os.nice(nice)
+    if worker_idle_policy(queues):
+        set_idle_policy()
 
 
 @worker_ready.connect

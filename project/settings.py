@@ -296,6 +296,16 @@ WORKER_NICE = env.int("WORKER_NICE", default=0)
 #: every idle cycle: "bulk yields" at the CPU. 19 held both lane targets on this 2-core machine
 #: (docs/benchmarks.md); 0 turns it off.
 BULK_WORKER_NICE = env.int("BULK_WORKER_NICE", default=19)
+#: On: a bulk-only worker also puts its threads (and so its prefork children's) under Linux's
+#: ``SCHED_IDLE`` policy: they run only on a core nothing else wants, and a waking interactive thread
+#: preempts them at once, where a nice-19 thread keeps its slice. Measured on the 2-core Xeon
+#: (``make bench-sched``, docs/benchmarks-load.md): an interactive pass of 8 on 2 torch threads took
+#: 1.47-1.49x its time alone beside two nice-19 bulk processes, 1.18-1.27x beside two SCHED_IDLE
+#: ones; on 1 thread (what it gets on 2 cores) 0.98-1.08x either way, and on the whole 2-core stack
+#: under 2x overload no consistent gain while bulk embedded ~15 % fewer images. So off by default;
+#: for hosts whose interactive worker runs several torch threads (4+ cores). Ignored (a warning)
+#: where the OS has no SCHED_IDLE.
+BULK_WORKER_SCHED_IDLE = env.bool("BULK_WORKER_SCHED_IDLE", default=False)
 #: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
 CELERY_BULK_TIME_LIMIT_S = env.int("CELERY_BULK_TIME_LIMIT_S", default=CELERY_VISIBILITY_TIMEOUT_S // 3)
 
