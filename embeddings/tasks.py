@@ -208,8 +208,8 @@ def worker_niceness(queues) -> int:
 
 
 def worker_idle_policy(queues) -> bool:
-    """Whether a worker consuming ``queues`` runs under ``SCHED_IDLE``: a bulk-only worker while
-    ``BULK_WORKER_SCHED_IDLE`` (default) is set."""
+    """Whether a worker consuming ``queues`` runs under ``SCHED_IDLE``: a bulk-only worker when
+    ``BULK_WORKER_SCHED_IDLE`` is on (off by default)."""
     return settings.BULK_WORKER_SCHED_IDLE and _queue_names(queues) == {lanes.BULK}
 
 
@@ -229,7 +229,10 @@ def set_idle_policy() -> bool:
         return False
     try:
         for tid in os.listdir("/proc/self/task"):
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            except ProcessLookupError:  # that thread ended meanwhile
+                pass
     except OSError as e:
         log.warning("SCHED_IDLE not set (%s): the bulk worker keeps niceness only", e)
         return False
