@@ -18,6 +18,7 @@ are in docs/benchmarks-load.md ("The bulk worker under SCHED_IDLE").
 from __future__ import annotations
 
 import argparse
+import logging
 import multiprocessing as mp
 import os
 import statistics
@@ -27,8 +28,9 @@ from pathlib import Path
 
 from benchmarks._common import ROOT, machine, machine_line, markdown_table, pyplot, write_json
 
-#: The conditions: ``alone`` (no bulk process), ``nice`` (nice 19, ``BULK_WORKER_NICE``), ``idle``
-#: (nice 19 and ``SCHED_IDLE``: what a bulk-only worker does with ``BULK_WORKER_SCHED_IDLE=1``).
+#: The conditions: ``alone`` (no bulk process), ``nice`` (what a bulk-only worker does by default:
+#: ``BULK_WORKER_NICE``, 19), ``idle`` (what it does with ``BULK_WORKER_SCHED_IDLE=1``: nice and
+#: ``SCHED_IDLE``).
 CONDITIONS = ("alone", "nice", "idle")
 
 
@@ -41,13 +43,21 @@ def _encoder(threads: int):
 
 
 def _bulk(policy: str, batch: int, images, ready, stop) -> None:
-    """One bulk process: lower its priority as a bulk-only worker would, then run passes of
-    ``batch`` random images until ``stop``, adding each pass's images to ``images``."""
+    """One bulk process: lower its priority with the bulk-only worker's own ``celeryd_init`` handler
+    (``embeddings.tasks.lower_cpu_priority``; ``BULK_WORKER_SCHED_IDLE`` set by ``policy``), then run
+    passes of ``batch`` random images until ``stop``, adding each pass's images to ``images``."""
+    os.environ["BULK_WORKER_SCHED_IDLE"] = "1" if policy == "idle" else "0"
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+    import django
+
+    django.setup()
     import torch
 
-    os.nice(19)
-    if policy == "idle":
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    from embeddings.tasks import lower_cpu_priority
+    from project import lanes
+
+    lower_cpu_priority(options={"queues": [lanes.BULK]})  # its warnings still show
+    logging.disable(logging.INFO)  # Django's logging config would print the model load in every process
     enc = _encoder(1)
     x = torch.randn(batch, 3, 224, 224)
     enc.encode_images(x)
@@ -71,7 +81,8 @@ def measure(enc, condition: str, *, passes: int, batch: int, gap_ms: float, bulk
     for p in procs:
         p.start()
     for _ in procs:
-        ready.acquire(timeout=300)
+        if not ready.acquire(timeout=300):
+            raise RuntimeError("a bulk process did not start within 300 s")
     x = torch.randn(batch, 3, 224, 224)
     times = []
     n0, t0 = images.value, time.perf_counter()
