@@ -344,6 +344,11 @@ MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 #: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.
 MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=4)
 MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
+#: A background ingest job's chunk runs as forward passes of BULK_YIELD_MICRO_BATCH images and,
+#: before each, waits while the interactive lane has work, at most BULK_YIELD_MAX_S (0: never waits,
+#: one pass of the chunk as before): bulk_yield.ingest_yield. Urgent jobs never wait.
+BULK_YIELD_MAX_S = env.float("BULK_YIELD_MAX_S", default=0.0)
+BULK_YIELD_MICRO_BATCH = env.int("BULK_YIELD_MICRO_BATCH", default=8)
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1

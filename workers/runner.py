@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 Loader = Callable[[str], bytes]
 #: Called before each forward pass of a micro-batched run (and before the next micro-batch's
 #: preparation starts): blocks while the caller's work must give way (a migration waiting for the
-#: interactive lane to fall idle, ``bulk_yield.migration_yield``) and returns the milliseconds it waited.
+#: interactive lane to fall idle, ``bulk_yield.yield_to_interactive``) and returns the milliseconds it waited.
 BeforePass = Callable[[], float]
 #: Called on a decode thread with an image's key and its upright ``(H, W, 3) uint8`` RGB pixels
 #: (possibly DCT-reduced, see ``DecodedImage.scale``) right after a successful decode: the hook that

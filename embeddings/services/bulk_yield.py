@@ -9,7 +9,8 @@ bulk batch being computed.
 
 A migration yields further: at most ``MIGRATION_BULK_SLOTS`` of its chunks compute at once per
 host (:func:`migration_slot`), and each of its micro-batches first waits while the interactive lane
-has work (:func:`migration_yield`, :func:`interactive_busy`).
+has work (:func:`migration_yield`, :func:`interactive_busy`). A background ingest job's chunks can
+do the same (:func:`ingest_yield`, ``BULK_YIELD_MAX_S``).
 
 The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
 """
@@ -128,8 +129,8 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
                 pass
 
 
-#: How often (s) a migration micro-batch waiting for the interactive lane to fall idle looks again.
-MIGRATION_YIELD_POLL_S = 0.02
+#: How often (s) a bulk micro-batch waiting for the interactive lane to fall idle looks again.
+YIELD_POLL_S = 0.02
 
 
 def interactive_busy(client=None) -> bool:
@@ -155,32 +156,44 @@ def interactive_busy(client=None) -> bool:
             or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
 
 
-def migration_yield(max_pause_s: float | None = None) -> float:
-    """Wait while the interactive lane is busy (:func:`interactive_busy`), at most ``max_pause_s``
-    (default ``MIGRATION_YIELD_MAX_S``); returns the milliseconds waited.
+def yield_to_interactive(max_pause_s: float) -> float:
+    """Wait while the interactive lane is busy (:func:`interactive_busy`, polled every
+    :data:`YIELD_POLL_S` s), at most ``max_pause_s`` s; returns the milliseconds waited.
 
-    Called by a migration chunk before each of its micro-batches (``BatchRunner.run``'s
-    ``before_pass``): a migration re-embeds the catalogue in the interactive lane's idle time, so on
-    cores shared with the interactive worker a person's request never waits behind more than the
-    micro-batch already running (``MIGRATION_MICRO_BATCH`` images). Nice 19 alone was not enough:
-    the interactive p95 doubled during a migration on 2 cores (docs/benchmarks-migration.md, runs
-    3 and 5), because a bulk forward pass still takes its share of the cores, caches and memory
-    bandwidth. The bound keeps a migration moving under a lane that is never idle: after
-    ``max_pause_s`` one micro-batch runs anyway. ``max_pause_s`` 0, or Redis unreachable: no wait.
+    A bulk micro-batch calls it (through :func:`migration_yield` or :func:`ingest_yield`, as
+    ``BatchRunner.run``'s ``before_pass``) so that on cores shared with the interactive worker a
+    person's request never computes beside more than the one micro-batch already running. Nice 19
+    alone is not enough: a bulk forward pass still takes its share of the cores, caches and memory
+    bandwidth (docs/benchmarks-migration.md, runs 3 and 5: the interactive p95 doubled during a
+    migration). The bound keeps bulk work moving under a lane that is never idle: after
+    ``max_pause_s`` one micro-batch runs anyway. ``max_pause_s`` ≤ 0, or Redis unreachable: no wait.
     """
     import redis
 
-    max_pause_s = settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s
     if max_pause_s <= 0:
         return 0.0
     t0 = time.perf_counter()
     try:
         client = redis_client()
         while interactive_busy(client) and time.perf_counter() - t0 < max_pause_s:
-            time.sleep(MIGRATION_YIELD_POLL_S)
+            time.sleep(YIELD_POLL_S)
     except redis.RedisError as e:
-        log.warning("migration not yielding (Redis: %s)", e)
+        log.warning("bulk work not yielding (Redis: %s)", e)
     return (time.perf_counter() - t0) * 1000
+
+
+def migration_yield(max_pause_s: float | None = None) -> float:
+    """:func:`yield_to_interactive` for a migration chunk's micro-batch (``MIGRATION_MICRO_BATCH``
+    images), at most ``max_pause_s`` (default ``MIGRATION_YIELD_MAX_S``, 2 s); returns the ms waited.
+    A migration re-embeds the catalogue in the interactive lane's idle time."""
+    return yield_to_interactive(settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s)
+
+
+def ingest_yield(max_pause_s: float | None = None) -> float:
+    """:func:`yield_to_interactive` for a background ingest chunk's micro-batch
+    (``BULK_YIELD_MICRO_BATCH`` images), at most ``max_pause_s`` (default ``BULK_YIELD_MAX_S``);
+    returns the ms waited. An urgent job's chunks never call it: their deadline comes first."""
+    return yield_to_interactive(settings.BULK_YIELD_MAX_S if max_pause_s is None else max_pause_s)
 
 
 def _bulk_messages_held() -> int:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from embeddings import metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobStatus, Lane
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobPriority, JobStatus, Lane
 from embeddings.selectors import hits_to_results
 from embeddings.services import images as image_services
 from embeddings.services import jobs as job_services
@@ -153,12 +153,14 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
         passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}
+    elif job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0:  # the interactive lane's idle time
+        passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None, "before_pass": bulk_yield.ingest_yield}
     with slot:
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
                             _thumbnailer({k: v[1] for k, v in rows.items()}), **passes)
     if result.paused_ms:
-        log.info("migration chunk of job %s: %d images, paused %.0f ms for interactive work", job_id,
+        log.info("chunk of job %s: %d images, paused %.0f ms for interactive work", job_id,
                  len(ordered), result.paused_ms)
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)

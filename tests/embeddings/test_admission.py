@@ -1058,6 +1058,55 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     assert bulk_yield.migration_yield(2.0) < 1000
 
 
+@pytest.mark.parametrize("priority, max_pause_s, passes, waits", [
+    ("background", 5.0, [2, 2, 1], True),  # BULK_YIELD_MAX_S on: passes of 2, the first after the answer
+    ("urgent", 5.0, [5], False),  # an urgent job's deadline comes first: one pass, no wait
+    ("background", 0.0, [5], False),  # BULK_YIELD_MAX_S 0 (off): one pass, no wait
+])
+def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
+        lane_redis, service, user, monkeypatch, priority, max_pause_s, passes, waits):
+    """With ``BULK_YIELD_MAX_S`` > 0 a background ingest job's chunk (5 images) runs as forward
+    passes of ``BULK_YIELD_MICRO_BATCH`` (2) images, and while a request is admitted and unanswered
+    (its answer comes 0.4 s later) neither decodes nor computes; an urgent job's chunk, or the
+    setting at 0, computes its one pass at once. Every image ends embedded either way."""
+    import io
+    import threading
+
+    from django.db import transaction
+
+    from embeddings.models import JobStatus
+    from embeddings.services import jobs as job_services
+    from embeddings.services.sources import SourceFile
+
+    client, _ = lane_redis
+    service.BULK_YIELD_MAX_S, service.BULK_YIELD_MICRO_BATCH = max_pause_s, 2
+    service.PIPELINE = service.PIPELINE.replace(batch_size=5)
+    encoder = runtime.encoder_holder().get()
+    calls: list[int] = []
+    real = encoder.encode_images
+    monkeypatch.setattr(encoder, "encode_images", lambda px: calls.append(len(px)) or real(px))
+    files = [SourceFile(name=f"{i}.jpg", size=len(d), open=lambda d=d: io.BytesIO(d))
+             for i, d in enumerate(jpeg_bytes(70 + i) for i in range(5))]
+    with transaction.atomic():  # paused before its chunk is sent: parked, sent below by hand
+        job = job_services.job_create(owner=user, sources=files, name="catalogue", priority=priority)
+        job_services.job_transition(job=job, to=JobStatus.PAUSED)
+    Image.objects.filter(job=job).update(reason="")  # as if still queued, never parked
+    job_services.job_transition(job=job, to=JobStatus.QUEUED)
+    ids = [str(i) for i in Image.objects.filter(job=job).order_by("created_at").values_list("id", flat=True)]
+
+    client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time(), "work_s": 0.3,
+                                                          "predicted_s": 0.5, "deadline_s": 2.0}))
+    answer = threading.Timer(0.4, lambda: client.hdel(admission.PENDING_KEY, "tok"))
+    answer.start()
+    out = tasks.embed_chunk.apply(args=(str(job.id), ids)).get()
+    answer.join(5)
+    assert calls == passes
+    assert (350 <= out["paused_ms"] < 5000) if waits else out["paused_ms"] == 0.0
+    job.refresh_from_db()
+    assert out["embedded"] == 5 and job.status == JobStatus.DONE
+    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 5
+
+
 def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misses():
     """``benchmarks.load_replay.replay`` on the web's records of a lane whose wait is exactly
     0.2 s + its work: every request after the first few is predicted within ±30 %, none waits past
