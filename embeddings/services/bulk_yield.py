@@ -9,8 +9,8 @@ bulk batch being computed.
 
 A migration yields further: at most ``MIGRATION_BULK_SLOTS`` of its chunks compute at once per
 host (:func:`migration_slot`), and each of its micro-batches first waits while the interactive lane
-has work (:func:`migration_yield`, :func:`interactive_busy`). A background ingest job's chunks can
-do the same (:func:`ingest_yield`, ``BULK_YIELD_MAX_S``).
+has work (:func:`migration_yield`, :func:`interactive_busy`). A background ingest job's chunks
+do the same (:func:`ingest_yielder`, ``BULK_YIELD_MAX_S``).
 
 The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
 """
@@ -23,7 +23,7 @@ import json
 import logging
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from django.conf import settings
 from kombu.utils.scheduling import priority_cycle
@@ -160,7 +160,7 @@ def yield_to_interactive(max_pause_s: float) -> float:
     """Wait while the interactive lane is busy (:func:`interactive_busy`, polled every
     :data:`YIELD_POLL_S` s), at most ``max_pause_s`` s; returns the milliseconds waited.
 
-    A bulk micro-batch calls it (through :func:`migration_yield` or :func:`ingest_yield`, as
+    A bulk micro-batch calls it (through :func:`migration_yield` or :func:`ingest_yielder`, as
     ``BatchRunner.run``'s ``before_pass``) so that on cores shared with the interactive worker a
     person's request never computes beside more than the one micro-batch already running. Nice 19
     alone is not enough: a bulk forward pass still takes its share of the cores, caches and memory
@@ -189,11 +189,23 @@ def migration_yield(max_pause_s: float | None = None) -> float:
     return yield_to_interactive(settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s)
 
 
-def ingest_yield(max_pause_s: float | None = None) -> float:
-    """:func:`yield_to_interactive` for a background ingest chunk's micro-batch
-    (``BULK_YIELD_MICRO_BATCH`` images), at most ``max_pause_s`` (default ``BULK_YIELD_MAX_S``);
-    returns the ms waited. An urgent job's chunks never call it: their deadline comes first."""
-    return yield_to_interactive(settings.BULK_YIELD_MAX_S if max_pause_s is None else max_pause_s)
+def ingest_yielder(budget_s: float | None = None) -> Callable[[], float]:
+    """The ``before_pass`` of one background ingest chunk (passes of ``BULK_YIELD_MICRO_BATCH``
+    images): each call is :func:`yield_to_interactive` for at most ``BULK_YIELD_MAX_S`` s, and all
+    of the chunk's calls together wait at most ``budget_s`` s (default half the bulk task's time
+    limit, ``CELERY_BULK_TIME_LIMIT_S``: a chunk that gave way all the time must still finish
+    before Celery kills it). Returns a callable that returns the ms it waited.
+
+    Who gets one is the chunk's business (``pipeline.chunk_embed``): a background job not at risk of
+    missing its deadline; an urgent job's chunks never wait.
+    """
+    budget_s = settings.CELERY_BULK_TIME_LIMIT_S / 2 if budget_s is None else budget_s
+    ends = time.monotonic() + budget_s
+
+    def before_pass() -> float:
+        return yield_to_interactive(min(settings.BULK_YIELD_MAX_S, ends - time.monotonic()))
+
+    return before_pass
 
 
 def _bulk_messages_held() -> int:

@@ -6,6 +6,7 @@ from the truth when a chunk is redelivered or a worker dies.
 from __future__ import annotations
 
 import datetime as dt
+import time
 from typing import Iterable
 
 from django.db import transaction
@@ -228,6 +229,44 @@ def job_transition(*, job: Job, to: str) -> Job:
     return job
 
 
+def _eta(remaining: int, throughput: float | None) -> dt.datetime | None:
+    return timezone.now() + dt.timedelta(seconds=remaining / throughput) if remaining and throughput else None
+
+
+def _at_risk(job: Job, remaining: int, eta: dt.datetime | None) -> bool:
+    return bool(job.deadline and remaining and (eta is None or eta > job.deadline))
+
+
+#: ``{job id: (monotonic s when read, at risk)}`` of this process (:func:`job_deadline_at_risk`).
+_at_risk_read: dict[str, tuple[float, bool]] = {}
+
+
+def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
+    """Whether ``job`` misses its deadline at the rate it has run so far: it has a deadline, images
+    still queued, and no rate yet or an ETA past the deadline (what ``GET /api/jobs/{id}/`` shows as
+    ``at_risk``: :func:`job_progress`). A job without a deadline is never at risk.
+
+    Read at most once every ``max_age_s`` seconds per job in this process (its chunks ask before
+    each one runs; the count over the job's images would otherwise make a job's database work grow
+    with its size squared, issue 11).
+    """
+    if job.deadline is None:
+        return False
+    now = time.monotonic()
+    read = _at_risk_read.get(str(job.id))
+    if read is not None and now - read[0] < max_age_s:
+        return read[1]
+    counts = job_counts(job)
+    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
+    elapsed = (timezone.now() - job.started_at).total_seconds() if job.started_at else 0.0
+    remaining = counts[ImageStatus.QUEUED]
+    at_risk = _at_risk(job, remaining, _eta(remaining, done / elapsed if done and elapsed > 0 else None))
+    if len(_at_risk_read) > 1024:  # a long-lived worker forgets old jobs
+        _at_risk_read.clear()
+    _at_risk_read[str(job.id)] = (now, at_risk)
+    return at_risk
+
+
 def job_progress(job: Job) -> dict:
     """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (images/s), ETA, timings."""
     from embeddings import metrics
@@ -239,10 +278,8 @@ def job_progress(job: Job) -> dict:
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
     throughput = done / elapsed if elapsed > 0 else None
     remaining = counts[ImageStatus.QUEUED]
-    eta = None
-    if remaining and throughput:
-        eta = timezone.now() + dt.timedelta(seconds=remaining / throughput)
-    at_risk = bool(job.deadline and remaining and (eta is None or eta > job.deadline))
+    eta = _eta(remaining, throughput)
+    at_risk = _at_risk(job, remaining, eta)
     batches = BatchStat.objects.filter(job=job)
     failures = list(
         Image.objects.filter(job=job, status=ImageStatus.FAILED).values("id", "original_name", "reason", "reason_detail")[:1000]

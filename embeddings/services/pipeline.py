@@ -153,8 +153,9 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
         passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}
-    elif job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0:  # the interactive lane's idle time
-        passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None, "before_pass": bulk_yield.ingest_yield}
+    elif (job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
+          and not job_services.job_deadline_at_risk(job)):  # in the interactive lane's idle time
+        passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None, "before_pass": bulk_yield.ingest_yielder()}
     with slot:
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),

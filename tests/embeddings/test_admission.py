@@ -1058,21 +1058,25 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     assert bulk_yield.migration_yield(2.0) < 1000
 
 
-@pytest.mark.parametrize("priority, max_pause_s, passes, waits", [
-    ("background", 5.0, [2, 2, 1], True),  # BULK_YIELD_MAX_S on: passes of 2, the first after the answer
-    ("urgent", 5.0, [5], False),  # an urgent job's deadline comes first: one pass, no wait
-    ("background", 0.0, [5], False),  # BULK_YIELD_MAX_S 0 (off): one pass, no wait
+@pytest.mark.parametrize("priority, max_pause_s, deadline_in_s, passes, waits", [
+    ("background", 5.0, None, [2, 2, 1], True),  # BULK_YIELD_MAX_S on: passes of 2, the first after the answer
+    ("background", 5.0, -60, [5], False),  # its deadline has passed: at risk, it does not wait
+    ("urgent", 5.0, None, [5], False),  # an urgent job's deadline comes first: one pass, no wait
+    ("background", 0.0, None, [5], False),  # BULK_YIELD_MAX_S 0 (off): one pass, no wait
 ])
 def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
-        lane_redis, service, user, monkeypatch, priority, max_pause_s, passes, waits):
+        lane_redis, service, user, monkeypatch, priority, max_pause_s, deadline_in_s, passes, waits):
     """With ``BULK_YIELD_MAX_S`` > 0 a background ingest job's chunk (5 images) runs as forward
     passes of ``BULK_YIELD_MICRO_BATCH`` (2) images, and while a request is admitted and unanswered
-    (its answer comes 0.4 s later) neither decodes nor computes; an urgent job's chunk, or the
-    setting at 0, computes its one pass at once. Every image ends embedded either way."""
+    (its answer comes 0.4 s later) neither decodes nor computes; an urgent job's chunk, a job at risk
+    of missing its deadline, or the setting at 0, computes its one pass at once. Every image ends
+    embedded either way."""
+    import datetime as dt
     import io
     import threading
 
     from django.db import transaction
+    from django.utils import timezone
 
     from embeddings.models import JobStatus
     from embeddings.services import jobs as job_services
@@ -1087,8 +1091,10 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     monkeypatch.setattr(encoder, "encode_images", lambda px: calls.append(len(px)) or real(px))
     files = [SourceFile(name=f"{i}.jpg", size=len(d), open=lambda d=d: io.BytesIO(d))
              for i, d in enumerate(jpeg_bytes(70 + i) for i in range(5))]
+    deadline = None if deadline_in_s is None else timezone.now() + dt.timedelta(seconds=deadline_in_s)
     with transaction.atomic():  # paused before its chunk is sent: parked, sent below by hand
-        job = job_services.job_create(owner=user, sources=files, name="catalogue", priority=priority)
+        job = job_services.job_create(owner=user, sources=files, name="catalogue", priority=priority,
+                                      deadline=deadline)
         job_services.job_transition(job=job, to=JobStatus.PAUSED)
     Image.objects.filter(job=job).update(reason="")  # as if still queued, never parked
     job_services.job_transition(job=job, to=JobStatus.QUEUED)

@@ -1,0 +1,54 @@
+"""A job's deadline: whether it is at risk at the rate it has run so far (``jobs.job_deadline_at_risk``,
+what ``GET /api/jobs/{id}/`` shows as ``at_risk`` and what decides whether a background job's chunks
+may give way to the interactive lane)."""
+from __future__ import annotations
+
+import datetime as dt
+import io
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from embeddings.models import Image, ImageStatus, Job, JobStatus
+from embeddings.services import jobs as job_services
+from embeddings.services.sources import SourceFile
+from tests.embeddings.test_jobs_pause import jpeg_bytes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def paused_job(user, deadline: dt.datetime | None, seed0: int) -> Job:
+    """A job of 5 queued images (distinct from other jobs' for distinct ``seed0``: a duplicate is
+    skipped) whose chunks were parked (nothing computes), started 10 s ago."""
+    files = [SourceFile(name=f"{i}.jpg", size=len(d), open=lambda d=d: io.BytesIO(d))
+             for i, d in enumerate(jpeg_bytes(seed0 + i) for i in range(5))]
+    with transaction.atomic():
+        job = job_services.job_create(owner=user, sources=files, name="catalogue", deadline=deadline)
+        job_services.job_transition(job=job, to=JobStatus.PAUSED)
+    Job.objects.filter(id=job.id).update(started_at=timezone.now() - dt.timedelta(seconds=10))
+    job.refresh_from_db()
+    return job
+
+
+def test_a_job_is_at_risk_when_its_rate_so_far_misses_its_deadline(service, user):
+    """No deadline: never at risk. A deadline and no image done yet (no rate): at risk. 4 of 5 done in
+    10 s (0.4 images/s, the last one due in 2.5 s): at risk only for a deadline sooner than that;
+    the answer is read once per ``max_age_s`` and agrees with the job's progress."""
+    assert job_services.job_deadline_at_risk(paused_job(user, None, 90)) is False
+
+    job = paused_job(user, timezone.now() + dt.timedelta(hours=1), 100)
+    assert job_services.job_counts(job)[ImageStatus.QUEUED] == 5
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is True  # no rate yet: cannot promise
+    ids = list(Image.objects.filter(job=job).order_by("created_at").values_list("id", flat=True))
+    Image.objects.filter(id__in=ids[:4]).update(status=ImageStatus.EMBEDDED)
+    assert job_services.job_deadline_at_risk(job) is True  # read less than 30 s ago: the same answer
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is False
+    assert job_services.job_progress(job)["at_risk"] is False
+
+    Job.objects.filter(id=job.id).update(deadline=timezone.now() + dt.timedelta(seconds=1))
+    job.refresh_from_db()
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is True
+    assert job_services.job_progress(job)["at_risk"] is True
+    Image.objects.filter(id=ids[4]).update(status=ImageStatus.FAILED)  # nothing left: no risk
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is False
