@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.load import actual_wait_near, summarise, verdict
+from benchmarks.load import actual_wait_near, info, lane_capacity_beside_bulk, summarise, verdict
 
 
 def admitted(sent: float) -> dict:
@@ -41,6 +41,26 @@ def test_a_bulk_phase_whose_job_ran_out_fails_its_verdict():
         p["bulk"] = {"images": 3000, "counts_at_end": {"queued": queued, "embedded": 3000 - queued}}
         (name, value), = [(k, v) for k, v in verdict(p, retry_after_share=0.95).items() if "bulk job" in k]
         assert value is ok and name.startswith("2 s + bulk: ")
+
+
+def test_a_bulk_phase_reports_the_images_its_job_embedded_during_it():
+    p = summarise([admitted(i / 4) for i in range(8)], rate=4.0, duration=2.0, deadline_s=2.0, capacity=4.0,
+                  web_records=[])
+    assert not any("bulk images" in k for k in info(p))
+    p["bulk"] = {"images": 3000, "counts_at_start": {"queued": 2936, "embedded": 64},
+                 "counts_at_end": {"queued": 2808, "embedded": 192}}
+    assert info(p)["2 s + bulk: bulk images embedded during the phase"] == "128 (64.00/s)"
+
+
+def test_a_bulk_round_is_overloaded_against_the_lane_alone_when_its_scan_reads_less():
+    """Beside a background job the closed loops' idle gaps let bulk passes in and the scan reads
+    low; the phase then takes the capacity measured without the job at that deadline."""
+    scanned = {"clients": 8, "seconds": 6.3, "requests_per_s": 4.79, "loops": [{"clients": 2, "requests_per_s": 4.3}]}
+    alone = {"clients": 4, "seconds": 6.3, "requests_per_s": 6.495, "loops": [{"clients": 4, "requests_per_s": 6.495}]}
+    c = lane_capacity_beside_bulk(scanned, alone)
+    assert c["requests_per_s"] == 6.495 and c["clients"] == 4
+    assert c["scanned_beside_bulk"] == {"clients": 8, "seconds": 6.3, "requests_per_s": 4.79}
+    assert c["loops"] == scanned["loops"] and c["from"] == "the round without the bulk job"
 
 
 def test_the_replay_of_what_429s_say_learns_per_deadline_band():
