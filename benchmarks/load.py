@@ -394,12 +394,12 @@ def lane_capacity_beside_bulk(scanned: dict, alone: dict) -> dict:
     larger, else the one measured at the same deadline in the round without the bulk job, with the
     scan kept under ``"scanned_beside_bulk"``.
 
-    A background job's chunks compute in the interactive lane's idle time (``BULK_YIELD_MAX_S``), and
-    the closed loops with few clients leave the lane idle between an answer and the next request:
-    bulk passes start there and slow the next requests. On the EPYC of 2026-12-03 the scan at 1 s
-    beside the bulk job read 4.8 requests/s against 6.5 without it, and the open loop at "2×" that
-    then served 6.35/s was an overload of 1.5×. Under an overload the lane never idles, the bulk job
-    waits, and the lane serves what it serves alone: twice that is the overload the issue asks for.
+    A background job's chunks wait while the lane is at capacity (``BULK_YIELD_MAX_S``), and the
+    closed loops with few clients neither fill it nor keep it busy: bulk passes run beside them and
+    slow their requests. On the EPYC of 2026-12-03 the scan at 1 s beside the bulk job read 4.8
+    requests/s against 6.5 without it, and the open loop at "2×" that then served 6.35/s was an
+    overload of 1.5×. Under an overload the bulk job waits, and the lane serves what it serves
+    alone: twice that is the overload the issue asks for.
     """
     return {**alone, "scanned_beside_bulk": {k: v for k, v in scanned.items() if k != "loops"},
             "loops": scanned.get("loops", []), "from": "the round without the bulk job"}
@@ -545,7 +545,7 @@ def info(phase: dict) -> dict[str, str]:
     overload the phase really had, offered rate / rate served (2 when the capacity measured first
     was right; less when the open loop's deeper backlog formed larger passes than the closed loops),
     and in a phase beside a bulk job, the images the job embedded during it (whole chunks: a
-    background job's chunks compute in the interactive lane's idle time, ``BULK_YIELD_MAX_S``)."""
+    background job's chunks wait while the lane is at capacity, ``BULK_YIELD_MAX_S``)."""
     ra = phase["retry_after_within_30pct_share"]
     over = phase.get("overload_of_served")
     out = {f"{phase_name(phase)}: Retry-After (whole s) within ±30 % of the actual wait": fmt_share(ra),

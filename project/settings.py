@@ -345,11 +345,13 @@ MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
 MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=4)
 MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
 #: A background ingest job's chunk runs as forward passes of BULK_YIELD_MICRO_BATCH images and,
-#: before each, waits while the interactive lane has work, at most BULK_YIELD_MAX_S (0: never waits,
-#: one pass of the chunk as before; e.g. a host whose lanes do not share cores), all its waits at
-#: most half of CELERY_BULK_TIME_LIMIT_S: bulk_yield.ingest_yielder. Urgent jobs, and a job at risk
-#: of missing its deadline (jobs.job_deadline_at_risk), never wait.
+#: before each, waits while the interactive lane has work and admission has refused a request within
+#: BULK_YIELD_REFUSED_S (the lane at capacity; 0: whenever it has work), at most BULK_YIELD_MAX_S
+#: (0: never waits, one pass of the chunk as before; e.g. a host whose lanes do not share cores),
+#: all its waits at most half of CELERY_BULK_TIME_LIMIT_S: bulk_yield.ingest_yielder. Urgent jobs,
+#: and a job at risk of missing its deadline (jobs.job_deadline_at_risk), never wait.
 BULK_YIELD_MAX_S = env.float("BULK_YIELD_MAX_S", default=60.0)
+BULK_YIELD_REFUSED_S = env.float("BULK_YIELD_REFUSED_S", default=10.0)
 BULK_YIELD_MICRO_BATCH = env.int("BULK_YIELD_MICRO_BATCH", default=8)
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------

@@ -31,6 +31,7 @@ from kombu.utils.scheduling import priority_cycle
 from embeddings.services.admission import (
     INFLIGHT_KEY,
     PENDING_KEY,
+    REFUSALS_KEY,
     _stale_after_s,
     queue_keys,
     redis_client,
@@ -133,11 +134,14 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
 YIELD_POLL_S = 0.02
 
 
-def interactive_busy(client=None) -> bool:
+def interactive_busy(client=None, *, refused_within_s: float = 0.0) -> bool:
     """Whether the interactive lane has work now (one Redis round trip): a message in its queue, a
     task a worker is running (:data:`INFLIGHT_KEY`), or an admitted request not answered yet
     (:data:`PENDING_KEY`: from admission to the answer, the vectors worker's search included).
     Entries older than the stale bound (a dead web process or worker) do not count.
+
+    With ``refused_within_s`` > 0, only while admission has also refused a request within that many
+    seconds (the newest of :data:`REFUSALS_KEY`): the lane is at its capacity, not merely in use.
 
     Raises:
         redis.RedisError: Redis cannot be reached.
@@ -148,25 +152,32 @@ def interactive_busy(client=None) -> bool:
             pipe.llen(k)
         pipe.hvals(INFLIGHT_KEY)
         pipe.hvals(PENDING_KEY)
-        *lengths, inflight, pending = pipe.execute()
+        pipe.lindex(REFUSALS_KEY, -1)
+        *lengths, inflight, pending, refusal = pipe.execute()
+    now = time.time()
+    if refused_within_s > 0 and (refusal is None or now - json.loads(refusal)["t"] > refused_within_s):
+        return False
     if any(lengths):
         return True
-    now, stale = time.time(), _stale_after_s()
+    stale = _stale_after_s()
     return (any(now - float(v.split()[1]) <= stale for v in inflight)
             or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
 
 
-def yield_to_interactive(max_pause_s: float) -> float:
+def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -> float:
     """Wait while the interactive lane is busy (:func:`interactive_busy`, polled every
-    :data:`YIELD_POLL_S` s), at most ``max_pause_s`` s; returns the milliseconds waited.
+    :data:`YIELD_POLL_S` s; with ``refused_within_s`` > 0 only while admission is also refusing
+    requests), at most ``max_pause_s`` s; returns the milliseconds waited.
 
     A bulk micro-batch calls it (through :func:`migration_yield` or :func:`ingest_yielder`, as
     ``BatchRunner.run``'s ``before_pass``) so that on cores shared with the interactive worker a
     person's request never computes beside more than the one micro-batch already running. Nice 19
     alone is not enough: a bulk forward pass still takes its share of the cores, caches and memory
     bandwidth (docs/benchmarks-migration.md, runs 3 and 5: the interactive p95 doubled during a
-    migration). The bound keeps bulk work moving under a lane that is never idle: after
-    ``max_pause_s`` one micro-batch runs anyway. ``max_pause_s`` ≤ 0, or Redis unreachable: no wait.
+    migration; docs/benchmarks-load.md: beside an ingest job the interactive pass was slower and
+    less regular than alone, and what a 429 said missed the wait). The bound keeps bulk work moving
+    under a lane that is never idle: after ``max_pause_s`` one micro-batch runs anyway.
+    ``max_pause_s`` ≤ 0, or Redis unreachable: no wait.
     """
     import redis
 
@@ -175,7 +186,8 @@ def yield_to_interactive(max_pause_s: float) -> float:
     t0 = time.perf_counter()
     try:
         client = redis_client()
-        while interactive_busy(client) and time.perf_counter() - t0 < max_pause_s:
+        while (interactive_busy(client, refused_within_s=refused_within_s)
+               and time.perf_counter() - t0 < max_pause_s):
             time.sleep(YIELD_POLL_S)
     except redis.RedisError as e:
         log.warning("bulk work not yielding (Redis: %s)", e)
@@ -191,10 +203,17 @@ def migration_yield(max_pause_s: float | None = None) -> float:
 
 def ingest_yielder(budget_s: float | None = None) -> Callable[[], float]:
     """The ``before_pass`` of one background ingest chunk (passes of ``BULK_YIELD_MICRO_BATCH``
-    images): each call is :func:`yield_to_interactive` for at most ``BULK_YIELD_MAX_S`` s, and all
-    of the chunk's calls together wait at most ``budget_s`` s (default half the bulk task's time
-    limit, ``CELERY_BULK_TIME_LIMIT_S``: a chunk that gave way all the time must still finish
-    before Celery kills it). Returns a callable that returns the ms it waited.
+    images): each call is :func:`yield_to_interactive` for at most ``BULK_YIELD_MAX_S`` s while the
+    lane has work and admission has refused a request within ``BULK_YIELD_REFUSED_S`` s (the lane at
+    its capacity; 0: whenever it has work), and all of the chunk's calls together wait at most
+    ``budget_s`` s (default half the bulk task's time limit, ``CELERY_BULK_TIME_LIMIT_S``: a chunk
+    that gave way all the time must still finish before Celery kills it). Returns a callable that
+    returns the ms it waited.
+
+    Why only at capacity: below it the lane has room and nice 19 keeps its latency (issue 4's
+    targets, docs/benchmarks.md "The two lanes under load", were met with bulk computing beside 2
+    requests/s); waiting there too would cost the bulk job every gap between requests. At capacity
+    every bulk pass is requests refused and waits told wrong (docs/benchmarks-load.md).
 
     Who gets one is the chunk's business (``pipeline.chunk_embed``): a background job not at risk of
     missing its deadline; an urgent job's chunks never wait.
@@ -203,7 +222,8 @@ def ingest_yielder(budget_s: float | None = None) -> Callable[[], float]:
     ends = time.monotonic() + budget_s
 
     def before_pass() -> float:
-        return yield_to_interactive(min(settings.BULK_YIELD_MAX_S, ends - time.monotonic()))
+        return yield_to_interactive(min(settings.BULK_YIELD_MAX_S, ends - time.monotonic()),
+                                    refused_within_s=settings.BULK_YIELD_REFUSED_S)
 
     return before_pass
 

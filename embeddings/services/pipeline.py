@@ -154,7 +154,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
         passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}
     elif (job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
-          and not job_services.job_deadline_at_risk(job)):  # in the interactive lane's idle time
+          and not job_services.job_deadline_at_risk(job)):  # waits while the interactive lane is at capacity
         passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None, "before_pass": bulk_yield.ingest_yielder()}
     with slot:
         chunk_started = time.time()

@@ -1020,7 +1020,8 @@ def _second(order: list[str]) -> None:
 
 def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, settings):
     """migration_yield blocks while a request is admitted and unanswered, a task runs or a message
-    waits, returns as soon as the lane is idle, gives up after its bound, and ignores stale entries."""
+    waits, returns as soon as the lane is idle, gives up after its bound, and ignores stale entries;
+    asked for the lane at capacity (``refused_within_s``), busy only after a recent refusal."""
     import threading
 
     client, app = lane_redis
@@ -1053,23 +1054,37 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     assert bulk_yield.interactive_busy(client) is False
     client.delete(admission.PENDING_KEY, admission.INFLIGHT_KEY)
 
+    # refused_within_s: busy only while admission refused a request that recently (at capacity)
+    client.hset(admission.INFLIGHT_KEY, "task-2", f"1 {time.time():.3f}")
+    assert bulk_yield.interactive_busy(client, refused_within_s=10) is False  # never refused
+    client.rpush(admission.REFUSALS_KEY, json.dumps({"t": time.time() - 20, "deadline_s": 2.0}))
+    assert bulk_yield.interactive_busy(client, refused_within_s=10) is False  # 20 s ago
+    assert bulk_yield.interactive_busy(client, refused_within_s=30) is True
+    client.rpush(admission.REFUSALS_KEY, json.dumps({"t": time.time(), "deadline_s": 2.0}))
+    assert bulk_yield.interactive_busy(client, refused_within_s=10) is True
+    client.delete(admission.INFLIGHT_KEY)
+    assert bulk_yield.interactive_busy(client, refused_within_s=10) is False  # refusing, but idle now
+    client.delete(admission.REFUSALS_KEY)
+
     assert bulk_yield.migration_yield(0) == 0.0  # MIGRATION_YIELD_MAX_S=0: never waits
     settings.REDIS_URL = "redis://127.0.0.1:9/0"  # Redis gone: computing goes on
     assert bulk_yield.migration_yield(2.0) < 1000
 
 
-@pytest.mark.parametrize("priority, max_pause_s, deadline_in_s, passes, waits", [
-    ("background", 5.0, None, [2, 2, 1], True),  # BULK_YIELD_MAX_S on: passes of 2, the first after the answer
-    ("background", 5.0, -60, [5], False),  # its deadline has passed: at risk, it does not wait
-    ("urgent", 5.0, None, [5], False),  # an urgent job's deadline comes first: one pass, no wait
-    ("background", 0.0, None, [5], False),  # BULK_YIELD_MAX_S 0 (off): one pass, no wait
+@pytest.mark.parametrize("priority, max_pause_s, deadline_in_s, refused, passes, waits", [
+    ("background", 5.0, None, True, [2, 2, 1], True),  # at capacity: passes of 2, the first after the answer
+    ("background", 5.0, None, False, [2, 2, 1], False),  # busy but nothing refused: room left, it computes
+    ("background", 5.0, -60, True, [5], False),  # its deadline has passed: at risk, it does not wait
+    ("urgent", 5.0, None, True, [5], False),  # an urgent job's deadline comes first: one pass, no wait
+    ("background", 0.0, None, True, [5], False),  # BULK_YIELD_MAX_S 0 (off): one pass, no wait
 ])
 def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
-        lane_redis, service, user, monkeypatch, priority, max_pause_s, deadline_in_s, passes, waits):
+        lane_redis, service, user, monkeypatch, priority, max_pause_s, deadline_in_s, refused, passes, waits):
     """With ``BULK_YIELD_MAX_S`` > 0 a background ingest job's chunk (5 images) runs as forward
     passes of ``BULK_YIELD_MICRO_BATCH`` (2) images, and while a request is admitted and unanswered
-    (its answer comes 0.4 s later) neither decodes nor computes; an urgent job's chunk, a job at risk
-    of missing its deadline, or the setting at 0, computes its one pass at once. Every image ends
+    (its answer comes 0.4 s later) and admission refused one a moment ago, neither decodes nor
+    computes; with no refusal within ``BULK_YIELD_REFUSED_S`` it computes at once, and so does an
+    urgent job's chunk, a job at risk of missing its deadline, or the setting at 0. Every image ends
     embedded either way."""
     import datetime as dt
     import io
@@ -1083,7 +1098,7 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     from embeddings.services.sources import SourceFile
 
     client, _ = lane_redis
-    service.BULK_YIELD_MAX_S, service.BULK_YIELD_MICRO_BATCH = max_pause_s, 2
+    service.BULK_YIELD_MAX_S, service.BULK_YIELD_MICRO_BATCH, service.BULK_YIELD_REFUSED_S = max_pause_s, 2, 10.0
     service.PIPELINE = service.PIPELINE.replace(batch_size=5)
     encoder = runtime.encoder_holder().get()
     calls: list[int] = []
@@ -1100,6 +1115,8 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     job_services.job_transition(job=job, to=JobStatus.QUEUED)
     ids = [str(i) for i in Image.objects.filter(job=job).order_by("created_at").values_list("id", flat=True)]
 
+    if refused:
+        client.rpush(admission.REFUSALS_KEY, json.dumps({"t": time.time(), "deadline_s": 2.0}))
     client.hset(admission.PENDING_KEY, "tok", json.dumps({"admitted": time.time(), "work_s": 0.3,
                                                           "predicted_s": 0.5, "deadline_s": 2.0}))
     answer = threading.Timer(0.4, lambda: client.hdel(admission.PENDING_KEY, "tok"))
@@ -1107,7 +1124,10 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     out = tasks.embed_chunk.apply(args=(str(job.id), ids)).get()
     answer.join(5)
     assert calls == passes
-    assert (350 <= out["paused_ms"] < 5000) if waits else out["paused_ms"] == 0.0
+    if waits:
+        assert 350 <= out["paused_ms"] < 5000
+    else:  # no before_pass at all, or one look at the lane per pass
+        assert out["paused_ms"] == 0.0 if passes == [5] else out["paused_ms"] < 300
     job.refresh_from_db()
     assert out["embedded"] == 5 and job.status == JobStatus.DONE
     assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 5
