@@ -10,7 +10,7 @@ bulk batch being computed.
 A migration yields further: at most ``MIGRATION_BULK_SLOTS`` of its chunks compute at once per
 host (:func:`migration_slot`), and each of its micro-batches first waits while the interactive lane
 has work (:func:`migration_yield`, :func:`interactive_busy`). A background ingest job's chunks
-do the same (:func:`ingest_yielder`, ``BULK_YIELD_MAX_S``).
+wait the same way while the lane is at capacity (:func:`ingest_yielder`, ``BULK_YIELD_MAX_S``).
 
 The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
 """

@@ -229,12 +229,17 @@ def job_transition(*, job: Job, to: str) -> Job:
     return job
 
 
-def _eta(remaining: int, throughput: float | None) -> dt.datetime | None:
-    return timezone.now() + dt.timedelta(seconds=remaining / throughput) if remaining and throughput else None
-
-
-def _at_risk(job: Job, remaining: int, eta: dt.datetime | None) -> bool:
-    return bool(job.deadline and remaining and (eta is None or eta > job.deadline))
+def _pace(job: Job, counts: dict[str, int]) -> tuple[float | None, dt.datetime | None, bool]:
+    """``(throughput images/s, ETA, at risk)`` of ``job`` from its image ``counts``: images done
+    (embedded or failed) per second since it started (until it finished), the queued ones at that
+    rate, and whether it has a deadline, images still queued, and no rate yet or an ETA past it."""
+    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
+    end = job.finished_at or timezone.now()
+    elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
+    throughput = done / elapsed if elapsed > 0 else None
+    remaining = counts[ImageStatus.QUEUED]
+    eta = timezone.now() + dt.timedelta(seconds=remaining / throughput) if remaining and throughput else None
+    return throughput, eta, bool(job.deadline and remaining and (eta is None or eta > job.deadline))
 
 
 #: ``{job id: (monotonic s when read, at risk)}`` of this process (:func:`job_deadline_at_risk`).
@@ -256,11 +261,7 @@ def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
     read = _at_risk_read.get(str(job.id))
     if read is not None and now - read[0] < max_age_s:
         return read[1]
-    counts = job_counts(job)
-    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
-    elapsed = (timezone.now() - job.started_at).total_seconds() if job.started_at else 0.0
-    remaining = counts[ImageStatus.QUEUED]
-    at_risk = _at_risk(job, remaining, _eta(remaining, done / elapsed if done and elapsed > 0 else None))
+    at_risk = _pace(job, job_counts(job))[2]
     if len(_at_risk_read) > 1024:  # a long-lived worker forgets old jobs
         _at_risk_read.clear()
     _at_risk_read[str(job.id)] = (now, at_risk)
@@ -272,14 +273,10 @@ def job_progress(job: Job) -> dict:
     from embeddings import metrics
 
     counts = job_counts(job)
-    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
     finished = sum(counts[s] for s in TERMINAL_IMAGE_STATUSES)
     end = job.finished_at or timezone.now()
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
-    throughput = done / elapsed if elapsed > 0 else None
-    remaining = counts[ImageStatus.QUEUED]
-    eta = _eta(remaining, throughput)
-    at_risk = _at_risk(job, remaining, eta)
+    throughput, eta, at_risk = _pace(job, counts)
     batches = BatchStat.objects.filter(job=job)
     failures = list(
         Image.objects.filter(job=job, status=ImageStatus.FAILED).values("id", "original_name", "reason", "reason_detail")[:1000]

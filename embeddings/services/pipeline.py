@@ -108,7 +108,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     Returns:
         ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
         vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked
-        and ``"paused_ms"`` when it computed (a migration chunk: time given to the interactive lane).
+        and ``"paused_ms"`` when it computed (a migration chunk, or a background one while the
+        interactive lane was at capacity: time given to the interactive lane).
     """
     from embeddings import dispatch
     from embeddings.services import bulk_yield, sink
