@@ -130,8 +130,16 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
                 pass
 
 
-#: How often (s) a bulk micro-batch waiting for the interactive lane to fall idle looks again.
+#: How soon (s) a bulk micro-batch waiting for the interactive lane to fall idle first looks again;
+#: each further look waits twice as long, up to :data:`YIELD_POLL_MAX_S`.
 YIELD_POLL_S = 0.02
+#: The longest wait (s) between two looks. Each look is one Redis pipeline and a JSON parse per
+#: pending request: at a fixed 20 ms, the two bulk processes of the load benchmark, waiting out
+#: whole overload phases, took 0.07-0.11 of a core between them doing nothing else (AVX2 EPYC,
+#: 2026-12-03, docs/benchmarks-load.md). 0.2 s late to resume is nothing beside a pass of 8 (~0.5 s)
+#: and keeps the short waits of a migration (≤ ``MIGRATION_YIELD_MAX_S``, between two requests)
+#: polled at 20-80 ms.
+YIELD_POLL_MAX_S = 0.2
 
 
 def interactive_busy(client=None, *, refused_within_s: float = 0.0) -> bool:
@@ -165,9 +173,10 @@ def interactive_busy(client=None, *, refused_within_s: float = 0.0) -> bool:
 
 
 def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -> float:
-    """Wait while the interactive lane is busy (:func:`interactive_busy`, polled every
-    :data:`YIELD_POLL_S` s; with ``refused_within_s`` > 0 only while admission is also refusing
-    requests), at most ``max_pause_s`` s; returns the milliseconds waited.
+    """Wait while the interactive lane is busy (:func:`interactive_busy`, looked at after
+    :data:`YIELD_POLL_S` s, then twice as long each time up to :data:`YIELD_POLL_MAX_S`; with
+    ``refused_within_s`` > 0 only while admission is also refusing requests), at most
+    ``max_pause_s`` s; returns the milliseconds waited.
 
     A bulk micro-batch calls it (through :func:`migration_yield` or :func:`ingest_yielder`, as
     ``BatchRunner.run``'s ``before_pass``) so that on cores shared with the interactive worker a
@@ -184,11 +193,13 @@ def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -
     if max_pause_s <= 0:
         return 0.0
     t0 = time.perf_counter()
+    poll_s = YIELD_POLL_S
     try:
         client = redis_client()
         while (interactive_busy(client, refused_within_s=refused_within_s)
-               and time.perf_counter() - t0 < max_pause_s):
-            time.sleep(YIELD_POLL_S)
+               and (left := max_pause_s - (time.perf_counter() - t0)) > 0):
+            time.sleep(min(poll_s, left))
+            poll_s = min(2 * poll_s, YIELD_POLL_MAX_S)
     except redis.RedisError as e:
         log.warning("bulk work not yielding (Redis: %s)", e)
     return (time.perf_counter() - t0) * 1000

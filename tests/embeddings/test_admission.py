@@ -1071,6 +1071,43 @@ def test_a_migration_waits_while_the_interactive_lane_has_work(lane_redis, setti
     assert bulk_yield.migration_yield(2.0) < 1000
 
 
+class _FakeClock:
+    """``time`` for :mod:`bulk_yield` with a clock that only ``sleep`` moves; the sleeps it was asked for."""
+
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, []
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(round(s, 6))
+        self.now += s
+
+
+@pytest.mark.parametrize("busy_for_s, max_pause_s, sleeps, waited_ms", [
+    # the looks back off 20, 40, 80, 160 ms, then every 200 ms; the lane idles at 1.0 s, seen at 1.1 s
+    (1.0, 60.0, [0.02, 0.04, 0.08, 0.16, 0.2, 0.2, 0.2, 0.2], 1100.0),
+    # the bound cuts the last sleep short: exactly max_pause_s
+    (10.0, 0.5, [0.02, 0.04, 0.08, 0.16, 0.2], 500.0),
+    (0.0, 60.0, [], 0.0),  # idle: one look, no sleep
+])
+def test_a_waiting_bulk_pass_looks_less_often_the_longer_it_waits(monkeypatch, busy_for_s, max_pause_s, sleeps,
+                                                                  waited_ms):
+    """yield_to_interactive's looks at the lane back off from YIELD_POLL_S to YIELD_POLL_MAX_S: a bulk
+    job waiting out a 60 s overload makes ~5 Redis round trips a second, not 50."""
+    clock = _FakeClock()
+    looks = []
+    monkeypatch.setattr(bulk_yield, "time", clock)
+    monkeypatch.setattr(bulk_yield, "redis_client", lambda: None)
+    monkeypatch.setattr(bulk_yield, "interactive_busy",
+                        lambda client, refused_within_s: looks.append(clock.now) or clock.now < busy_for_s)
+    assert bulk_yield.yield_to_interactive(max_pause_s, refused_within_s=10) == pytest.approx(waited_ms)
+    assert clock.sleeps == pytest.approx(sleeps)
+    assert len(looks) == len(sleeps) + 1
+    assert (bulk_yield.YIELD_POLL_S, bulk_yield.YIELD_POLL_MAX_S) == (0.02, 0.2)
+
+
 @pytest.mark.parametrize("priority, max_pause_s, deadline_in_s, refused, passes, waits", [
     ("background", 5.0, None, True, [2, 2, 1], True),  # at capacity: passes of 2, the first after the answer
     ("background", 5.0, None, False, [2, 2, 1], False),  # busy but nothing refused: room left, it computes
