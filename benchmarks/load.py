@@ -213,6 +213,19 @@ def phase_memory(samples: list[dict], start: float, end: float, processes) -> di
     return out
 
 
+def phase_cpu(samples: list[dict], start: float, end: float, processes) -> dict[str, float]:
+    """Per process (with its descendants), the cores it used over one phase's open loop (``start`` to
+    ``end``, Unix s): CPU seconds between the window's first and last :class:`Sampler` sample over
+    the seconds between them. Empty with fewer than two samples in the window. Where the cores went
+    while the lane was overloaded: on 2 cores the interactive worker's ~1.0, the web's ~0.2-0.3,
+    and a bulk worker that waits (``BULK_YIELD_MAX_S``) should take next to none."""
+    window = [s for s in samples if start <= s["unix"] <= end]
+    if len(window) < 2 or window[-1]["unix"] <= window[0]["unix"]:
+        return {}
+    span = window[-1]["unix"] - window[0]["unix"]
+    return {n: round((window[-1][f"{n}:cpu_s"] - window[0][f"{n}:cpu_s"]) / span, 3) for n in processes}
+
+
 def memory_trend(samples: list[dict], since: float, processes) -> dict[str, float]:
     """Per process, the least-squares trend of its anonymous resident set over ``samples`` (one a
     second, :class:`Sampler`'s) from ``since`` (Unix s) on, times that span: the MiB it grew by
@@ -725,6 +738,7 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
         sampler.join()
         for phase in phases[len(phases) - len(deadlines):]:
             phase["memory_mb"] = phase_memory(sampler.samples, *phase["window"], pids)
+            phase["cpu_cores"] = phase_cpu(sampler.samples, *phase["window"], pids)
         if bulk:
             bulk["at_end"] = client.job(bulk["job_id"]).get("counts", {})
         rounds.append({"bulk": bulk, "memory_mb": sampler.summary(), "samples": sampler.samples})
@@ -795,10 +809,12 @@ def table(result: dict, checks: dict[str, bool], infos: dict[str, str]) -> str:
                          f"| {m['growth_mb']:+.1f} | {m['second_half_growth_mb']:+.1f} "
                          f"| {m['anon_start_mb']:.0f} | {m['anon_end_mb']:.0f} | {m['anon_second_half_growth_mb']:+.1f} |")
     lines += ["", ("| phase | process | anonymous, second half of the phase (MiB) "
-                   "| last quarter − second quarter |"), "| --- | --- | ---: | ---: |"]
+                   "| last quarter − second quarter | CPU (cores) |"), "| --- | --- | ---: | ---: | ---: |"]
     for p in result["phases"]:
         for n, m in p.get("memory_mb", {}).items():
-            lines.append(f"| {phase_name(p)} | {n} | {m['plateau_mb']:.0f} | {m['growth_mb']:+.1f} |")
+            cores = p.get("cpu_cores", {}).get(n)
+            lines.append(f"| {phase_name(p)} | {n} | {m['plateau_mb']:.0f} | {m['growth_mb']:+.1f} "
+                         f"| {'–' if cores is None else f'{cores:.2f}'} |")
     if trend := result.get("memory_trend_mb"):
         lines += ["", "judged: anonymous memory's trend over the last round from its second phase (MiB): "
                   + ", ".join(f"{n} {g:+.1f}" for n, g in trend.items())]

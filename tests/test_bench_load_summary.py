@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.load import actual_wait_near, info, lane_capacity_beside_bulk, summarise, verdict
+from benchmarks.load import actual_wait_near, info, lane_capacity_beside_bulk, phase_cpu, summarise, verdict
 
 
 def admitted(sent: float) -> dict:
@@ -61,6 +61,17 @@ def test_a_bulk_round_is_overloaded_against_the_lane_alone_when_its_scan_reads_l
     assert c["requests_per_s"] == 6.495 and c["clients"] == 4
     assert c["scanned_beside_bulk"] == {"clients": 8, "seconds": 6.3, "requests_per_s": 4.79}
     assert c["loops"] == scanned["loops"] and c["from"] == "the round without the bulk job"
+
+
+def test_a_phase_reports_the_cores_each_process_used_in_its_window_alone():
+    """Cumulative CPU seconds sampled once a second: the interactive worker uses one core throughout,
+    the bulk worker two cores before the phase, then waits (0.05 of a core) inside it."""
+    samples = [{"unix": 1000.0 + i, "worker-interactive:cpu_s": 1.0 * i,
+                "worker-bulk:cpu_s": 2.0 * min(i, 10) + 0.05 * max(0, i - 10)} for i in range(31)]
+    assert phase_cpu(samples, 1010.0, 1030.0, ["worker-interactive", "worker-bulk"]) == \
+        {"worker-interactive": 1.0, "worker-bulk": 0.05}
+    assert phase_cpu(samples, 1000.0, 1010.0, ["worker-bulk"]) == {"worker-bulk": 2.0}
+    assert phase_cpu(samples, 1030.0, 1040.0, ["worker-bulk"]) == {}  # one sample: no rate
 
 
 def test_the_replay_of_what_429s_say_learns_per_deadline_band():
