@@ -217,8 +217,9 @@ def phase_cpu(samples: list[dict], start: float, end: float, processes) -> dict[
     """Per process (with its descendants), the cores it used over one phase's open loop (``start`` to
     ``end``, Unix s): CPU seconds between the window's first and last :class:`Sampler` sample over
     the seconds between them. Empty with fewer than two samples in the window. Where the cores went
-    while the lane was overloaded: on 2 cores the interactive worker's ~1.0, the web's ~0.2-0.3,
-    and a bulk worker that waits (``BULK_YIELD_MAX_S``) should take next to none."""
+    while the lane was overloaded: on the 2-core AVX2 EPYC of 2026-12-03 the interactive worker took
+    ~1.0, the web 0.2-0.3, the vectors worker ~0.1, and the bulk worker, waiting
+    (``BULK_YIELD_MAX_S``), 0.01-0.05 (docs/benchmarks-load.md)."""
     window = [s for s in samples if start <= s["unix"] <= end]
     if len(window) < 2 or window[-1]["unix"] <= window[0]["unix"]:
         return {}

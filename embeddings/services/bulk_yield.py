@@ -136,9 +136,9 @@ YIELD_POLL_S = 0.02
 #: The longest wait (s) between two looks. Each look is one Redis pipeline and a JSON parse per
 #: pending request: at a fixed 20 ms, the two bulk processes of the load benchmark, waiting out
 #: whole overload phases, took 0.07-0.11 of a core between them doing nothing else (AVX2 EPYC,
-#: 2026-12-03, docs/benchmarks-load.md). 0.2 s late to resume is nothing beside a pass of 8 (~0.5 s)
-#: and keeps the short waits of a migration (≤ ``MIGRATION_YIELD_MAX_S``, between two requests)
-#: polled at 20-80 ms.
+#: 2026-12-03, docs/benchmarks-load.md; 0.01-0.05 backing off). Up to 0.2 s late to resume is
+#: little beside an interactive pass of 8 (~1 s on those 2 cores), and a migration's waits between
+#: two requests (a few hundred ms) still end within 20-160 ms of the lane falling idle.
 YIELD_POLL_MAX_S = 0.2
 
 
