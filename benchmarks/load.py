@@ -193,6 +193,11 @@ class Sampler(threading.Thread):
         return out
 
 
+def _in_window(samples: list[dict], start: float, end: float) -> list[dict]:
+    """The :class:`Sampler` samples taken from ``start`` to ``end`` (Unix s), both included."""
+    return [s for s in samples if start <= s["unix"] <= end]
+
+
 def phase_memory(samples: list[dict], start: float, end: float, processes) -> dict[str, dict]:
     """Per process, its anonymous resident set (MiB) over one phase's open loop (``start`` to
     ``end``, Unix s; :class:`Sampler`'s samples, one a second): ``plateau_mb``, the mean of the
@@ -200,7 +205,7 @@ def phase_memory(samples: list[dict], start: float, end: float, processes) -> di
     quarter (at least one sample each). Reported per phase, not judged (:func:`memory_checks`
     judges): where a working set stands in each phase, and whether it still climbed through it.
     Empty where no sample fell in the window."""
-    window = [s for s in samples if start <= s["unix"] <= end]
+    window = _in_window(samples, start, end)
     if not window:
         return {}
     q = max(1, len(window) // 4)
@@ -220,7 +225,7 @@ def phase_cpu(samples: list[dict], start: float, end: float, processes) -> dict[
     while the lane was overloaded: on the 2-core AVX2 EPYC of 2026-12-03 the interactive worker took
     ~1.0, the web 0.2-0.3, the vectors worker ~0.1, and the bulk worker, waiting
     (``BULK_YIELD_MAX_S``), 0.01-0.05 (docs/benchmarks-load.md)."""
-    window = [s for s in samples if start <= s["unix"] <= end]
+    window = _in_window(samples, start, end)
     if len(window) < 2 or window[-1]["unix"] <= window[0]["unix"]:
         return {}
     span = window[-1]["unix"] - window[0]["unix"]
