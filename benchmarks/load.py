@@ -88,6 +88,10 @@ PROCESSES = ("web", "worker-interactive", "worker-bulk", "worker-vectors")
 ANSWERS_KEY = "lanes:interactive:answers"
 #: ``embeddings.services.admission.BATCHES_KEY``: the dynamic batcher's batch records.
 BATCHES_KEY = "lanes:interactive:batches"
+#: ``embeddings.services.admission.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
+REFUSALS_KEY = "lanes:interactive:refusals"
+#: ``embeddings.services.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
+WAIT_AHEAD_WINDOW_S = 60.0
 #: Share of 429s whose ``Retry-After`` must fall within ±30 % of the actual wait (see module docstring).
 RETRY_AFTER_TOLERANCE = 0.30
 
@@ -633,6 +637,17 @@ def records_since(redis_url: str, key: str, field: str, since: float) -> list[di
     return [r for r in (json.loads(x) for x in client.lrange(key, 0, -1)) if r[field] >= since]
 
 
+def records_before(redis_url: str, now: float, *, window_s: float = WAIT_AHEAD_WINDOW_S) -> dict[str, list[dict]]:
+    """What the web's fit of what a 429 says can learn from at ``now`` (Unix s), the start of a
+    phase: its refusal records (:data:`REFUSALS_KEY`, by ``t``) and its answer records
+    (:data:`ANSWERS_KEY`, by ``admitted``) of the last ``window_s`` s, as ``{"refusals": [...],
+    "web_records": [...]}``. Mostly the capacity scan's: ``benchmarks.load_replay --wait-ahead``
+    starts each phase from them, as the web did, instead of from nothing."""
+    return {"refusals": [r for r in records_since(redis_url, REFUSALS_KEY, "t", now - window_s) if r["t"] < now],
+            "web_records": [r for r in records_since(redis_url, ANSWERS_KEY, "admitted", now - window_s)
+                            if r["admitted"] < now]}
+
+
 #: Redis keys of the calibration prompts' text vectors (``embeddings.services.cutoff.PROMPT_VECTORS_KEY``):
 #: present once a space's first calibration has run its text tower.
 PROMPT_VECTORS_PATTERN = "cutoff:prompt-vectors:*"
@@ -719,6 +734,7 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
                 raise SystemExit("refusing more than 10,000 requests in one phase")
             log(f"open loop: {r:.2f}/s for {duration} s, deadline {deadline} s")
             bulk_before = client.job(bulk["job_id"]).get("counts", {}) if bulk else {}
+            before = records_before(stack.env["REDIS_URL"], time.time())
             t0, load0 = time.time(), round(os.getloadavg()[0], 1)
             depths = QueueSampler(stack.env["REDIS_URL"])
             depths.start()
@@ -732,6 +748,7 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
                               web_records=records_since(stack.env["REDIS_URL"], ANSWERS_KEY, "admitted", t0))
             phase["capacity"], phase["load_average"] = capacity, [load0, round(os.getloadavg()[0], 1)]
             phase["window"], phase["round"] = [round(t, 2) for t in window], round_index
+            phase["before"] = before
             phase["queue_depths"] = depths.samples
             phase["batches"] = records_since(stack.env["REDIS_URL"], BATCHES_KEY, "t", t0)
             if bulk:  # still running? its counts when the phase began and ended

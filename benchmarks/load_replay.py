@@ -26,8 +26,10 @@ web's answer records known by then, refitted at most once a second as the web do
 (``admission.WAIT_AHEAD_REFIT_S``). Printed per phase, the share of 429s within ±30 % of the
 actual wait as the benchmark judges it (:func:`benchmarks.load.actual_wait_near`): the first
 estimate as is, the fit on every refusal (before deadline bands), the fit on the refusal's own
-deadline band alone, and what the run's 429s said. The capacity loops' refusals are not in the
-result: the replay's fits start each phase without them. With ``--first-edge`` the first estimate
+deadline band alone, and what the run's 429s said. Each phase starts from the web's own refusal
+and answer records of the minute before it (mostly its capacity scan's; the result's ``before``,
+saved since 2026-12-04), as the web's fit did; a result made before has none, and its phases start
+from the phases before alone. With ``--first-edge`` the first estimate
 of each 429 is replaced by the admission edge (:func:`embeddings.services.wait_model.admission_edge_s`,
 from the 429's ``learnt_margin_s`` and its phase's deadline), or the drain to it
 (``predicted_wait_s`` − edge) where longer: what runs made before 2026-12-03 09:30 UTC would have
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -105,6 +108,15 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool
 
     refusals, answers, judged = [], [], []
     for i, phase in enumerate(phases):
+        # what the web's fit had learnt from before the phase (the capacity scan's refusals and
+        # answers, saved since 2026-12-04): not judged, and none the phase before already gave
+        before = phase.get("before") or {}
+        seen_t = max([r["t"] for r in refusals] + ([phases[i - 1]["window"][1]] if i and "window" in phases[i - 1] else []),
+                     default=-math.inf)  # the web's time of a 429 is a little after the client's
+        seen_admitted = max((a["admitted"] for a in answers), default=-math.inf)
+        refusals += [{**r, "wait_ahead_s": float(r["wait_ahead_s"])} for r in before.get("refusals", ())
+                     if r["t"] > seen_t and r.get("wait_ahead_s") is not None]
+        answers += [a for a in before.get("web_records", ()) if a["admitted"] > seen_admitted]
         answers += phase["web_records"]
         for a in phase["answers"]:
             m = a.get("model") or {}

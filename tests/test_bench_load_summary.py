@@ -109,6 +109,31 @@ def test_the_replay_of_what_429s_say_learns_per_deadline_band():
     assert every[1]["replayed"] < banded[1]["replayed"]  # the 2 s phase's fit, said at 5 s: some miss
 
 
+def test_the_replay_of_what_429s_say_starts_a_phase_from_what_the_web_learnt_before_it():
+    """A phase's saved ``before`` (the web's refusals and answers of the minute before it: its
+    capacity scan's) is learnt from and not judged: there the requests admitted around each refusal
+    waited half the first estimate, in the phase they wait it. Without ``before`` every 429 of the
+    phase says the first estimate and is right; with it the first ones say what the scan taught."""
+    from benchmarks.load_replay import replay_wait_ahead
+
+    features = {"inflight_images": 2.0, "running_pass_left_s": 0.1, "running_pass_images": 4.0,
+                "queued_messages": 1.0}
+    answers, records = [], []
+    for i in range(40):
+        t = 100.0 + 0.5 * i
+        answers.append({"sent": t, "status": 429, "ms": 5.0, "wait_ahead_s": 1.0,
+                        "model": {"first_wait_ahead_s": 1.0, **features}})
+        answers.append({"sent": t + 0.1, "status": 200, "ms": 1000.0})
+        records.append({"admitted": t + 0.1, "answered": t + 1.1, "status": 200})
+    scan = {"refusals": [{"t": 60.0 + 0.5 * i, "deadline_s": 2.0, "wait_ahead_s": 1.0, **features} for i in range(60)],
+            "web_records": [{"admitted": 60.1 + 0.5 * i, "answered": 60.6 + 0.5 * i, "status": 200} for i in range(60)]}
+    phase = {"deadline_s": 2.0, "answers": answers, "web_records": records, "window": [100.0, 121.0]}
+    fresh = replay_wait_ahead([phase], by_deadline=True)[0]
+    assert fresh["checked"] == 40 and fresh["first"] == fresh["replayed"] == 1.0
+    taught = replay_wait_ahead([{**phase, "before": scan}], by_deadline=True)[0]
+    assert taught["checked"] == 40 and taught["first"] == 1.0 and taught["replayed"] < 0.9
+
+
 def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
     """``load_replay.edge_first`` (``--first-edge``): from a 429's body, the edge at its learnt margin
     (2 − 0.5 = 1.5 s at a 2 s deadline, the margin's floor 0.2 and cap 0.4 of the settings), or the

@@ -1221,7 +1221,9 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
     from benchmarks.load import QueueSampler
 
     client, app = lane_redis
-    assert (load.ANSWERS_KEY, load.BATCHES_KEY) == (admission.ANSWERS_KEY, admission.BATCHES_KEY)
+    assert (load.ANSWERS_KEY, load.BATCHES_KEY, load.REFUSALS_KEY) == (
+        admission.ANSWERS_KEY, admission.BATCHES_KEY, admission.REFUSALS_KEY)
+    assert load.WAIT_AHEAD_WINDOW_S == wait_ahead.FIT_WINDOW_S
     assert QueueSampler.lists(lanes.INTERACTIVE) == admission.queue_keys(lanes.INTERACTIVE)
     assert QueueSampler.lists(lanes.VECTORS)[0] == admission.queue_keys(lanes.VECTORS)[0] == "vectors"
     assert QueueSampler.KEYS == {"inflight": admission.INFLIGHT_KEY, "pending": admission.PENDING_KEY,
@@ -1244,3 +1246,9 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
         "queued": 5, "inflight": 2, "vectors": 1, "pending": 1, "passes": 1}
     client.rpush(admission.BATCHES_KEY, json.dumps({"t": 5.0, "size": 2}), json.dumps({"t": 9.0, "size": 3}))
     assert load.records_since(settings.REDIS_URL, load.BATCHES_KEY, "t", 6.0) == [{"t": 9.0, "size": 3}]
+    # what a phase's first 429s learn from: the last minute's refusals and answers before it, none after
+    client.rpush(admission.REFUSALS_KEY, *(json.dumps({"t": t, "wait_ahead_s": 1.0}) for t in (30.0, 50.0, 99.0, 100.0)))
+    client.rpush(admission.ANSWERS_KEY, *(json.dumps({"admitted": t, "answered": t + 1}) for t in (39.0, 41.0, 99.5, 101.0)))
+    before = load.records_before(settings.REDIS_URL, 100.0)
+    assert [r["t"] for r in before["refusals"]] == [50.0, 99.0]
+    assert [r["admitted"] for r in before["web_records"]] == [41.0, 99.5]
