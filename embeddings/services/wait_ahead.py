@@ -64,8 +64,16 @@ HALF_LIFE_S = 20.0
 #: estimate as is (coefficient 1 on ``wait_ahead_s``, 0 elsewhere): with few or alike labels the
 #: fit says what ``decide`` said.
 RIDGE = 0.5
-#: Labelled refusals needed before the fit is used (fewer: the first estimate as is).
-MIN_LABELLED = 16
+#: Labelled refusals needed before the fit is used (fewer: the first estimate as is). 24, not 16 as
+#: until 2026-12-04: an overload's first labels come from its first seconds, which a fit on them
+#: carries into the seconds after. On the AVX-512 EPYC of that day the load benchmark's 5 s phases
+#: beside a bulk job (runs b1, b2) learnt from their first ~3 s, when requests waited ~1 s less
+#: than the first estimate, and then said 2.2-3.2 s where requests waited 3.6-4.8: 78.0 and 91.6 %
+#: within ±30 %. Replayed (``benchmarks.load_replay --wait-ahead``), 24 labels: 92.0 and 95.0 %,
+#: the six phases' mean 95.14 and 95.87 % against 92.83 and 95.42, no phase lower; in the third run
+#: (b3, live with 24) the same phase's transient outran 24 labels too (78.2 %; 78.7 % replayed
+#: with 16). 32 lowered two phases of b1; 48-64 lowered b2's 2 s phases by 4 points.
+MIN_LABELLED = 24
 #: Refusals are learnt from only by refusals whose deadlines are in the same band: ``round(log(deadline)
 #: / log(DEADLINE_RATIO))`` (:func:`deadline_band`), so deadlines within about ×1.25 of each other share
 #: labels (1 s, 2 s and 5 s each have their own; 2 s shares its band, 1.75-2.18 s, with 1.9 s).

@@ -130,7 +130,8 @@ def test_a_refusal_is_learnt_from_only_by_refusals_of_its_deadline_band():
     x = refusal(now, first=0.5, inflight=6, running=2)
     assert fits[1.9].predict(x) < 0.6 < fits[5.0].predict(x)  # truths 0.6 and 1.8 s, pulled to the first, 0.5 s
     assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now, deadline_s=1.0) is None
-    few, few_answers = lane(wait_ahead.MIN_LABELLED - 1, truth=lambda n: 0.05 * n, start=45.0, every=0.7)
+    few, few_answers = lane(wait_ahead.MIN_LABELLED - 1, truth=lambda n: 0.05 * n,
+                            start=now - 1.0 - 0.7 * (wait_ahead.MIN_LABELLED - 2), every=0.7)
     few = [{**r, "deadline_s": 1.0} for r in few]
     assert len(wait_ahead.labels(few, few_answers, pending_admitted=[], now=now, deadline_s=1.0)) == len(few)
     assert wait_ahead.fit_wait_ahead(refusals + few, answers + few_answers, pending_admitted=[], now=now,
