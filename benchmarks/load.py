@@ -50,8 +50,9 @@ Targets (issue 15), per phase:
 
 Prints the CPU it ran on (``machine_line``) and the load average (at start and end, and per phase), a
 table of all phases and the verdict; writes ``--out`` (JSON with every answer and sample, and per
-phase the lanes' depths every 0.2 s, :class:`QueueSampler`, and the dynamic batcher's batch records:
-where a wait was spent) and one
+phase the lanes' depths every 0.2 s, :class:`QueueSampler`, the dynamic batcher's batch records:
+where a wait was spent, and ``before``, the web's refusal and answer records of the minute before
+the phase, :func:`records_before`: what its first 429s were learnt from) and one
 plot per phase next to it: predicted against actual wait over time (``*-wait-<deadline>s[-bulk].png``).
 """
 from __future__ import annotations
