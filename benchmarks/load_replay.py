@@ -107,15 +107,12 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool
     from embeddings.services.admission import WAIT_AHEAD_REFIT_S
 
     refusals, answers, judged = [], [], []
+    seen_t = seen_admitted = -math.inf  # the newest refusal and admission the phases before gave
     for i, phase in enumerate(phases):
         # what the web's fit had learnt from before the phase (the capacity scan's refusals and
         # answers, saved since 2026-12-04): not judged, and none the phase before already gave
         before = phase.get("before") or {}
-        seen_t = max([r["t"] for r in refusals] + ([phases[i - 1]["window"][1]] if i and "window" in phases[i - 1] else []),
-                     default=-math.inf)  # the web's time of a 429 is a little after the client's
-        seen_admitted = max((a["admitted"] for a in answers), default=-math.inf)
-        refusals += [{**r, "wait_ahead_s": float(r["wait_ahead_s"])} for r in before.get("refusals", ())
-                     if r["t"] > seen_t and r.get("wait_ahead_s") is not None]
+        refusals += [r for r in before.get("refusals", ()) if r["t"] > seen_t and r.get("wait_ahead_s") is not None]
         answers += [a for a in before.get("web_records", ()) if a["admitted"] > seen_admitted]
         answers += phase["web_records"]
         for a in phase["answers"]:
@@ -129,6 +126,9 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool
                              **{k: float(m.get(k) or 0.0) for k in wait_ahead.FEATURES[1:]}})
             if actual is not None:
                 judged.append((i, refusals[-1], actual, a.get("wait_ahead_s")))
+        # the web's time of a 429 is a little after the client's: nothing before the phase's end is new
+        seen_t = max([seen_t, *(r["t"] for r in refusals), *phase.get("window", [])[1:]])
+        seen_admitted = max([seen_admitted, *(a["admitted"] for a in answers)])
     refusals.sort(key=lambda r: r["t"])
     times = [r["t"] for r in refusals]
     fits: dict = {}
