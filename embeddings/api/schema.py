@@ -36,7 +36,8 @@ ERROR_STATUS = {
          "rounded up to whole seconds, so a retry never comes too early. extra also has predicted_wait_s, "
          "deadline_s, retry_after_s, queued_messages, inflight_images, running_pass_images, running_pass_left_s, capacity_ips, workers, "
          "overhead_s, scale, margin_s (the margin applied: learnt_margin_s, at least ADMISSION_MIN_MARGIN_SHARE "
-         "of predicted_wait_s, at most ADMISSION_MAX_MARGIN_SHARE of deadline_s), learnt_margin_s, retry_margin_s",
+         "of predicted_wait_s, at most ADMISSION_MAX_MARGIN_SHARE of deadline_s), learnt_margin_s, retry_margin_s, "
+         "beside_bulk (a bulk chunk computes now: the wait model learnt beside bulk work was used)",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
          "(code: vectors_unavailable, worker_error)",
     504: "the search did not finish in time (code: deadline_exceeded)",

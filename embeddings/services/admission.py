@@ -61,6 +61,9 @@ from embeddings.services.wait_model import (
     Decision,
     LaneLoad,
     batch_ms,
+    beside_bulk,
+    bulk_computing,
+    bulk_overlap_s,
     decide,
     drain_rate,
     lane_load,
@@ -103,6 +106,21 @@ PASSES_KEY = f"lanes:{lanes.INTERACTIVE}:passes"
 #: explains the wait; the fit's intercept is pulled to their mean (:func:`wait_model._solve`).
 LONE_KEY = f"lanes:{lanes.INTERACTIVE}:lone"
 LONE_KEPT = 16
+#: Same as :data:`LONE_KEY` for lone requests that computed beside bulk passes
+#: (:func:`wait_model.beside_bulk`): the overhead of a lone request while the cores are shared.
+LONE_BULK_KEY = f"lanes:{lanes.INTERACTIVE}:lone-bulk"
+#: Hash ``{bulk process: "since_unix_s"}`` of the bulk chunks computing now (decoding or in a forward
+#: pass), written by :class:`bulk_yield.BulkActivity`: cleared while a chunk waits for the
+#: interactive lane (parked) and when it ends. The web reads it on each admission
+#: (``LaneLoad.beside_bulk``) to pick the wait fit learnt in the same regime.
+BULK_ACTIVITY_KEY = f"lanes:{lanes.BULK}:activity"
+#: Capped list of ``"start end"`` (Unix s) of the bulk chunks' finished computing intervals, newest
+#: last: an answer's wait is labelled with its overlap with them (``bulk_s``,
+#: :func:`interactive_answered`).
+BULK_RUNS_KEY = f"lanes:{lanes.BULK}:runs"
+BULK_RUNS_KEPT = 256
+#: Newest computing intervals read to label an answer (a minute of micro-batches and more).
+BULK_RUNS_READ = 64
 #: Capped list of JSON records of the interactive lane's refusals, newest last: when (``t``, Unix
 #: s) and their :data:`wait_ahead.FEATURES`, which :func:`wait_ahead.fit_wait_ahead` labels with
 #: the waits of the requests admitted around them to learn what a 429 says (a minute at the ~8
@@ -167,6 +185,13 @@ def _stale_after_s() -> float:
 
 
 
+def _bulk_stale_after_s() -> float:
+    # A chunk refreshes its mark before each micro-batch (BULK_YIELD_MICRO_BATCH images, seconds);
+    # a chunk that computes in one pass (an urgent job's 64 images on 2 cores: ~10-20 s) must not
+    # be taken for dead either. A mark older than this belongs to a killed process.
+    return max(_stale_after_s(), 120.0)
+
+
 def interactive_load(client=None) -> LaneLoad:
     """Read the interactive lane's :class:`LaneLoad` from Redis (one round trip).
 
@@ -184,7 +209,9 @@ def interactive_load(client=None) -> LaneLoad:
         pipe.hgetall(PENDING_KEY)
         pipe.hgetall(PASSES_KEY)
         pipe.lrange(LONE_KEY, 0, -1)
-        *lengths, inflight, workers, answers, pending, passes, lone = pipe.execute()
+        pipe.lrange(LONE_BULK_KEY, 0, -1)
+        pipe.hgetall(BULK_ACTIVITY_KEY)
+        *lengths, inflight, workers, answers, pending, passes, lone, lone_bulk, bulk = pipe.execute()
     now, stale = time.time(), _stale_after_s()
     inflight_images, dead = 0, []
     for task_id, value in inflight.items():
@@ -201,9 +228,12 @@ def interactive_load(client=None) -> LaneLoad:
     running, dead_passes = running_passes(passes, now=now, stale_s=stale)
     if dead_passes:  # a worker that died mid-pass
         client.hdel(PASSES_KEY, *dead_passes)
+    computing, dead_chunks = bulk_computing(bulk, now=now, stale_s=_bulk_stale_after_s())
+    if dead_chunks:  # a bulk process killed while computing
+        client.hdel(BULK_ACTIVITY_KEY, *dead_chunks)
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
                      answers=answers, now=now, pending=[v for k, v in pending.items() if k not in gone],
-                     passes=running, lone=lone)
+                     passes=running, lone=lone_bulk if computing else lone, beside_bulk_now=bool(computing))
 
 
 def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
@@ -256,7 +286,7 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "capacity_ips": round(load.capacity_ips, 2), "workers": load.workers,
                    "overhead_s": round(load.fit.overhead_s, 3), "scale": round(load.fit.scale, 3),
                    "margin_s": round(decision.margin_s, 3), "retry_margin_s": round(decision.retry_margin_s, 3),
-                   "learnt_margin_s": round(load.fit.margin_s, 3)},
+                   "learnt_margin_s": round(load.fit.margin_s, 3), "beside_bulk": load.beside_bulk},
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
     if decision.work_s is not None:
@@ -323,8 +353,11 @@ def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decisi
 def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:
     """Record an admitted request's answer for the wait model (web side; never raises).
 
-    Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status", "ahead"}`` to
-    :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`) and removes it from :data:`PENDING_KEY`.
+    Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status", "ahead",
+    "bulk_s"}`` to :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`) and removes it from
+    :data:`PENDING_KEY`; ``bulk_s`` (s) is how long bulk chunks computed during its wait
+    (:func:`wait_model.bulk_overlap_s` of :data:`BULK_RUNS_KEY` and :data:`BULK_ACTIVITY_KEY`),
+    which decides the regime whose fit it feeds (:func:`wait_model.beside_bulk`).
     ``status`` 200: answered within the
     deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
     that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
@@ -342,12 +375,22 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
               "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4),
               "ahead": None if decision.ahead_images is None else round(decision.ahead_images, 2)}
     try:
-        with redis_client().pipeline(transaction=False) as pipe:
+        client = redis_client()
+        with client.pipeline(transaction=False) as pipe:
+            pipe.lrange(BULK_RUNS_KEY, -BULK_RUNS_READ, -1)
+            pipe.hvals(BULK_ACTIVITY_KEY)
+            runs, computing = pipe.execute()
+        now, stale = time.time(), _bulk_stale_after_s()
+        record["bulk_s"] = round(bulk_overlap_s([tuple(map(float, r.split())) for r in runs],
+                                                [float(c) for c in computing if now - float(c) <= stale],
+                                                start=record["admitted"], end=record["answered"]), 4)
+        lone = LONE_BULK_KEY if beside_bulk(record) else LONE_KEY
+        with client.pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
             pipe.ltrim(ANSWERS_KEY, -ANSWERS_KEPT, -1)
             if status == 200 and record["ahead"] == 0 and record["work_s"] is not None:
-                pipe.rpush(LONE_KEY, round(record["answered"] - record["admitted"] - record["work_s"], 4))
-                pipe.ltrim(LONE_KEY, -LONE_KEPT, -1)
+                pipe.rpush(lone, round(record["answered"] - record["admitted"] - record["work_s"], 4))
+                pipe.ltrim(lone, -LONE_KEPT, -1)
             if decision.token:
                 pipe.hdel(PENDING_KEY, decision.token)
             pipe.execute()

@@ -12,6 +12,10 @@ host (:func:`migration_slot`), and each of its micro-batches first waits while t
 has work (:func:`migration_yield`, :func:`interactive_busy`). A background ingest job's chunks
 wait the same way while the lane is at capacity (:func:`ingest_yielder`, ``BULK_YIELD_MAX_S``).
 
+Every bulk chunk also marks when it computes (:class:`BulkActivity`, :func:`bulk_computing`): the
+interactive lane's wait model keeps one fit for waits beside bulk work and one for the others, and
+a parked chunk is not computing.
+
 The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
 """
 from __future__ import annotations
@@ -21,6 +25,8 @@ import dataclasses
 import functools
 import json
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Callable, Iterator
@@ -29,6 +35,9 @@ from django.conf import settings
 from kombu.utils.scheduling import priority_cycle
 
 from embeddings.services.admission import (
+    BULK_ACTIVITY_KEY,
+    BULK_RUNS_KEPT,
+    BULK_RUNS_KEY,
     INFLIGHT_KEY,
     PENDING_KEY,
     REFUSALS_KEY,
@@ -76,6 +85,59 @@ def bulk_turn() -> Iterator[Turn]:
             yield turn
         finally:
             turn.ended = time.time()
+
+
+class BulkActivity:
+    """When one bulk chunk computes, as the interactive lane's wait model sees it.
+
+    :meth:`start` marks the chunk computing in :data:`admission.BULK_ACTIVITY_KEY`; :meth:`stop`
+    (the chunk parks for the interactive lane, or ends) removes the mark and appends the interval to
+    :data:`admission.BULK_RUNS_KEY`. The web fits the interactive wait apart for requests that
+    waited beside bulk work and those that did not (``wait_model.lane_load``), and picks the fit by
+    whether a chunk computes now: an overload parks the bulk job, and the waits learnt beside it no
+    longer hold. One object per chunk, used from the chunk's thread; never raises (Redis errors are
+    logged: the chunk computes on).
+    """
+
+    def __init__(self) -> None:
+        self.field = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+        self.since: float | None = None
+
+    def start(self) -> None:
+        """The chunk computes from now (no-op while it already does)."""
+        if self.since is not None:
+            return
+        self.since = time.time()
+        try:
+            redis_client().hset(BULK_ACTIVITY_KEY, self.field, f"{self.since:.4f}")
+        except Exception as e:  # noqa: BLE001 - bookkeeping: never what stops a chunk
+            log.warning("bulk activity not recorded (Redis: %s)", e)
+
+    def stop(self) -> None:
+        """The chunk stopped computing now (no-op while it does not compute)."""
+        if self.since is None:
+            return
+        since, self.since = self.since, None
+        try:
+            with redis_client().pipeline(transaction=False) as pipe:
+                pipe.hdel(BULK_ACTIVITY_KEY, self.field)
+                pipe.rpush(BULK_RUNS_KEY, f"{since:.4f} {time.time():.4f}")
+                pipe.ltrim(BULK_RUNS_KEY, -BULK_RUNS_KEPT, -1)
+                pipe.execute()
+        except Exception as e:  # noqa: BLE001
+            log.warning("bulk activity not recorded (Redis: %s)", e)
+
+
+@contextlib.contextmanager
+def bulk_computing() -> Iterator[BulkActivity]:
+    """A chunk's :class:`BulkActivity`, computing from the start of the block to its end, except
+    while its yields wait (pass it to :func:`ingest_yielder` or :func:`migration_yield`)."""
+    activity = BulkActivity()
+    activity.start()
+    try:
+        yield activity
+    finally:
+        activity.stop()
 
 
 #: Redis key prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}``.
@@ -172,7 +234,8 @@ def interactive_busy(client=None, *, refused_within_s: float = 0.0) -> bool:
             or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
 
 
-def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -> float:
+def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0,
+                         activity: BulkActivity | None = None) -> float:
     """Wait while the interactive lane is busy (:func:`interactive_busy`, looked at after
     :data:`YIELD_POLL_S` s, then twice as long each time up to :data:`YIELD_POLL_MAX_S`; with
     ``refused_within_s`` > 0 only while admission is also refusing requests), at most
@@ -186,7 +249,8 @@ def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -
     migration; docs/benchmarks-load.md: beside an ingest job the interactive pass was slower and
     less regular than alone, and what a 429 said missed the wait). The bound keeps bulk work moving
     under a lane that is never idle: after ``max_pause_s`` one micro-batch runs anyway.
-    ``max_pause_s`` ≤ 0, or Redis unreachable: no wait.
+    ``max_pause_s`` ≤ 0, or Redis unreachable: no wait. The chunk's ``activity`` (when given) is
+    stopped while it waits and started again when it goes on.
     """
     import redis
 
@@ -198,21 +262,27 @@ def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0) -
         client = redis_client()
         while (interactive_busy(client, refused_within_s=refused_within_s)
                and (left := max_pause_s - (time.perf_counter() - t0)) > 0):
+            if activity is not None:
+                activity.stop()
             time.sleep(min(poll_s, left))
             poll_s = min(2 * poll_s, YIELD_POLL_MAX_S)
     except redis.RedisError as e:
         log.warning("bulk work not yielding (Redis: %s)", e)
+    finally:
+        if activity is not None:
+            activity.start()
     return (time.perf_counter() - t0) * 1000
 
 
-def migration_yield(max_pause_s: float | None = None) -> float:
+def migration_yield(max_pause_s: float | None = None, *, activity: BulkActivity | None = None) -> float:
     """:func:`yield_to_interactive` for a migration chunk's micro-batch (``MIGRATION_MICRO_BATCH``
     images), at most ``max_pause_s`` (default ``MIGRATION_YIELD_MAX_S``, 2 s); returns the ms waited.
     A migration re-embeds the catalogue in the interactive lane's idle time."""
-    return yield_to_interactive(settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s)
+    return yield_to_interactive(settings.MIGRATION_YIELD_MAX_S if max_pause_s is None else max_pause_s,
+                                activity=activity)
 
 
-def ingest_yielder(budget_s: float | None = None) -> Callable[[], float]:
+def ingest_yielder(budget_s: float | None = None, *, activity: BulkActivity | None = None) -> Callable[[], float]:
     """The ``before_pass`` of one background ingest chunk (passes of ``BULK_YIELD_MICRO_BATCH``
     images): each call is :func:`yield_to_interactive` for at most ``BULK_YIELD_MAX_S`` s while the
     lane has work and admission has refused a request within ``BULK_YIELD_REFUSED_S`` s (the lane at
@@ -234,7 +304,7 @@ def ingest_yielder(budget_s: float | None = None) -> Callable[[], float]:
 
     def before_pass() -> float:
         return yield_to_interactive(min(settings.BULK_YIELD_MAX_S, ends - time.monotonic()),
-                                    refused_within_s=settings.BULK_YIELD_REFUSED_S)
+                                    refused_within_s=settings.BULK_YIELD_REFUSED_S, activity=activity)
 
     return before_pass
 

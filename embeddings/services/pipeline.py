@@ -5,6 +5,7 @@ searches and deletions. Each returns JSON primitives, ready to be a task result.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -150,14 +151,20 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     Image.objects.filter(id__in=list(rows)).update(attempts=F("attempts") + 1)
     ordered = [i for i in image_ids if i in rows]
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
-    slot, passes = contextlib.nullcontext(0.0), {}
-    if job.kind == JobKind.MIGRATION:  # background priority: one chunk computing per host
+    slot = contextlib.nullcontext(0.0)
+    migration = job.kind == JobKind.MIGRATION
+    if migration:  # background priority: one chunk computing per host
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
-        passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "before_pass": bulk_yield.migration_yield}
-    elif (job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
-          and not job_services.job_deadline_at_risk(job)):  # waits while the interactive lane is at capacity
-        passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None, "before_pass": bulk_yield.ingest_yielder()}
-    with slot:
+    # the interactive lane's wait model is told while the chunk computes (bulk_yield.BulkActivity)
+    with slot, bulk_yield.bulk_computing() as activity:
+        passes = {}
+        if migration:
+            passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None,
+                      "before_pass": functools.partial(bulk_yield.migration_yield, activity=activity)}
+        elif (job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
+              and not job_services.job_deadline_at_risk(job)):  # waits while the interactive lane is at capacity
+            passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
+                      "before_pass": bulk_yield.ingest_yielder(activity=activity)}
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
                             _thumbnailer({k: v[1] for k, v in rows.items()}), **passes)

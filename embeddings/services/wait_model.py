@@ -54,6 +54,13 @@ here takes injected clocks and records. A request is refused when the predicted 
   the answers within a few of them, in the workers' batch times at once, and in admitted requests
   that have waited longer than predicted before they are even answered
   (:data:`admission.PENDING_KEY`).
+- *regime*: a bulk chunk computing on the same cores makes every request wait longer than its
+  work, and an overload makes the bulk job park (``bulk_yield.ingest_yielder``), so the lane
+  switches between two regimes that admission's own refusals cause. Bulk chunks mark when they
+  compute (:data:`admission.BULK_ACTIVITY_KEY`, :data:`admission.BULK_RUNS_KEY`); each answer
+  records the seconds of its wait beside them (``bulk_s``, :func:`bulk_overlap_s`), and the fit
+  (and the lone overheads) are learnt per regime and used by the regime of the moment
+  (:func:`beside_bulk`, :func:`lane_load`). With no bulk job there is one regime, as before.
 
 With no worker measurement yet every request is admitted: there is nothing to predict with. A lane
 with at most :data:`SHALLOW_REQUESTS` requests' images ahead is spared the margin (the predicted wait
@@ -139,6 +146,69 @@ OVERHEAD_PRIOR_WEIGHT = 2.0
 #: 1 s and 2 s windows differed by under a point); now it is the admission edge
 #: (:func:`admission_edge_s`), which that mean lagged behind when admission stopped.
 RECENT_ADMISSIONS_S = 2.0
+#: An answer waited *beside bulk work* when bulk chunks computed on the machine for at least this
+#: share of its admitted→answered time (:func:`beside_bulk`). The wait model keeps one fit per
+#: regime (:func:`lane_load`): a bulk job that computes between an under-loaded lane's requests
+#: makes them wait 0.4-1.1 s longer than their work, and an overload makes that job park
+#: (:func:`bulk_yield.ingest_yielder`), so one intercept learnt across the switch over-predicted the
+#: first seconds of every overload beside a bulk job (docs/benchmarks-load.md, "The AVX-512 EPYC
+#: again"). A quarter: a request that only met the tail of a micro-batch is not beside it.
+BESIDE_BULK_SHARE = 0.25
+
+
+def bulk_overlap_s(runs: Sequence[tuple[float, float]], computing: Sequence[float], *, start: float,
+                   end: float) -> float:
+    """Seconds of ``[start, end]`` (Unix s) during which at least one bulk chunk computed. Pure.
+
+    Args:
+        runs: ``(start, end)`` (Unix s) of finished computing intervals (:data:`admission.BULK_RUNS_KEY`).
+        computing: when each chunk computing now started (Unix s, :data:`admission.BULK_ACTIVITY_KEY`);
+            counted as computing until ``end``.
+
+    Returns:
+        The length (s, ≥ 0) of the union of the intervals clipped to ``[start, end]``.
+    """
+    spans = sorted((max(a, start), min(b, end)) for a, b in [*runs, *((c, end) for c in computing)])
+    total, cur_s, cur_e = 0.0, None, None
+    for a, b in spans:
+        if b <= a:
+            continue
+        if cur_e is None or a > cur_e:
+            total += 0.0 if cur_e is None else cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + (0.0 if cur_e is None else cur_e - cur_s)
+
+
+def beside_bulk(record: dict) -> bool:
+    """Whether an answer record (:func:`admission.interactive_answered`) waited beside bulk work:
+    its ``bulk_s`` (s of its wait during which a bulk chunk computed; absent: none recorded) at
+    least :data:`BESIDE_BULK_SHARE` of its wait, and > 0. Pure."""
+    bulk = record.get("bulk_s") or 0.0
+    return bulk > 0 and bulk >= BESIDE_BULK_SHARE * (record["answered"] - record["admitted"])
+
+
+def bulk_computing(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[list[float], list[str]]:
+    """Parse :data:`admission.BULK_ACTIVITY_KEY` (``{process: "since"}``). Pure.
+
+    Returns:
+        ``(since, stale)``: when each chunk computing now started (Unix s), for the entries younger
+        than ``stale_s`` s, and the fields older than that or unreadable (a process killed while
+        computing), to delete.
+    """
+    since, stale = [], []
+    for field, value in raw.items():
+        try:
+            t = float(value)
+        except ValueError:
+            stale.append(field)
+            continue
+        if now - t > stale_s:
+            stale.append(field)
+        else:
+            since.append(t)
+    return since, stale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,6 +468,9 @@ class LaneLoad:
         arrivals_ips: images/s admitted over the last :data:`RECENT_ADMISSIONS_S` s (the requests
             of ``recent_admitted_s`` × ``images_per_request``): what joins the last, partial pass
             of a request before it starts (:func:`drain_s`).
+        beside_bulk: a bulk chunk is computing on the machine now; ``fit`` (and
+            ``lone_overhead_s``) were learnt from the answers that waited beside bulk work
+            (:func:`beside_bulk`), else from those that did not.
     """
 
     queued_messages: int
@@ -411,6 +484,7 @@ class LaneLoad:
     recent_admitted_s: tuple[float, ...] = ()
     lone_overhead_s: float | None = None
     arrivals_ips: float = 0.0
+    beside_bulk: bool = False
 
     @property
     def backlog_images(self) -> float:
@@ -637,9 +711,17 @@ def running_passes(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[
 
 def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
               answers: Sequence[str], now: float, pending: Sequence[str] = (),
-              passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = ()) -> LaneLoad:
+              passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = (),
+              beside_bulk_now: bool = False) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values) and the
     running ``passes`` (:func:`running_passes`). Pure.
+
+    The wait is fitted on the answers of the regime the machine is in now: with a bulk chunk
+    computing (``beside_bulk_now``, :func:`bulk_computing`), on those that waited beside bulk work
+    (:func:`beside_bulk`); otherwise on the others. ``lone`` must be the same regime's list
+    (:data:`admission.LONE_BULK_KEY` or :data:`admission.LONE_KEY`). A regime with no answer in
+    the fit's window starts from the prior (the workers' own figures, scale 1). ``pending``
+    requests count in either.
 
     ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
@@ -660,7 +742,8 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
                    if capacity else 1.0)
     prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
     answered, waiting = [json.loads(a) for a in answers], [json.loads(p) for p in pending]
-    fit = fit_wait(answered, now=now, pending=waiting, overhead_prior_s=prior)
+    fit = fit_wait([a for a in answered if beside_bulk(a) == beside_bulk_now], now=now, pending=waiting,
+                   overhead_prior_s=prior)
     recent = tuple(r["predicted_s"] for r in answered + waiting
                    if r.get("predicted_s") is not None and now - RECENT_ADMISSIONS_S <= r["admitted"] <= now)
     arrivals = len(recent) * per_request / RECENT_ADMISSIONS_S
@@ -668,5 +751,6 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
     return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
                     images_per_request=per_request, fit=fit, workers=len(live), curves=curves,
-                    passes=passes, recent_admitted_s=recent, lone_overhead_s=prior, arrivals_ips=arrivals)
+                    passes=passes, recent_admitted_s=recent, lone_overhead_s=prior, arrivals_ips=arrivals,
+                    beside_bulk=beside_bulk_now)
 

@@ -703,6 +703,96 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
 
 
 
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 20)), max_size=6),
+       st.lists(st.integers(0, 40), max_size=2), st.integers(0, 40), st.integers(0, 40))
+def test_the_bulk_overlap_of_a_wait_is_the_union_of_the_computing_intervals_within_it(runs, computing, a, b):
+    """``bulk_overlap_s`` against counting, on a 0.1 s grid, the instants of ``[start, end]``
+    covered by a finished interval or by a chunk computing since ``since`` (until ``end``)."""
+    start, end = min(a, b) / 10, max(a, b) / 10
+    intervals = [(s / 10, (s + d) / 10) for s, d in runs]
+    covered = sum(any(lo <= (t + 0.5) / 10 < hi for lo, hi in [*intervals, *((c / 10, end) for c in computing)])
+                  for t in range(min(a, b), max(a, b)))
+    assert wait_model.bulk_overlap_s(intervals, [c / 10 for c in computing], start=start, end=end) == pytest.approx(
+        covered / 10, abs=1e-9)
+
+
+def test_the_wait_is_fitted_apart_beside_bulk_work():
+    """Answers that waited beside a computing bulk chunk (``bulk_s`` ≥ a quarter of their wait) and
+    the others each have their own fit: here the lane pays 0.1 s over its work alone and 0.9 s
+    beside bulk work, and ``lane_load`` fits the regime it is told the machine is in now. A record
+    without ``bulk_s`` (written before it existed) is not beside bulk; a chunk's 1 s-old marks in
+    the activity hash are live, a 200 s-old one is a dead process's."""
+    now = 1000.0
+    entry = json.dumps({"capacity_ips": 4.0, "images_per_request": 1.0, "updated": now - 1})
+    answers = []
+    for i in range(24):
+        work = 0.3 + 0.05 * (i % 6)
+        bulk = i % 2 == 1
+        wait = work + (0.9 if bulk else 0.1)
+        record = {"admitted": now - 20 + i * 0.5, "answered": now - 20 + i * 0.5 + wait, "work_s": work,
+                  "predicted_s": wait, "status": 200, "images": 1, "ahead": 2}
+        if bulk:
+            record["bulk_s"] = round(0.3 * wait, 4)
+        elif i % 4 == 0:
+            record["bulk_s"] = round(0.2 * wait, 4)  # met a micro-batch's tail: not beside it
+        answers.append(record)
+    assert [wait_model.beside_bulk(r) for r in answers[:4]] == [False, True, False, True]
+    raw = [json.dumps(r) for r in answers]
+    quiet = wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry}, answers=raw, now=now)
+    beside = wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry}, answers=raw, now=now,
+                                  beside_bulk_now=True)
+    assert (quiet.beside_bulk, beside.beside_bulk) == (False, True)
+    assert quiet.fit.samples == beside.fit.samples == 12
+    assert quiet.fit.predict(0.5) == pytest.approx(0.6, abs=0.02)
+    assert beside.fit.predict(0.5) == pytest.approx(1.4, abs=0.02)
+    mixed = wait_model.fit_wait(answers, now=now)  # one fit across both: wrong for either
+    assert 0.8 < mixed.predict(0.5) < 1.2
+    # no answer of the regime yet: the prior, the workers' own figure
+    assert wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry}, answers=raw[::2],
+                                now=now, beside_bulk_now=True).fit == wait_model.WaitFit()
+    assert wait_model.bulk_computing({"a": f"{now - 1}", "b": f"{now - 200}", "c": "?"}, now=now, stale_s=120) == (
+        [now - 1], ["b", "c"])
+
+
+def test_a_bulk_chunks_computing_labels_the_answers_and_picks_the_fit(lane_redis, measured, tracker):
+    """While a chunk computes (``BulkActivity``), the web's load says ``beside_bulk`` and uses the
+    lone overheads measured beside bulk work; an answer is recorded with the seconds of its wait
+    during which a chunk computed (``bulk_s``, from the finished intervals and the one running), and
+    a lone one goes to the list of its regime. Stopping records the interval and clears the mark."""
+    client, _ = lane_redis
+    admission.interactive_report(measured, worker="w")
+    assert admission.interactive_load().beside_bulk is False
+    activity = bulk_yield.BulkActivity()
+    activity.start()
+    started = float(client.hget(admission.BULK_ACTIVITY_KEY, activity.field))
+    activity.start()  # already computing: the same mark
+    assert float(client.hget(admission.BULK_ACTIVITY_KEY, activity.field)) == started
+    assert admission.interactive_load().beside_bulk is True
+    now = time.time()
+    lone = wait_model.Decision(True, 0.2, work_s=0.2, admitted_at=started - 0.5, ahead_images=0)
+    admission.interactive_answered(lone, images=1, status=200, answered_at=started + 0.5)
+    (record,) = admission.answer_records()
+    assert record["bulk_s"] == pytest.approx(0.5, abs=1e-3)  # from the mark to its answer
+    assert client.lrange(admission.LONE_KEY, 0, -1) == [] and client.llen(admission.LONE_BULK_KEY) == 1
+    client.rpush(admission.LONE_KEY, "0.05")
+    assert admission.interactive_load().lone_overhead_s == pytest.approx(0.8)  # beside bulk: its own list
+    activity.stop()
+    activity.stop()  # not computing: nothing more recorded
+    assert not client.hexists(admission.BULK_ACTIVITY_KEY, activity.field)
+    (run,) = client.lrange(admission.BULK_RUNS_KEY, 0, -1)
+    lo, hi = map(float, run.split())
+    assert lo == pytest.approx(started, abs=1e-3) and started <= hi <= time.time()
+    load = admission.interactive_load()
+    assert load.beside_bulk is False and load.lone_overhead_s == pytest.approx(0.05)
+    # a request admitted before the interval and answered after it: the interval's length
+    later = wait_model.Decision(True, 0.2, work_s=0.2, admitted_at=lo - 1.0, ahead_images=3)
+    admission.interactive_answered(later, images=1, status=200, answered_at=max(now, hi) + 1.0)
+    assert admission.answer_records()[-1]["bulk_s"] == pytest.approx(hi - lo, abs=1e-3)
+    # a dead process's mark (older than the stale bound) is not computing, and is removed
+    client.hset(admission.BULK_ACTIVITY_KEY, "dead", f"{time.time() - admission._bulk_stale_after_s() - 5:.4f}")
+    assert admission.interactive_load().beside_bulk is False and not client.hexists(admission.BULK_ACTIVITY_KEY, "dead")
+
+
 def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, measured, tracker):
     """A request answered 200 with nothing ahead of it (``ahead`` 0) measures the overhead every
     request pays (its wait minus its work); the last LONE_KEPT of them are kept, and the web's fit
@@ -925,7 +1015,8 @@ def test_a_429_says_the_wait_learnt_from_earlier_refusals(overloaded, api, lane_
 def test_refusals_of_several_deadline_bands_read_the_records_once_a_second(overloaded, api, lane_redis, service):
     """Two 429s in a row at deadlines of two bands: each band has its own fit, and both are made from
     one read of the refusals, answers and pending requests (``LRANGE`` counted by Redis itself:
-    two per admission's own load read, two for the records, once)."""
+    three per admission's own load read (answers, lone overheads of both regimes), two for the
+    records, once)."""
     client, _ = lane_redis
     deadlines = (service.INTERACTIVE_DEADLINE_S, service.INTERACTIVE_DEADLINE_S / 2.5)
     assert wait_ahead.deadline_band(deadlines[0]) != wait_ahead.deadline_band(deadlines[1])
@@ -935,7 +1026,7 @@ def test_refusals_of_several_deadline_bands_read_the_records_once_a_second(overl
                                       "deadline": deadline}, format="multipart")
         assert r.status_code == 429, r.content
         assert r.json()["extra"]["deadline_s"] == pytest.approx(deadline, abs=1e-3)
-    assert client.info("commandstats")["cmdstat_lrange"]["calls"] == 2 * 2 + 2
+    assert client.info("commandstats")["cmdstat_lrange"]["calls"] == 2 * 3 + 2
     assert set(admission._wait_ahead_cache) == {wait_ahead.deadline_band(d) for d in deadlines}
     recorded = [json.loads(x) for x in client.lrange(admission.REFUSALS_KEY, 0, -1)]
     assert [x["deadline_s"] for x in recorded] == [pytest.approx(d, abs=1e-3) for d in deadlines]
@@ -1165,8 +1256,12 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     out = tasks.embed_chunk.apply(args=(str(job.id), ids)).get()
     answer.join(5)
     assert calls == passes
+    # the chunk told the web when it computed: one interval, or two around its wait when it waited
+    runs = [tuple(map(float, r.split())) for r in client.lrange(admission.BULK_RUNS_KEY, 0, -1)]
+    assert client.hlen(admission.BULK_ACTIVITY_KEY) == 0 and len(runs) == (2 if waits else 1)
     if waits:
         assert 350 <= out["paused_ms"] < 5000
+        assert runs[1][0] - runs[0][1] == pytest.approx(out["paused_ms"] / 1000, abs=0.1)
     else:  # no before_pass at all, or one look at the lane per pass
         assert out["paused_ms"] == 0.0 if passes == [5] else out["paused_ms"] < 300
     job.refresh_from_db()
@@ -1220,7 +1315,8 @@ def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(lane_r
 def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lane_redis):
     """``benchmarks.load.QueueSampler`` (which imports no Django) names the same Redis keys as
     admission and counts every priority list: 3 + 2 interactive messages at two priorities, one
-    interactive message on the vectors queue, 2 tasks in flight, 1 pending request, 1 running pass."""
+    interactive message on the vectors queue, 2 tasks in flight, 1 pending request, 1 running pass,
+    1 bulk chunk computing."""
     from benchmarks import load
     from benchmarks.load import QueueSampler
 
@@ -1231,13 +1327,14 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
     assert QueueSampler.lists(lanes.INTERACTIVE) == admission.queue_keys(lanes.INTERACTIVE)
     assert QueueSampler.lists(lanes.VECTORS)[0] == admission.queue_keys(lanes.VECTORS)[0] == "vectors"
     assert QueueSampler.KEYS == {"inflight": admission.INFLIGHT_KEY, "pending": admission.PENDING_KEY,
-                                 "passes": admission.PASSES_KEY}
+                                 "passes": admission.PASSES_KEY, "bulk": admission.BULK_ACTIVITY_KEY}
     publish(app, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=3)
     publish(app, lanes.INTERACTIVE, lanes.PRIORITY_BULK_BACKGROUND, n=2)
     publish(app, lanes.VECTORS, lanes.PRIORITY_INTERACTIVE)
     client.hset(admission.INFLIGHT_KEY, mapping={"a": "1 1.0", "b": "1 1.0"})
     client.hset(admission.PENDING_KEY, "t", "{}")
     client.hset(admission.PASSES_KEY, "w", "1 1.0 300.0")
+    client.hset(admission.BULK_ACTIVITY_KEY, "h:1:2", "1.0")
     sampler = QueueSampler(settings.REDIS_URL, every=0.01)
     sampler.start()
     deadline = time.time() + 10
@@ -1246,8 +1343,8 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_admission_does(lan
     sampler.stop.set()
     sampler.join()
     last = sampler.samples[-1]
-    assert {k: last[k] for k in ("queued", "inflight", "vectors", "pending", "passes")} == {
-        "queued": 5, "inflight": 2, "vectors": 1, "pending": 1, "passes": 1}
+    assert {k: last[k] for k in ("queued", "inflight", "vectors", "pending", "passes", "bulk")} == {
+        "queued": 5, "inflight": 2, "vectors": 1, "pending": 1, "passes": 1, "bulk": 1}
     client.rpush(admission.BATCHES_KEY, json.dumps({"t": 5.0, "size": 2}), json.dumps({"t": 9.0, "size": 3}))
     assert load.records_since(settings.REDIS_URL, load.BATCHES_KEY, "t", 6.0) == [{"t": 9.0, "size": 3}]
     # what a phase's first 429s learn from: the last minute's refusals and answers before it, none after
