@@ -286,12 +286,15 @@ class QueueSampler(threading.Thread):
     """Samples the lanes' depths every ``every`` s (one Redis round trip): interactive messages
     queued (every priority list), interactive tasks started and not finished, interactive messages
     waiting on the ``vectors`` queue (step 0: searches and interactive writes), admitted requests
-    not answered yet, and forward passes running. ``samples``: ``{"t" (Unix s), "queued",
-    "inflight", "vectors", "pending", "passes"}``. For diagnosis: which queue holds the wait."""
+    not answered yet, forward passes running, and bulk chunks computing (not parked:
+    ``admission.BULK_ACTIVITY_KEY``, the wait model's regime). ``samples``: ``{"t" (Unix s),
+    "queued", "inflight", "vectors", "pending", "passes", "bulk"}``. For diagnosis: which queue
+    holds the wait."""
 
     KEYS: ClassVar[dict[str, str]] = {"inflight": "lanes:interactive:inflight",
                                       "pending": "lanes:interactive:pending",
-                                      "passes": "lanes:interactive:passes"}
+                                      "passes": "lanes:interactive:passes",
+                                      "bulk": "lanes:bulk:activity"}
     #: kombu's priority lists of a queue (``admission.queue_keys``; separator ``\x06\x16``).
     STEPS = (0, 3, 6, 9)
 
@@ -317,9 +320,9 @@ class QueueSampler(threading.Thread):
                     pipe.llen("vectors")
                     for k in self.KEYS.values():
                         pipe.hlen(k)
-                    *lengths, vectors, inflight, pending, passes = pipe.execute()
+                    *lengths, vectors, inflight, pending, passes, bulk = pipe.execute()
                 self.samples.append({"t": round(time.time(), 3), "queued": sum(lengths), "inflight": inflight,
-                                     "vectors": vectors, "pending": pending, "passes": passes})
+                                     "vectors": vectors, "pending": pending, "passes": passes, "bulk": bulk})
             self.stop.wait(self.every)
 
 
@@ -363,7 +366,7 @@ class Client:
                                                       "queued_messages", "inflight_images", "workers", "learnt_margin_s",
                                                       "running_pass_images", "running_pass_left_s",
                                                       "retry_margin_s", "wait_ahead_from", "work_ahead_wait_s",
-                                                      "first_wait_ahead_s", "wait_ahead_samples")}
+                                                      "first_wait_ahead_s", "wait_ahead_samples", "beside_bulk")}
         elif r.status_code >= 500:
             out["body"] = r.text[:300]
         return out
