@@ -350,6 +350,25 @@ def _refused(decision: Decision, load: LaneLoad, *, deadline_s: float) -> Decisi
                              max_margin_s=settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s)
 
 
+def _bulk_overlap(client, *, start: float, end: float) -> float:
+    """Seconds of ``[start, end]`` (Unix s) during which a bulk chunk computed
+    (:func:`wait_model.bulk_overlap_s` of :data:`BULK_RUNS_KEY`'s newest :data:`BULK_RUNS_READ`
+    intervals and the live marks of :data:`BULK_ACTIVITY_KEY`, parsed by
+    :func:`wait_model.bulk_computing`); an unreadable interval is skipped. One round trip; a Redis
+    error propagates (the caller logs it)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.lrange(BULK_RUNS_KEY, -BULK_RUNS_READ, -1)
+        pipe.hgetall(BULK_ACTIVITY_KEY)
+        raw_runs, marks = pipe.execute()
+    runs = []
+    for raw in raw_runs:
+        with contextlib.suppress(ValueError):
+            lo, hi = map(float, raw.split())
+            runs.append((lo, hi))
+    computing, _ = bulk_computing(marks, now=time.time(), stale_s=_bulk_stale_after_s())
+    return bulk_overlap_s(runs, computing, start=start, end=end)
+
+
 def interactive_answered(decision: Decision, *, images: int, status: int, answered_at: float | None = None) -> None:
     """Record an admitted request's answer for the wait model (web side; never raises).
 
@@ -376,14 +395,7 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
               "ahead": None if decision.ahead_images is None else round(decision.ahead_images, 2)}
     try:
         client = redis_client()
-        with client.pipeline(transaction=False) as pipe:
-            pipe.lrange(BULK_RUNS_KEY, -BULK_RUNS_READ, -1)
-            pipe.hvals(BULK_ACTIVITY_KEY)
-            runs, computing = pipe.execute()
-        now, stale = time.time(), _bulk_stale_after_s()
-        record["bulk_s"] = round(bulk_overlap_s([tuple(map(float, r.split())) for r in runs],
-                                                [float(c) for c in computing if now - float(c) <= stale],
-                                                start=record["admitted"], end=record["answered"]), 4)
+        record["bulk_s"] = round(_bulk_overlap(client, start=record["admitted"], end=record["answered"]), 4)
         lone = LONE_BULK_KEY if beside_bulk(record) else LONE_KEY
         with client.pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
