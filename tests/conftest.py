@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import csv
 import os
+import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -45,3 +49,28 @@ def encoder(random_config):
     from workers.model import ClipEncoder
 
     return ClipEncoder(random_config)
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A redis-server of the test's own on a free port: ``(url, client)``; skipped when not installed."""
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed")
+    import redis
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0", client
+    p.kill()
+    p.wait()

@@ -3,9 +3,13 @@
 requests admitted within ±0.5 s of it, and the lane's own drift (that wait 1 s earlier)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
-from benchmarks.load import actual_wait_near, info, lane_capacity_beside_bulk, phase_cpu, summarise, verdict
+from benchmarks.load import (QueueSampler, actual_wait_near, bulk_chunks_computing, bulk_job_paused, info, phase_cpu,
+                             summarise, verdict)
 
 
 def admitted(sent: float) -> dict:
@@ -52,15 +56,53 @@ def test_a_bulk_phase_reports_the_images_its_job_embedded_during_it():
     assert info(p)["2 s + bulk: bulk images embedded during the phase"] == "128 (64.00/s)"
 
 
-def test_a_bulk_round_is_overloaded_against_the_lane_alone_when_its_scan_reads_less():
-    """Beside a background job the closed loops' idle gaps let bulk passes in and the scan reads
-    low; the phase then takes the capacity measured without the job at that deadline."""
-    scanned = {"clients": 8, "seconds": 6.3, "requests_per_s": 4.79, "loops": [{"clients": 2, "requests_per_s": 4.3}]}
-    alone = {"clients": 4, "seconds": 6.3, "requests_per_s": 6.495, "loops": [{"clients": 4, "requests_per_s": 6.495}]}
-    c = lane_capacity_beside_bulk(scanned, alone)
-    assert c["requests_per_s"] == 6.495 and c["clients"] == 4
-    assert c["scanned_beside_bulk"] == {"clients": 8, "seconds": 6.3, "requests_per_s": 4.79}
-    assert c["loops"] == scanned["loops"] and c["from"] == "the round without the bulk job"
+class JobApi:
+    """The benchmark's client for ``POST /api/jobs/{id}/{action}/``, with a bulk worker behind it:
+    a chunk computing (``admission.BULK_ACTIVITY_KEY`` field) finishes 0.3 s after the pause, and
+    the next starts 0.3 s after the resume."""
+
+    def __init__(self, redis_client) -> None:
+        self.redis, self.events, self.timers = redis_client, [], []
+
+    def _after(self, delay_s: float, action) -> None:
+        self.timers.append(threading.Timer(delay_s, action))
+        self.timers[-1].start()
+
+    def settle(self) -> None:
+        """Wait for the worker's pending steps (before the test's Redis stops)."""
+        for t in self.timers:
+            t.join()
+
+    def job_action(self, job_id: str, action: str) -> dict:
+        self.events.append(f"{action} {job_id}")
+        key = QueueSampler.KEYS["bulk"]
+        if action == "pause":
+            self._after(0.3, lambda: (self.events.append("chunk finished"), self.redis.hdel(key, "bulk-1")))
+        else:
+            self._after(0.3, lambda: (self.events.append("chunk started"), self.redis.hset(key, "bulk-1", time.time())))
+        return {"id": job_id}
+
+
+def test_a_bulk_rounds_capacity_is_measured_with_its_job_paused_and_its_running_chunk_finished(private_redis):
+    """The scan of a bulk round runs once the job is paused and the chunk computing has finished;
+    the job is resumed after it, and the phase starts once a chunk computes again."""
+    url, r = private_redis
+    r.hset(QueueSampler.KEYS["bulk"], "bulk-1", time.time())
+    api = JobApi(r)
+    with bulk_job_paused(api, "j1", url, timeout_s=5) as pause:
+        api.events.append(f"scan ({bulk_chunks_computing(url)} computing)")
+    api.settle()
+    assert api.events == ["pause j1", "chunk finished", "scan (0 computing)", "resume j1", "chunk started"]
+    assert 0.2 <= pause["settled_s"] < 5 and bulk_chunks_computing(url) == 1
+
+
+def test_a_bulk_round_resumes_its_job_when_the_scan_fails(private_redis):
+    url, r = private_redis
+    api = JobApi(r)
+    with pytest.raises(RuntimeError), bulk_job_paused(api, "j1", url, timeout_s=5):
+        raise RuntimeError("scan failed")
+    api.settle()
+    assert api.events[0] == "pause j1" and "resume j1" in api.events
 
 
 def test_a_phase_reports_the_cores_each_process_used_in_its_window_alone():
