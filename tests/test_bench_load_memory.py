@@ -11,7 +11,8 @@ import sys
 import threading
 
 from benchmarks.load import (  # noqa: I001
-    Sampler, memory_checks, memory_since, memory_trend, phase_memory, tree_memory_mb, tree_threads,
+    Sampler, memory_above_high_water, memory_checks, memory_since, memory_trend, phase_memory, tree_memory_mb,
+    tree_threads,
 )
 
 MIB = 2**20
@@ -102,7 +103,7 @@ def test_phase_memory_reads_each_phase_window_alone():
 
 
 def test_the_verdict_reads_the_trend_of_the_last_round_from_its_second_phase():
-    """Two rounds of three 60 s phases, one sample a second. The interactive worker climbs to its
+    """Without three phases' figures (the trend is then judged, and otherwise reported). Two rounds of three 60 s phases, one sample a second. The interactive worker climbs to its
     high-water mark through the first round (1,220 → 1,260 MiB) and holds it; the bulk worker loads
     its model in the second round's first phase (+1,000 MiB) and then saw-tooths ±60 MiB around
     2,700 with each chunk: neither grows. A web that adds 0.1 MiB a second from then on grows 12 MiB
@@ -129,3 +130,36 @@ def test_the_verdict_reads_the_trend_of_the_last_round_from_its_second_phase():
     one_phase = {"phases": [{"round": 0, "window": [1000.0, 1060.0]}], "rounds": [{"samples": []}]}
     assert memory_since(one_phase) == 1030.0  # a single phase: its second half
     assert math.isnan(memory_trend([], 0.0, ["web"])["web"])  # too few samples: no verdict but a failing one
+
+
+def _phases(plateaus: dict[str, list[float]]) -> list[dict]:
+    n = len(next(iter(plateaus.values())))
+    return [{"memory_mb": {name: {"plateau_mb": v[i], "growth_mb": 0.0}
+                           for name, v in plateaus.items() if v[i] is not None}} for i in range(n)]
+
+
+def test_the_verdict_reads_the_last_phase_against_the_high_water_mark_of_every_phase_but_the_one_before():
+    """z2 of 2026-12-04 (two rounds of 1 s, 2 s, 5 s; MiB): the bulk worker's chunks left it at
+    2,557, 2,535, 2,556 and the interactive worker's working set followed the deadline; neither
+    leaked. A web leaking 8 MiB a phase stands 16 above the phase two before the last."""
+    z2 = {"web": [222.8, 230.6, 237.0, 250.0, 256.3, 265.3],
+          "worker-interactive": [1228.8, 1255.4, 1249.0, 1235.2, 1249.4, 1261.2],
+          "worker-bulk": [1472.3, 1472.3, 1472.3, 2557.5, 2534.6, 2555.8]}
+    assert memory_above_high_water(_phases(z2)) == {"web": 15.3, "worker-interactive": 5.8, "worker-bulk": -1.7}
+    leaking = {"web": [200.0 + 8 * i for i in range(6)]}
+    assert memory_above_high_water(_phases(leaking)) == {"web": 16.0}
+    # a process absent from the earlier phases is not judged; fewer than three phases: no figure
+    assert memory_above_high_water(_phases({"web": [1.0, 1.0, 1.0], "new": [None, None, 5.0]})) == {"web": 0.0}
+    assert memory_above_high_water(_phases({"web": [1.0, 9.0]})) is None
+
+
+def test_with_three_phases_or_more_the_verdict_is_the_high_water_mark_and_the_trend_is_reported():
+    phases = [{"round": 0, "window": [1000.0 + 60 * i, 1059.0 + 60 * i],
+               "memory_mb": {"web": {"plateau_mb": p, "growth_mb": 0.0}}} for i, p in enumerate((200.0, 230.0, 215.0))]
+    samples = _samples(lambda i: {"web": 200.0 + i / 6}, 180)  # a trend of +10 MiB a minute
+    result = {"phases": phases, "rounds": [{"samples": samples, "memory_mb": {"web": None}}]}
+    (name, ok), = memory_checks(result, max_growth_mb=16).items()
+    assert ok and "high-water" in name and result["memory_above_high_water_mb"] == {"web": 15.0}
+    assert result["memory_trend_mb"]["web"] > 16  # reported, not judged
+    phases[2]["memory_mb"]["web"]["plateau_mb"] = 216.0
+    assert list(memory_checks(result, max_growth_mb=16).values()) == [False]
