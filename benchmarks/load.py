@@ -472,9 +472,14 @@ def bulk_chunks_computing(redis_url: str) -> int:
 
 
 @contextlib.contextmanager
-def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, timeout_s: float = 60.0):
+def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, steady_images: int = 64,
+                    timeout_s: float = 60.0):
     """Pause the bulk job for the block (``POST /api/jobs/{id}/pause/``), after waiting for its
-    running chunks to finish; resume it on the way out and wait until a chunk computes again.
+    running chunks to finish; resume it on the way out and wait until it has embedded
+    ``steady_images`` more images (a chunk, ``BULK_BATCH_SIZE``) and a chunk computes: the phase
+    then starts beside a job in its steady state, not beside the first loads, decodes and writes
+    of its resumed chunks (in z3 of 2026-12-04, resumed ~4 s before the 1 s + bulk phase, the vectors
+    hop stalled for ~1 s in the phase's fourth second and 27 of its first 4 s of 429s missed).
     Yields ``{"settled_s"}``: the seconds the running chunks took to finish.
 
     What a phase beside a bulk job is overloaded against: the lane's capacity alone, measured
@@ -488,8 +493,8 @@ def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, timeout_s:
     with the lane busy 99 % of the time and the job parked throughout.
 
     Raises:
-        TimeoutError: the running chunks did not finish, or no chunk computed after the resume,
-            within ``timeout_s``.
+        TimeoutError: the running chunks did not finish, or the resumed job did not embed
+            ``steady_images`` or compute again, within ``timeout_s`` each.
     """
     t0 = time.monotonic()
     client.job_action(job_id, "pause")
@@ -497,7 +502,9 @@ def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, timeout_s:
         wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n == 0, timeout=timeout_s, every=0.2)
         yield {"settled_s": round(time.monotonic() - t0, 1)}
     finally:
-        client.job_action(job_id, "resume")
+        embedded = client.job_action(job_id, "resume").get("counts", {}).get("embedded", 0)
+    wait_for(lambda: client.job(job_id).get("counts", {}).get("embedded", 0), lambda n: n >= embedded + steady_images,
+             timeout=timeout_s, every=0.5)
     wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n > 0, timeout=timeout_s, every=0.2)
 
 

@@ -57,12 +57,20 @@ def test_a_bulk_phase_reports_the_images_its_job_embedded_during_it():
 
 
 class JobApi:
-    """The benchmark's client for ``POST /api/jobs/{id}/{action}/``, with a bulk worker behind it:
-    a chunk computing (``admission.BULK_ACTIVITY_KEY`` field) finishes 0.3 s after the pause, and
-    the next starts 0.3 s after the resume."""
+    """The benchmark's client for ``POST /api/jobs/{id}/{action}/`` and ``GET /api/jobs/{id}/``,
+    with a bulk worker behind it: a chunk computing (``admission.BULK_ACTIVITY_KEY`` field)
+    finishes 0.3 s after the pause; after the resume the next starts at 0.3 s and is written (64
+    images embedded) at 0.6 s."""
 
     def __init__(self, redis_client) -> None:
-        self.redis, self.events, self.timers = redis_client, [], []
+        self.redis, self.events, self.timers, self.embedded = redis_client, [], [], 100
+
+    def _written(self) -> None:
+        self.events.append("chunk written")
+        self.embedded += 64
+
+    def job(self, job_id: str) -> dict:
+        return {"id": job_id, "counts": {"embedded": self.embedded}}
 
     def _after(self, delay_s: float, action) -> None:
         self.timers.append(threading.Timer(delay_s, action))
@@ -80,19 +88,22 @@ class JobApi:
             self._after(0.3, lambda: (self.events.append("chunk finished"), self.redis.hdel(key, "bulk-1")))
         else:
             self._after(0.3, lambda: (self.events.append("chunk started"), self.redis.hset(key, "bulk-1", time.time())))
-        return {"id": job_id}
+            self._after(0.6, self._written)
+        return self.job(job_id)
 
 
 def test_a_bulk_rounds_capacity_is_measured_with_its_job_paused_and_its_running_chunk_finished(private_redis):
     """The scan of a bulk round runs once the job is paused and the chunk computing has finished;
-    the job is resumed after it, and the phase starts once a chunk computes again."""
+    the job is resumed after it, and the phase starts once the job has embedded a chunk more and
+    a chunk computes."""
     url, r = private_redis
     r.hset(QueueSampler.KEYS["bulk"], "bulk-1", time.time())
     api = JobApi(r)
     with bulk_job_paused(api, "j1", url, timeout_s=5) as pause:
         api.events.append(f"scan ({bulk_chunks_computing(url)} computing)")
     api.settle()
-    assert api.events == ["pause j1", "chunk finished", "scan (0 computing)", "resume j1", "chunk started"]
+    assert api.events == ["pause j1", "chunk finished", "scan (0 computing)", "resume j1", "chunk started",
+                          "chunk written"]
     assert 0.2 <= pause["settled_s"] < 5 and bulk_chunks_computing(url) == 1
 
 

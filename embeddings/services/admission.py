@@ -62,11 +62,11 @@ from embeddings.services.wait_model import (
     LaneLoad,
     batch_ms,
     beside_bulk,
-    bulk_computing,
     bulk_overlap_s,
     decide,
     drain_rate,
     lane_load,
+    parse_bulk_activity,
     running_passes,
     update_batch_curve,
 )
@@ -228,7 +228,7 @@ def interactive_load(client=None) -> LaneLoad:
     running, dead_passes = running_passes(passes, now=now, stale_s=stale)
     if dead_passes:  # a worker that died mid-pass
         client.hdel(PASSES_KEY, *dead_passes)
-    computing, dead_chunks = bulk_computing(bulk, now=now, stale_s=_bulk_stale_after_s())
+    computing, dead_chunks = parse_bulk_activity(bulk, now=now, stale_s=_bulk_stale_after_s())
     if dead_chunks:  # a bulk process killed while computing
         client.hdel(BULK_ACTIVITY_KEY, *dead_chunks)
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
@@ -354,7 +354,7 @@ def _bulk_overlap(client, *, start: float, end: float) -> float:
     """Seconds of ``[start, end]`` (Unix s) during which a bulk chunk computed
     (:func:`wait_model.bulk_overlap_s` of :data:`BULK_RUNS_KEY`'s newest :data:`BULK_RUNS_READ`
     intervals and the live marks of :data:`BULK_ACTIVITY_KEY`, parsed by
-    :func:`wait_model.bulk_computing`); an unreadable interval is skipped. One round trip; a Redis
+    :func:`wait_model.parse_bulk_activity`); an unreadable interval is skipped. One round trip; a Redis
     error propagates (the caller logs it)."""
     with client.pipeline(transaction=False) as pipe:
         pipe.lrange(BULK_RUNS_KEY, -BULK_RUNS_READ, -1)
@@ -365,7 +365,7 @@ def _bulk_overlap(client, *, start: float, end: float) -> float:
         with contextlib.suppress(ValueError):
             lo, hi = map(float, raw.split())
             runs.append((lo, hi))
-    computing, _ = bulk_computing(marks, now=time.time(), stale_s=_bulk_stale_after_s())
+    computing, _ = parse_bulk_activity(marks, now=time.time(), stale_s=_bulk_stale_after_s())
     return bulk_overlap_s(runs, computing, start=start, end=end)
 
 

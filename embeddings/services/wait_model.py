@@ -189,7 +189,7 @@ def beside_bulk(record: dict) -> bool:
     return bulk > 0 and bulk >= BESIDE_BULK_SHARE * (record["answered"] - record["admitted"])
 
 
-def bulk_computing(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[list[float], list[str]]:
+def parse_bulk_activity(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[list[float], list[str]]:
     """Parse :data:`admission.BULK_ACTIVITY_KEY` (``{process: "since"}``). Pure.
 
     Returns:
@@ -717,7 +717,7 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     running ``passes`` (:func:`running_passes`). Pure.
 
     The wait is fitted on the answers of the regime the machine is in now: with a bulk chunk
-    computing (``beside_bulk_now``, :func:`bulk_computing`), on those that waited beside bulk work
+    computing (``beside_bulk_now``, :func:`parse_bulk_activity`), on those that waited beside bulk work
     (:func:`beside_bulk`); otherwise on the others. ``lone`` must be the same regime's list
     (:data:`admission.LONE_BULK_KEY` or :data:`admission.LONE_KEY`). A regime with no answer in
     the fit's window starts from the prior (the workers' own figures, scale 1). ``pending``

@@ -750,7 +750,7 @@ def test_the_wait_is_fitted_apart_beside_bulk_work():
     # no answer of the regime yet: the prior, the workers' own figure
     assert wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry}, answers=raw[::2],
                                 now=now, beside_bulk_now=True).fit == wait_model.WaitFit()
-    assert wait_model.bulk_computing({"a": f"{now - 1}", "b": f"{now - 200}", "c": "?"}, now=now, stale_s=120) == (
+    assert wait_model.parse_bulk_activity({"a": f"{now - 1}", "b": f"{now - 200}", "c": "?"}, now=now, stale_s=120) == (
         [now - 1], ["b", "c"])
 
 
