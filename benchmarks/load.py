@@ -502,7 +502,8 @@ def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, steady_ima
         wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n == 0, timeout=timeout_s, every=0.2)
         yield {"settled_s": round(time.monotonic() - t0, 1)}
     finally:
-        embedded = client.job_action(job_id, "resume").get("counts", {}).get("embedded", 0)
+        client.job_action(job_id, "resume")
+    embedded = client.job(job_id).get("counts", {}).get("embedded", 0)  # the action's answer has no counts
     wait_for(lambda: client.job(job_id).get("counts", {}).get("embedded", 0), lambda n: n >= embedded + steady_images,
              timeout=timeout_s, every=0.5)
     wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n > 0, timeout=timeout_s, every=0.2)
