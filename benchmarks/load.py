@@ -459,16 +459,11 @@ def closed_loop(client: Client, *, clients: int, seconds: float, deadline_s: flo
             "latency_ms_p50": round(statistics.median(a["ms"] for a in served), 1) if served else None}
 
 
-def bulk_chunks_computing(redis_url: str) -> int:
+def bulk_chunks_computing(client) -> int:
     """Bulk chunks computing now: the fields of ``admission.BULK_ACTIVITY_KEY`` (one per worker
-    process in a chunk's forward passes; the driver imports no Django)."""
-    import redis
-
-    r = redis.Redis.from_url(redis_url)
-    try:
-        return int(r.hlen(QueueSampler.KEYS["bulk"]))
-    finally:
-        r.close()
+    process in a chunk's forward passes; the driver imports no Django). ``client``: a
+    ``redis.Redis`` on the stack's Redis."""
+    return int(client.hlen(QueueSampler.KEYS["bulk"]))
 
 
 @contextlib.contextmanager
@@ -496,17 +491,20 @@ def bulk_job_paused(client: "Client", job_id: str, redis_url: str, *, steady_ima
         TimeoutError: the running chunks did not finish, or the resumed job did not embed
             ``steady_images`` or compute again, within ``timeout_s`` each.
     """
+    import redis
+
     t0 = time.monotonic()
-    client.job_action(job_id, "pause")
-    try:
-        wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n == 0, timeout=timeout_s, every=0.2)
-        yield {"settled_s": round(time.monotonic() - t0, 1)}
-    finally:
-        client.job_action(job_id, "resume")
-    embedded = client.job(job_id).get("counts", {}).get("embedded", 0)  # the action's answer has no counts
-    wait_for(lambda: client.job(job_id).get("counts", {}).get("embedded", 0), lambda n: n >= embedded + steady_images,
-             timeout=timeout_s, every=0.5)
-    wait_for(lambda: bulk_chunks_computing(redis_url), lambda n: n > 0, timeout=timeout_s, every=0.2)
+    with redis.Redis.from_url(redis_url) as r:  # one connection for every poll
+        client.job_action(job_id, "pause")
+        try:
+            wait_for(lambda: bulk_chunks_computing(r), lambda n: n == 0, timeout=timeout_s, every=0.2)
+            yield {"settled_s": round(time.monotonic() - t0, 1)}
+        finally:
+            client.job_action(job_id, "resume")
+        embedded = client.job(job_id).get("counts", {}).get("embedded", 0)  # the action's answer has no counts
+        wait_for(lambda: client.job(job_id).get("counts", {}).get("embedded", 0),
+                 lambda n: n >= embedded + steady_images, timeout=timeout_s, every=0.5)
+        wait_for(lambda: bulk_chunks_computing(r), lambda n: n > 0, timeout=timeout_s, every=0.2)
 
 
 def measure_capacity(client: Client, *, clients: list[int], seconds: float, deadline_s: float) -> dict:
@@ -803,7 +801,8 @@ def run_load(stack: Stack, *, rate: float | None, overload: float, duration: flo
         for deadline in deadlines:
             capacity = None
             if rate is None:  # per deadline: a shorter one leaves the batcher less to merge
-                paused = (bulk_job_paused(client, bulk["job_id"], stack.env["REDIS_URL"]) if bulk
+                paused = (bulk_job_paused(client, bulk["job_id"], stack.env["REDIS_URL"],
+                                          steady_images=int(stack.env.get("BULK_BATCH_SIZE") or 64)) if bulk
                           else contextlib.nullcontext({}))
                 with paused as pause:
                     capacity = measure_capacity(client, clients=clients, seconds=capacity_s, deadline_s=deadline)
@@ -880,7 +879,7 @@ def table(result: dict, checks: dict[str, bool], infos: dict[str, str]) -> str:
             loops = ", ".join(f"{x['clients']}: {x['requests_per_s']}/s" for x in c.get("loops", [c]))
             if (pause := c.get("bulk_job_paused")) is not None:
                 loops += (f"; the bulk job paused for it once its running chunks had finished, {pause['settled_s']} s, "
-                          f"then resumed; {c.get('alone_in_round_0')}/s in the round without it")
+                          "then resumed" + (f"; {a}/s in the round without it" if (a := c.get("alone_in_round_0")) else ""))
             lines.append(f"capacity at deadline {phase_name(p)} (closed loops, clients: rate served {loops}; "
                          f"best {c['clients']} clients, {c['seconds']} s): {c['requests_per_s']} requests/s served, "
                          f"200 or 202 (p50 {c['latency_ms_p50']} ms; {c['by_status']})")

@@ -100,12 +100,12 @@ def test_a_bulk_rounds_capacity_is_measured_with_its_job_paused_and_its_running_
     r.hset(QueueSampler.KEYS["bulk"], "bulk-1", time.time())
     api = JobApi(r)
     with bulk_job_paused(api, "j1", url, timeout_s=5) as pause:
-        api.events.append(f"scan ({bulk_chunks_computing(url)} computing)")
+        api.events.append(f"scan ({bulk_chunks_computing(r)} computing)")
     api.events.append("phase starts")
     api.settle()
     assert api.events == ["pause j1", "chunk finished", "scan (0 computing)", "resume j1", "chunk started",
                           "chunk written", "phase starts"]
-    assert 0.2 <= pause["settled_s"] < 5 and bulk_chunks_computing(url) == 1
+    assert 0.2 <= pause["settled_s"] < 5 and bulk_chunks_computing(r) == 1
 
 
 def test_a_bulk_round_resumes_its_job_when_the_scan_fails(private_redis):
