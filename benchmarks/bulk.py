@@ -121,6 +121,11 @@ def _pipeline_child(cfg_fields: dict, chunks, results, ready, go, overlap: bool 
     runner = BatchRunner(cfg, EncoderHolder(cfg))
     read = lambda key: Path(key).read_bytes()  # noqa: E731
     first = chunks.get()
+    if first is None:  # more processes than chunks: this one has nothing to do, and says so
+        ready.put(os.getpid())
+        go.wait()
+        results.put({"pid": os.getpid(), "t0": time.time(), "t1": time.time(), "images": 0, "chunks": []})
+        return
     runner.run(first[:4], read)  # model loaded, threads started: not measured
     ready.put(os.getpid())
     go.wait()
