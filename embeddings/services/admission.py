@@ -61,10 +61,10 @@ from embeddings.services.wait_model import (
     Decision,
     LaneLoad,
     batch_ms,
-    beside_bulk,
     bulk_overlap_s,
     decide,
     drain_rate,
+    fit_regime,
     lane_load,
     parse_bulk_activity,
     running_passes,
@@ -288,12 +288,14 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                    "margin_s": round(decision.margin_s, 3), "retry_margin_s": round(decision.retry_margin_s, 3),
                    "learnt_margin_s": round(load.fit.margin_s, 3), "beside_bulk": load.beside_bulk},
         )
-    decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex)
+    decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex,
+                                   admitted_beside_bulk=load.beside_bulk)
     if decision.work_s is not None:
-        try:  # a lower bound of its wait for the fit until it is answered (fit_wait's pending)
+        try:  # a lower bound of its wait for its regime's fit until it is answered (fit_wait's pending)
             redis_client().hset(PENDING_KEY, decision.token, json.dumps(
                 {"admitted": round(decision.admitted_at, 4), "work_s": round(decision.work_s, 4),
-                 "predicted_s": round(decision.predicted_wait_s, 4), "deadline_s": round(deadline_s, 3)}))
+                 "predicted_s": round(decision.predicted_wait_s, 4), "deadline_s": round(deadline_s, 3),
+                 "bulk_at_admission": load.beside_bulk}))
         except Exception as e:
             log.warning("could not record a pending interactive request: %s", e)
     return decision
@@ -373,10 +375,11 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
     """Record an admitted request's answer for the wait model (web side; never raises).
 
     Appends ``{"admitted", "answered", "images", "work_s", "predicted_s", "status", "ahead",
-    "bulk_s"}`` to :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`) and removes it from
-    :data:`PENDING_KEY`; ``bulk_s`` (s) is how long bulk chunks computed during its wait
-    (:func:`wait_model.bulk_overlap_s` of :data:`BULK_RUNS_KEY` and :data:`BULK_ACTIVITY_KEY`),
-    which decides the regime whose fit it feeds (:func:`wait_model.beside_bulk`).
+    "bulk_s", "bulk_at_admission"}`` to :data:`ANSWERS_KEY` (capped at :data:`ANSWERS_KEPT`) and
+    removes it from :data:`PENDING_KEY`; ``bulk_s`` (s) is how long bulk chunks computed during its
+    wait (:func:`wait_model.bulk_overlap_s` of :data:`BULK_RUNS_KEY` and :data:`BULK_ACTIVITY_KEY`),
+    which with ``bulk_at_admission`` (``decision.admitted_beside_bulk``; absent when unknown) decides
+    the regime whose fit and lone overheads it feeds, if any (:func:`wait_model.fit_regime`).
     ``status`` 200: answered within the
     deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
     that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
@@ -393,14 +396,17 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
               "work_s": None if decision.work_s is None else round(decision.work_s, 4),
               "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4),
               "ahead": None if decision.ahead_images is None else round(decision.ahead_images, 2)}
+    if decision.admitted_beside_bulk is not None:
+        record["bulk_at_admission"] = decision.admitted_beside_bulk
     try:
         client = redis_client()
         record["bulk_s"] = round(_bulk_overlap(client, start=record["admitted"], end=record["answered"]), 4)
-        lone = LONE_BULK_KEY if beside_bulk(record) else LONE_KEY
+        regime = fit_regime(record)
+        lone = LONE_BULK_KEY if regime else LONE_KEY
         with client.pipeline(transaction=False) as pipe:
             pipe.rpush(ANSWERS_KEY, json.dumps(record))
             pipe.ltrim(ANSWERS_KEY, -ANSWERS_KEPT, -1)
-            if status == 200 and record["ahead"] == 0 and record["work_s"] is not None:
+            if status == 200 and record["ahead"] == 0 and record["work_s"] is not None and regime is not None:
                 pipe.rpush(lone, round(record["answered"] - record["admitted"] - record["work_s"], 4))
                 pipe.ltrim(lone, -LONE_KEPT, -1)
             if decision.token:

@@ -60,7 +60,11 @@ here takes injected clocks and records. A request is refused when the predicted 
   compute (:data:`admission.BULK_ACTIVITY_KEY`, :data:`admission.BULK_RUNS_KEY`); each answer
   records the seconds of its wait beside them (``bulk_s``, :func:`bulk_overlap_s`), and the fit
   (and the lone overheads) are learnt per regime and used by the regime of the moment
-  (:func:`beside_bulk`, :func:`lane_load`). With no bulk job there is one regime, as before.
+  (:func:`beside_bulk`, :func:`lane_load`). With no bulk job there is one regime, as before. A
+  record teaches the regime it was admitted in (``bulk_at_admission``) unless it waited mostly
+  beside bulk work (:func:`fit_regime`): one admitted beside bulk passes that parked during its wait
+  teaches neither, and a request admitted beside them still waiting is no lower bound of the quiet
+  regime's waits (:func:`lane_load`).
 
 With no worker measurement yet every request is admitted: there is nothing to predict with. A lane
 with at most :data:`SHALLOW_REQUESTS` requests' images ahead is spared the margin (the predicted wait
@@ -179,6 +183,25 @@ def bulk_overlap_s(runs: Sequence[tuple[float, float]], computing: Sequence[floa
         else:
             cur_e = max(cur_e, b)
     return total + (0.0 if cur_e is None else cur_e - cur_s)
+
+
+def fit_regime(record: dict) -> bool | None:
+    """The regime whose fit an answer record (:func:`admission.interactive_answered`) teaches: ``True``
+    beside bulk work (:func:`beside_bulk`), ``False`` the quiet lane, ``None`` neither: admitted
+    while bulk chunks computed (``bulk_at_admission``; absent: not recorded, as before 2026-12-04)
+    but waited mostly after they parked. Pure.
+
+    Its wait mixes both regimes, and what it got wrong is the switch, which neither fit predicts.
+    Under a 2× overload that starts beside a bulk job the chunks park within a micro-batch of the
+    first refusal; the requests admitted before, predicted by the bulk fit and answered in the quiet
+    lane, were the quiet fit's newest evidence. On the Intel Xeon of 2026-12-04 (load benchmark,
+    5 s + bulk, PostgreSQL) the quiet fit then read overhead 0.0 s, scale 1.47 and a margin of
+    1.4 s a second after the switch, where the paused capacity scan's answers alone gave 0.48 s,
+    0.71 and 0.35 s: admitted requests were predicted 3.4-3.9 s and waited 2.2-2.8 s, and the 429s
+    said 3.6-4.2 s (docs/benchmarks-load.md, "The switch out of the bulk regime")."""
+    if beside_bulk(record):
+        return True
+    return None if record.get("bulk_at_admission") else False
 
 
 def beside_bulk(record: dict) -> bool:
@@ -553,7 +576,9 @@ class Decision:
     the 429's body (what the work queued now needs; the next request admitted waits for more, the
     pass it joins). ``first_wait_ahead_s`` (s) and
     ``wait_ahead_samples``: set when ``wait_ahead_s`` was learnt from labelled refusals
-    (:func:`wait_ahead.learnt`): the estimate above, and how many refusals the fit used."""
+    (:func:`wait_ahead.learnt`): the estimate above, and how many refusals the fit used.
+    ``admitted_beside_bulk``: whether bulk chunks computed when it was admitted (set by
+    :func:`admission.interactive_admit`; the answer's ``bulk_at_admission``, :func:`fit_regime`)."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -569,6 +594,7 @@ class Decision:
     wait_ahead_from: str | None = None
     first_wait_ahead_s: float | None = None
     wait_ahead_samples: int = 0
+    admitted_beside_bulk: bool | None = None
 
 
 def retry_after(wait_ahead_s: float) -> int:
@@ -718,10 +744,11 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
 
     The wait is fitted on the answers of the regime the machine is in now: with a bulk chunk
     computing (``beside_bulk_now``, :func:`parse_bulk_activity`), on those that waited beside bulk work
-    (:func:`beside_bulk`); otherwise on the others. ``lone`` must be the same regime's list
-    (:data:`admission.LONE_BULK_KEY` or :data:`admission.LONE_KEY`). A regime with no answer in
-    the fit's window starts from the prior (the workers' own figures, scale 1). ``pending``
-    requests count in either.
+    (:func:`beside_bulk`); otherwise on the others admitted in the quiet lane (:func:`fit_regime`).
+    ``lone`` must be the same regime's list (:data:`admission.LONE_BULK_KEY` or
+    :data:`admission.LONE_KEY`). A regime with no answer in the fit's window starts from the prior
+    (the workers' own figures, scale 1). ``pending`` requests count in the regime they were
+    admitted in (``bulk_at_admission``); their arrivals count in either.
 
     ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
@@ -742,7 +769,8 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
                    if capacity else 1.0)
     prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
     answered, waiting = [json.loads(a) for a in answers], [json.loads(p) for p in pending]
-    fit = fit_wait([a for a in answered if beside_bulk(a) == beside_bulk_now], now=now, pending=waiting,
+    fit = fit_wait([a for a in answered if fit_regime(a) is beside_bulk_now], now=now,
+                   pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is beside_bulk_now],
                    overhead_prior_s=prior)
     recent = tuple(r["predicted_s"] for r in answered + waiting
                    if r.get("predicted_s") is not None and now - RECENT_ADMISSIONS_S <= r["admitted"] <= now)

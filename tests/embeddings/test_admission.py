@@ -754,6 +754,81 @@ def test_the_wait_is_fitted_apart_beside_bulk_work():
         [now - 1], ["b", "c"])
 
 
+def test_a_request_admitted_beside_bulk_passes_that_parked_teaches_neither_fit():
+    """The switch out of the bulk regime: requests admitted while bulk chunks computed
+    (``bulk_at_admission``) that waited mostly after the chunks parked (``bulk_s`` under a quarter of
+    their wait) are left out of both fits, and one still waiting is a lower bound of its admission
+    regime's waits only. Here the quiet lane pays 0.1 s over its work; the switch's requests waited
+    1.5 s over theirs (predicted by the bulk fit, answered in the quiet lane), and the quiet fit is
+    the fit of the quiet answers alone, as if they had never been. A record admitted in the quiet
+    lane that met a micro-batch's tail still teaches the quiet fit, and one that waited mostly
+    beside bulk passes teaches the bulk fit, whatever the regime it was admitted in."""
+    now = 1000.0
+    entry = json.dumps({"capacity_ips": 4.0, "images_per_request": 1.0, "updated": now - 1})
+    quiet, switch, bulk = [], [], []
+    for i in range(12):
+        work = 0.3 + 0.05 * (i % 6)
+        admitted = now - 20 + i * 0.5
+        quiet.append({"admitted": admitted, "answered": admitted + work + 0.1, "work_s": work, "predicted_s": work + 0.1,
+                      "status": 200, "images": 1, "ahead": 2, "bulk_at_admission": False,
+                      **({"bulk_s": round(0.2 * (work + 0.1), 4)} if i % 4 == 0 else {})})
+        bulk.append({"admitted": admitted, "answered": admitted + work + 0.9, "work_s": work, "predicted_s": work + 0.9,
+                     "status": 200, "images": 1, "ahead": 2, "bulk_at_admission": i % 3 != 0,
+                     "bulk_s": round(0.5 * (work + 0.9), 4)})
+    for i in range(6):
+        work, admitted = 0.5, now - 6 + i * 0.4
+        switch.append({"admitted": admitted, "answered": admitted + work + 1.5, "work_s": work, "predicted_s": work + 0.9,
+                       "status": 200, "images": 1, "ahead": 8, "bulk_at_admission": True,
+                       "bulk_s": round(0.1 * (work + 1.5), 4)})
+    assert [wait_model.fit_regime(r) for r in (quiet[0], quiet[1], switch[0], bulk[0], bulk[1])] == [
+        False, False, None, True, True]
+    assert wait_model.fit_regime({"admitted": 0.0, "answered": 1.0, "bulk_s": 0.1}) is False  # written before the field
+    waiting = {"admitted": now - 2.0, "work_s": 0.5, "predicted_s": 1.4, "deadline_s": 5.0}  # waited past its prediction
+    pending = [json.dumps({**waiting, "bulk_at_admission": True})]
+
+    def load(records, *, beside_bulk_now=False, pending=()):
+        return wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry},
+                                    answers=[json.dumps(r) for r in records], now=now, pending=pending,
+                                    beside_bulk_now=beside_bulk_now)
+
+    alone = load(quiet).fit
+    assert alone.predict(0.5) == pytest.approx(0.6, abs=0.02)
+    assert load(quiet + bulk + switch, pending=pending).fit == alone
+    # the same records, were the switch's taught as the quiet lane's (the rule before 2026-12-04)
+    assert load(quiet + bulk + [{**r, "bulk_at_admission": False} for r in switch],
+                pending=[json.dumps(waiting)]).fit.predict(0.5) > alone.predict(0.5) + 0.5
+    beside = load(quiet + bulk + switch, beside_bulk_now=True, pending=pending).fit
+    assert beside.samples == len(bulk) + 1  # and the one still waiting, admitted beside bulk passes
+    assert load(bulk, beside_bulk_now=True).fit.predict(0.5) == pytest.approx(1.4, abs=0.02)
+
+
+def test_the_regime_at_admission_goes_with_the_pending_request_and_its_answer(service, lane_redis, measured, tracker):
+    """``interactive_admit`` records whether bulk chunks computed at admission in the pending entry
+    and the decision; the answer carries it (``bulk_at_admission``). A request admitted beside a
+    chunk that parked at once and answered in the quiet lane is no lone overhead of either regime."""
+    client, _ = lane_redis
+    admission.interactive_report(measured, worker="w")
+    activity = bulk_yield.BulkActivity()
+    activity.start()
+    with celery_publishing_to(service.REDIS_URL):
+        decision = admission.interactive_admit(deadline_s=5.0)
+    activity.stop()
+    assert decision.admitted and decision.admitted_beside_bulk is True and decision.ahead_images == 0
+    (raw,) = client.hvals(admission.PENDING_KEY)
+    assert json.loads(raw)["bulk_at_admission"] is True
+    admission.interactive_answered(decision, images=1, status=200, answered_at=time.time() + 5.0)
+    (record,) = admission.answer_records()
+    assert record["bulk_at_admission"] is True and record["bulk_s"] < 0.25 * 5.0
+    assert wait_model.fit_regime(record) is None
+    assert client.llen(admission.LONE_KEY) == client.llen(admission.LONE_BULK_KEY) == 0
+    assert client.hlen(admission.PENDING_KEY) == 0
+    with celery_publishing_to(service.REDIS_URL):
+        quiet = admission.interactive_admit(deadline_s=5.0)
+    assert quiet.admitted_beside_bulk is False
+    (raw,) = client.hvals(admission.PENDING_KEY)
+    assert json.loads(raw)["bulk_at_admission"] is False
+
+
 def test_a_bulk_chunks_computing_labels_the_answers_and_picks_the_fit(lane_redis, measured, tracker):
     """While a chunk computes (``BulkActivity``), the web's load says ``beside_bulk`` and uses the
     lone overheads measured beside bulk work; an answer is recorded with the seconds of its wait
