@@ -25,7 +25,8 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    (``wait_model.admission_edge_s``: under overload the next request admitted is admitted there),
    or the time the backlog needs to drain to it where that is longer, and at least the wait of a
    request of its size in an empty lane (``extra.wait_ahead_from``: ``edge``, ``drain`` or
-   ``alone``). Then learnt (:mod:`embeddings.services.wait_ahead`,
+   ``alone``); beside bulk chunks that yield to this lane, what the quiet lane they park for
+   predicts (``parks``: the backlog of the moment, ``wait_model.parked_wait_ahead``). Then learnt (:mod:`embeddings.services.wait_ahead`,
    ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
    go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
    label it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
@@ -228,12 +229,13 @@ def interactive_load(client=None) -> LaneLoad:
     running, dead_passes = running_passes(passes, now=now, stale_s=stale)
     if dead_passes:  # a worker that died mid-pass
         client.hdel(PASSES_KEY, *dead_passes)
-    computing, dead_chunks = parse_bulk_activity(bulk, now=now, stale_s=_bulk_stale_after_s())
+    computing, dead_chunks, yielding = parse_bulk_activity(bulk, now=now, stale_s=_bulk_stale_after_s())
     if dead_chunks:  # a bulk process killed while computing
         client.hdel(BULK_ACTIVITY_KEY, *dead_chunks)
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
                      answers=answers, now=now, pending=[v for k, v in pending.items() if k not in gone],
-                     passes=running, lone=lone_bulk if computing else lone, beside_bulk_now=bool(computing))
+                     passes=running, lone=lone_bulk if computing else lone, beside_bulk_now=bool(computing),
+                     bulk_yields=yielding, lone_quiet=lone)
 
 
 def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
@@ -261,7 +263,9 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         decision = _refused(decision, load, deadline_s=deadline_s)
         about = {"edge": "a request admitted next waits about",
                  "drain": "the work ahead drains to what this deadline admits in about",
-                 "alone": "a request of its size waits about, even in an empty lane,"}[decision.wait_ahead_from]
+                 "alone": "a request of its size waits about, even in an empty lane,",
+                 "parks": "bulk work yields to this lane within a pass; a request admitted then waits about",
+                 }[decision.wait_ahead_from]
         if decision.wait_ahead_samples:
             about = f"learnt from {decision.wait_ahead_samples} earlier refusals, a request admitted now waits about"
         first = decision.wait_ahead_s if decision.first_wait_ahead_s is None else decision.first_wait_ahead_s
@@ -367,7 +371,7 @@ def _bulk_overlap(client, *, start: float, end: float) -> float:
         with contextlib.suppress(ValueError):
             lo, hi = map(float, raw.split())
             runs.append((lo, hi))
-    computing, _ = parse_bulk_activity(marks, now=time.time(), stale_s=_bulk_stale_after_s())
+    computing, _, _ = parse_bulk_activity(marks, now=time.time(), stale_s=_bulk_stale_after_s())
     return bulk_overlap_s(runs, computing, start=start, end=end)
 
 

@@ -90,7 +90,10 @@ def bulk_turn() -> Iterator[Turn]:
 class BulkActivity:
     """When one bulk chunk computes, as the interactive lane's wait model sees it.
 
-    :meth:`start` marks the chunk computing in :data:`admission.BULK_ACTIVITY_KEY`; :meth:`stop`
+    :meth:`start` marks the chunk computing in :data:`admission.BULK_ACTIVITY_KEY` (``"since"``, Unix s,
+    and `` y`` when it ``yields``: its passes wait while the interactive lane refuses,
+    :func:`ingest_yielder` or :func:`migration_yield`, so a refusal parks it within a pass and the
+    web says what the quiet lane will then wait, ``wait_model.parked_wait_ahead``); :meth:`stop`
     (the chunk parks for the interactive lane, or ends) removes the mark and appends the interval to
     :data:`admission.BULK_RUNS_KEY`. The web fits the interactive wait apart for requests that
     waited beside bulk work and those that did not (``wait_model.lane_load``), and picks the fit by
@@ -99,9 +102,10 @@ class BulkActivity:
     logged: the chunk computes on).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, yields: bool = False) -> None:
         self.field = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
         self.since: float | None = None
+        self.yields = yields
 
     def start(self) -> None:
         """The chunk computes from now (no-op while it already does)."""
@@ -109,7 +113,7 @@ class BulkActivity:
             return
         self.since = time.time()
         try:
-            redis_client().hset(BULK_ACTIVITY_KEY, self.field, f"{self.since:.4f}")
+            redis_client().hset(BULK_ACTIVITY_KEY, self.field, f"{self.since:.4f}{' y' if self.yields else ''}")
         except Exception as e:  # noqa: BLE001 - bookkeeping: never what stops a chunk
             log.warning("bulk activity not recorded (Redis: %s)", e)
 
@@ -129,10 +133,11 @@ class BulkActivity:
 
 
 @contextlib.contextmanager
-def bulk_computing() -> Iterator[BulkActivity]:
+def bulk_computing(*, yields: bool = False) -> Iterator[BulkActivity]:
     """A chunk's :class:`BulkActivity`, computing from the start of the block to its end, except
-    while its yields wait (pass it to :func:`ingest_yielder` or :func:`migration_yield`)."""
-    activity = BulkActivity()
+    while its yields wait (pass it to :func:`ingest_yielder` or :func:`migration_yield`, and
+    ``yields`` true)."""
+    activity = BulkActivity(yields=yields)
     activity.start()
     try:
         yield activity

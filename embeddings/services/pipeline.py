@@ -155,14 +155,17 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     migration = job.kind == JobKind.MIGRATION
     if migration:  # background priority: one chunk computing per host
         slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
-    # the interactive lane's wait model is told while the chunk computes (bulk_yield.BulkActivity)
-    with slot, bulk_yield.bulk_computing() as activity:
+    # waits while the interactive lane is at capacity: a migration, or a background job on time
+    ingest_yields = (not migration and job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
+                     and not job_services.job_deadline_at_risk(job))
+    # the interactive lane's wait model is told while the chunk computes, and whether it yields
+    # (bulk_yield.BulkActivity)
+    with slot, bulk_yield.bulk_computing(yields=migration or ingest_yields) as activity:
         passes = {}
         if migration:
             passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None,
                       "before_pass": functools.partial(bulk_yield.migration_yield, activity=activity)}
-        elif (job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
-              and not job_services.job_deadline_at_risk(job)):  # waits while the interactive lane is at capacity
+        elif ingest_yields:
             passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
                       "before_pass": bulk_yield.ingest_yielder(activity=activity)}
         chunk_started = time.time()

@@ -212,18 +212,22 @@ def beside_bulk(record: dict) -> bool:
     return bulk > 0 and bulk >= BESIDE_BULK_SHARE * (record["answered"] - record["admitted"])
 
 
-def parse_bulk_activity(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[list[float], list[str]]:
-    """Parse :data:`admission.BULK_ACTIVITY_KEY` (``{process: "since"}``). Pure.
+def parse_bulk_activity(raw: dict[str, str], *, now: float,
+                        stale_s: float) -> tuple[list[float], list[str], bool]:
+    """Parse :data:`admission.BULK_ACTIVITY_KEY` (``{process: "since"}`` or ``"since y"``). Pure.
 
     Returns:
-        ``(since, stale)``: when each chunk computing now started (Unix s), for the entries younger
-        than ``stale_s`` s, and the fields older than that or unreadable (a process killed while
-        computing), to delete.
+        ``(since, stale, yielding)``: when each chunk computing now started (Unix s), for the
+        entries younger than ``stale_s`` s; the fields older than that or unreadable (a process
+        killed while computing), to delete; and whether every chunk computing now yields to the
+        interactive lane while it refuses (its mark ends in ``y``: ``bulk_yield.BulkActivity``'s
+        ``yields``, a background ingest or migration chunk), ``False`` with none computing.
     """
-    since, stale = [], []
+    since, stale, yielding = [], [], True
     for field, value in raw.items():
         try:
-            t = float(value)
+            t, *flags = value.split()
+            t = float(t)
         except ValueError:
             stale.append(field)
             continue
@@ -231,7 +235,8 @@ def parse_bulk_activity(raw: dict[str, str], *, now: float, stale_s: float) -> t
             stale.append(field)
         else:
             since.append(t)
-    return since, stale
+            yielding = yielding and flags == ["y"]
+    return since, stale, bool(since) and yielding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -494,6 +499,11 @@ class LaneLoad:
         beside_bulk: a bulk chunk is computing on the machine now; ``fit`` (and
             ``lone_overhead_s``) were learnt from the answers that waited beside bulk work
             (:func:`beside_bulk`), else from those that did not.
+        quiet: where ``beside_bulk`` and every chunk computing yields to this lane while it
+            refuses (:func:`parse_bulk_activity`), the same lane as the quiet regime's fit
+            predicts it (its fit and lone overhead, ``beside_bulk`` false): a refusal parks those
+            chunks within a micro-batch, and the requests admitted next wait in that regime
+            (:func:`decide`); ``None`` otherwise.
     """
 
     queued_messages: int
@@ -508,6 +518,7 @@ class LaneLoad:
     lone_overhead_s: float | None = None
     arrivals_ips: float = 0.0
     beside_bulk: bool = False
+    quiet: LaneLoad | None = None
 
     @property
     def backlog_images(self) -> float:
@@ -565,7 +576,8 @@ class Decision:
     admission edge (:func:`admission_edge_s`, the longest predicted wait admitted now), or how long
     the backlog needs to drain to it where that is longer, at least the wait of a request of its
     size in an empty lane (:func:`decide`; ``wait_ahead_from``: ``"edge"``, ``"drain"`` or
-    ``"alone"``); and
+    ``"alone"``; beside bulk chunks that yield, the same in the quiet regime they park for, or
+    ``"parks"``: the wait the backlog of the moment has there, :func:`parked_wait_ahead`); and
     ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
     to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): a client that
     waits it does not come back before a request admitted at this moment is answered. ``work_s``,
@@ -662,6 +674,27 @@ def first_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s:
     return max((edge, "edge"), (wait_s - edge, "drain"), (alone_s, "alone"), key=lambda x: x[0])
 
 
+def parked_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s: float, min_share: float,
+                      max_s: float = math.inf) -> tuple[float, str]:
+    """A refusal's first ``wait_ahead_s`` (s) beside bulk chunks that yield to the lane, and where it
+    came from: ``fit`` is the quiet regime's, ``wait_s`` and ``alone_s`` (s) a request's predicted
+    wait now and in an empty lane under it (:func:`decide`). The refusal parks the chunks within a
+    micro-batch, and admission reopens then with the backlog of that moment: a request admitted
+    then waits about ``wait_s`` (``"parks"``), or the quiet admission edge (``"edge"``) where the
+    backlog is deeper than that, which it needs ``wait_s`` − edge to drain to where longer
+    (``"drain"``); at least ``alone_s`` (``"alone"``). Pure.
+
+    Why: on the Intel Xeon of 2026-12-04 (load benchmark, 5 s + bulk, three runs) every miss of
+    ±30 % left after :func:`fit_regime` was a refusal beside bulk passes in the phase's first 3 s:
+    they said this regime's edge (5 − the margin's 2 s cap = 3.0 s) and the requests admitted
+    next, in the quiet lane a few hundred ms later, waited 1.8-2.1 s; the quiet fit predicted the
+    backlog of those moments at 1.9-2.2 s (docs/benchmarks-load.md, "The switch out of the bulk
+    regime")."""
+    edge = admission_edge_s(fit, deadline_s, min_share=min_share, max_s=max_s)
+    return max((min(wait_s, edge), "edge" if edge < wait_s else "parks"), (wait_s - edge, "drain"),
+               (alone_s, "alone"), key=lambda x: x[0])
+
+
 def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
     """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
     ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); a lane
@@ -678,7 +711,9 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     predicted wait of a request of its size in an empty lane (a lone pass nearly done leaves little
     work ahead, but the next request admitted still waits its own pass: replayed on a
     load-benchmark run at deadline 1 s, the floor put 78 % of the 429s within ±30 % of the wait
-    admitted requests had, against 56 %); and
+    admitted requests had, against 56 %). Beside bulk chunks that all yield to the lane
+    (``load.quiet``), what the quiet regime predicts for the moment they park instead
+    (:func:`parked_wait_ahead`). And
     ``retry_after_s`` = :func:`retry_after` of it plus its margin (``retry_margin_s``): the header
     promises "not before", and ``wait_ahead_s`` alone rounded up was early where the wait sat just
     above a whole second (79-94 % not early at a 5 s deadline). Not
@@ -704,6 +739,13 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
     ahead, source = first_wait_ahead(load.fit, deadline_s=deadline_s, wait_s=wait, alone_s=alone,
                                      min_share=share, max_s=cap)
+    if load.quiet is not None and load.quiet.fit.samples:
+        # beside bulk chunks that yield: this refusal parks them within a micro-batch, and admission
+        # reopens in the quiet regime with the backlog of that moment, not at this regime's edge
+        quiet = load.quiet
+        quiet_alone = dataclasses.replace(quiet, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
+        ahead, source = parked_wait_ahead(quiet.fit, deadline_s=deadline_s, wait_s=quiet.predicted_wait_s(images),
+                                          alone_s=quiet_alone, min_share=share, max_s=cap)
     # the header promises "not before": that wait's upper bound, as admission bounds a wait
     late = margin_s(load.fit, ahead, min_share=share, max_s=cap)
     return Decision(False, wait, retry_after(ahead + late), work_s=work, wait_ahead_s=ahead,
@@ -738,7 +780,7 @@ def running_passes(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[
 def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
               answers: Sequence[str], now: float, pending: Sequence[str] = (),
               passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = (),
-              beside_bulk_now: bool = False) -> LaneLoad:
+              beside_bulk_now: bool = False, bulk_yields: bool = False, lone_quiet: Sequence[str] = ()) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values) and the
     running ``passes`` (:func:`running_passes`). Pure.
 
@@ -748,7 +790,10 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     ``lone`` must be the same regime's list (:data:`admission.LONE_BULK_KEY` or
     :data:`admission.LONE_KEY`). A regime with no answer in the fit's window starts from the prior
     (the workers' own figures, scale 1). ``pending`` requests count in the regime they were
-    admitted in (``bulk_at_admission``); their arrivals count in either.
+    admitted in (``bulk_at_admission``); their arrivals count in either. Beside bulk chunks that
+    all yield to this lane (``bulk_yields``, :func:`parse_bulk_activity`), the load also carries
+    the quiet regime's (``LaneLoad.quiet``, its lone overheads ``lone_quiet``:
+    :data:`admission.LONE_KEY`), for what a refusal says (:func:`decide`).
 
     ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
@@ -767,18 +812,26 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     capacity = sum(w["capacity_ips"] for w in live) or None
     per_request = (sum(w["capacity_ips"] * w.get("images_per_request", 1.0) for w in live) / capacity
                    if capacity else 1.0)
-    prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
     answered, waiting = [json.loads(a) for a in answers], [json.loads(p) for p in pending]
-    fit = fit_wait([a for a in answered if fit_regime(a) is beside_bulk_now], now=now,
-                   pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is beside_bulk_now],
-                   overhead_prior_s=prior)
+
+    def regime(bulk: bool, lone: Sequence[str]) -> tuple[WaitFit, float | None]:
+        prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
+        return fit_wait([a for a in answered if fit_regime(a) is bulk], now=now, overhead_prior_s=prior,
+                        pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is bulk]), prior
+
+    fit, prior = regime(beside_bulk_now, lone)
     recent = tuple(r["predicted_s"] for r in answered + waiting
                    if r.get("predicted_s") is not None and now - RECENT_ADMISSIONS_S <= r["admitted"] <= now)
     arrivals = len(recent) * per_request / RECENT_ADMISSIONS_S
     curves = tuple(({int(k): float(v) for k, v in w["batch_ms"].items()}, int(w["max_batch"]))
                    for w in live if w.get("batch_ms") and w.get("max_batch"))
-    return LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
+    load = LaneLoad(queued_messages=queued_messages, inflight_images=inflight_images, capacity_ips=capacity,
                     images_per_request=per_request, fit=fit, workers=len(live), curves=curves,
                     passes=passes, recent_admitted_s=recent, lone_overhead_s=prior, arrivals_ips=arrivals,
                     beside_bulk=beside_bulk_now)
+    if beside_bulk_now and bulk_yields:
+        quiet_fit, quiet_prior = regime(False, lone_quiet)
+        load = dataclasses.replace(load, quiet=dataclasses.replace(load, fit=quiet_fit, lone_overhead_s=quiet_prior,
+                                                                   beside_bulk=False))
+    return load
 

@@ -751,7 +751,12 @@ def test_the_wait_is_fitted_apart_beside_bulk_work():
     assert wait_model.lane_load(queued_messages=3, inflight_images=0, workers={"w": entry}, answers=raw[::2],
                                 now=now, beside_bulk_now=True).fit == wait_model.WaitFit()
     assert wait_model.parse_bulk_activity({"a": f"{now - 1}", "b": f"{now - 200}", "c": "?"}, now=now, stale_s=120) == (
-        [now - 1], ["b", "c"])
+        [now - 1], ["b", "c"], False)
+    # every live chunk yields to the lane (" y"): a refusal parks them (bulk_yield.BulkActivity)
+    assert wait_model.parse_bulk_activity({"a": f"{now - 1} y", "b": f"{now - 200}", "c": f"{now - 2} y"}, now=now,
+                                          stale_s=120) == ([now - 1, now - 2], ["b"], True)
+    assert wait_model.parse_bulk_activity({"a": f"{now - 1} y", "c": f"{now - 2}"}, now=now, stale_s=120)[2] is False
+    assert wait_model.parse_bulk_activity({}, now=now, stale_s=120) == ([], [], False)
 
 
 def test_a_request_admitted_beside_bulk_passes_that_parked_teaches_neither_fit():
@@ -851,6 +856,7 @@ def test_a_bulk_chunks_computing_labels_the_answers_and_picks_the_fit(lane_redis
     assert client.lrange(admission.LONE_KEY, 0, -1) == [] and client.llen(admission.LONE_BULK_KEY) == 1
     client.rpush(admission.LONE_KEY, "0.05")
     assert admission.interactive_load().lone_overhead_s == pytest.approx(0.8)  # beside bulk: its own list
+    assert admission.interactive_load().quiet is None  # a chunk that does not yield: no anticipation
     activity.stop()
     activity.stop()  # not computing: nothing more recorded
     assert not client.hexists(admission.BULK_ACTIVITY_KEY, activity.field)
@@ -866,6 +872,14 @@ def test_a_bulk_chunks_computing_labels_the_answers_and_picks_the_fit(lane_redis
     # a dead process's mark (older than the stale bound) is not computing, and is removed
     client.hset(admission.BULK_ACTIVITY_KEY, "dead", f"{time.time() - admission._bulk_stale_after_s() - 5:.4f}")
     assert admission.interactive_load().beside_bulk is False and not client.hexists(admission.BULK_ACTIVITY_KEY, "dead")
+    # a chunk that yields to the lane (a background ingest's) marks it: the load carries the quiet regime's
+    yielding = bulk_yield.BulkActivity(yields=True)
+    yielding.start()
+    assert client.hget(admission.BULK_ACTIVITY_KEY, yielding.field).endswith(" y")
+    load = admission.interactive_load()
+    assert load.beside_bulk is True and load.quiet is not None and load.quiet.beside_bulk is False
+    assert load.quiet.lone_overhead_s == pytest.approx(0.05)  # the quiet lane's lone list
+    yielding.stop()
 
 
 def test_lone_answers_measure_the_overhead_the_fit_is_pulled_to(lane_redis, measured, tracker):
@@ -950,6 +964,54 @@ def test_a_refusal_says_the_wait_at_the_admission_edge():
     load = wait_model.lane_load(queued_messages=0, inflight_images=0, workers={"w": entry}, answers=answered,
                                 pending=pending, now=now)
     assert load.recent_admitted_s == (0.8, 0.9, 0.7)  # 3 s ago is out; an unpredicted admission is left out
+
+
+def test_a_refusal_beside_bulk_work_that_yields_says_what_the_quiet_lane_will_wait():
+    """Beside bulk chunks that yield to the lane (``LaneLoad.quiet``), a refusal parks them within
+    a micro-batch and admission reopens in the quiet regime with the backlog of that moment: the
+    429 says what the quiet fit predicts for it (``parks``), not the bulk regime's edge. A 5 s lane,
+    16 images in flight: beside bulk work (overhead 0.3 s, scale 1.9, margin at its 2 s cap) the
+    request is predicted 0.3 + 1.9 × 2.0 = 4.1 s and refused, and the edge is 3.0 s; the quiet fit
+    (0.3 s, 0.85, margin 0.3 s) predicts 0.3 + 0.85 × 2.0 = 2.0 s, under its edge (5 / 1.2). Behind
+    a deeper backlog the quiet edge, and the drain to it where longer; with chunks that do not yield
+    (an urgent job's), or no quiet answer yet, the bulk regime's edge as before."""
+    bulk = wait_model.WaitFit(overhead_s=0.3, scale=1.9, margin_s=2.5, samples=30)
+    quiet_fit = wait_model.WaitFit(overhead_s=0.3, scale=0.85, margin_s=0.3, samples=200)
+    lane = wait_model.LaneLoad(queued_messages=0, inflight_images=15, capacity_ips=8.0, workers=1, fit=bulk,
+                               beside_bulk=True)
+    assert lane.work_s() == pytest.approx(2.0)
+    plain = wait_model.decide(lane, deadline_s=5.0)
+    assert not plain.admitted and plain.predicted_wait_s == pytest.approx(4.1)
+    assert (plain.wait_ahead_s, plain.wait_ahead_from) == (pytest.approx(3.0), "edge")
+    parked = dataclasses.replace(lane, quiet=dataclasses.replace(lane, fit=quiet_fit, beside_bulk=False))
+    d = wait_model.decide(parked, deadline_s=5.0)
+    assert not d.admitted and d.predicted_wait_s == plain.predicted_wait_s and d.margin_s == plain.margin_s
+    assert (d.wait_ahead_s, d.wait_ahead_from) == (pytest.approx(2.0), "parks")
+    assert d.retry_after_s == 4  # ⌈2.0 + the bulk regime's margin on it (its 0.4 × 5 s cap)⌉: never early
+    deep = dataclasses.replace(parked, inflight_images=39, quiet=dataclasses.replace(parked.quiet, inflight_images=39))
+    d = wait_model.decide(deep, deadline_s=5.0)  # quiet: 0.3 + 0.85 × 5 = 4.55 s, past its edge 4.17 s
+    assert (d.wait_ahead_s, d.wait_ahead_from) == (pytest.approx(5 / 1.2), "edge")
+    deeper = dataclasses.replace(deep, inflight_images=95, quiet=dataclasses.replace(deep.quiet, inflight_images=95))
+    d = wait_model.decide(deeper, deadline_s=5.0)  # quiet: 0.3 + 0.85 × 12 = 10.5 s: 6.33 s to drain to the edge
+    assert (d.wait_ahead_s, d.wait_ahead_from) == (pytest.approx(10.5 - 5 / 1.2), "drain")
+    unknown = dataclasses.replace(parked, quiet=dataclasses.replace(parked.quiet, fit=wait_model.WaitFit()))
+    assert wait_model.decide(unknown, deadline_s=5.0) == plain
+    # lane_load builds the quiet regime's load only beside chunks that all yield
+    now = 1000.0
+    entry = json.dumps({"capacity_ips": 8.0, "images_per_request": 1.0, "updated": now - 1})
+    answers = [json.dumps({"admitted": now - 10 + i * 0.2, "answered": now - 9 + i * 0.2, "work_s": 0.8,
+                           "predicted_s": 1.0, "status": 200, "images": 1, "ahead": 4, "bulk_at_admission": False})
+               for i in range(20)]
+    args = dict(queued_messages=0, inflight_images=15, workers={"w": entry}, answers=answers, now=now,
+                lone=["0.6"], lone_quiet=["0.1"])
+    assert wait_model.lane_load(**args, beside_bulk_now=True).quiet is None
+    assert wait_model.lane_load(**args, bulk_yields=True).quiet is None  # nothing computes: one regime
+    load = wait_model.lane_load(**args, beside_bulk_now=True, bulk_yields=True)
+    assert load.fit == wait_model.WaitFit() and load.lone_overhead_s == pytest.approx(0.6)  # no bulk answer yet
+    assert load.quiet.beside_bulk is False and load.quiet.quiet is None
+    assert load.quiet.fit == wait_model.lane_load(**{**args, "lone": ["0.1"]}).fit and load.quiet.fit.samples == 20
+    assert load.quiet.lone_overhead_s == pytest.approx(0.1)
+    assert (load.quiet.inflight_images, load.quiet.capacity_ips) == (15, 8.0)
 
 
 def test_an_empty_lane_is_predicted_from_what_lone_requests_waited():
