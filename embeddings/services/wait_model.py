@@ -684,12 +684,14 @@ def parked_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s
     backlog is deeper than that, which it needs ``wait_s`` − edge to drain to where longer
     (``"drain"``); at least ``alone_s`` (``"alone"``). Pure.
 
-    Why: on the Intel Xeon of 2026-12-04 (load benchmark, 5 s + bulk, three runs) every miss of
-    ±30 % left after :func:`fit_regime` was a refusal beside bulk passes in the phase's first 3 s:
-    they said this regime's edge (5 − the margin's 2 s cap = 3.0 s) and the requests admitted
-    next, in the quiet lane a few hundred ms later, waited 1.8-2.1 s; the quiet fit predicted the
-    backlog of those moments at 1.9-2.2 s (docs/benchmarks-load.md, "The switch out of the bulk
-    regime")."""
+    Why: on the Intel Xeon of 2026-12-04 (load benchmark, 5 s + bulk) 19, 21 and 14 refusals beside
+    bulk passes in the first 3 s of three runs' phases missed ±30 % (all of the third's misses,
+    with :func:`fit_regime`): they said the bulk regime's edge (5 − the margin's 2 s cap = 3.0 s)
+    and the requests admitted next, in the quiet lane a few hundred ms later, waited 1.8-2.1 s; the
+    quiet fit predicted the backlog of those moments at 1.9-2.2 s. With this, two runs: 9 of 34
+    and 3 of 8 ``parks`` refusals missed, the first of their phase, judged against requests
+    admitted just before them beside bulk passes (docs/benchmarks-load.md, "The switch out of
+    the bulk regime")."""
     edge = admission_edge_s(fit, deadline_s, min_share=min_share, max_s=max_s)
     return max((min(wait_s, edge), "edge" if edge < wait_s else "parks"), (wait_s - edge, "drain"),
                (alone_s, "alone"), key=lambda x: x[0])
