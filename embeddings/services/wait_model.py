@@ -745,7 +745,8 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
         # beside bulk chunks that yield: this refusal parks them within a micro-batch, and admission
         # reopens in the quiet regime with the backlog of that moment, not at this regime's edge
         quiet = load.quiet
-        quiet_alone = dataclasses.replace(quiet, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
+        empty = dataclasses.replace(quiet, queued_messages=0, inflight_images=0, passes=())
+        quiet_alone = empty.predicted_wait_s(images)
         ahead, source = parked_wait_ahead(quiet.fit, deadline_s=deadline_s, wait_s=quiet.predicted_wait_s(images),
                                           alone_s=quiet_alone, min_share=share, max_s=cap)
     # the header promises "not before": that wait's upper bound, as admission bounds a wait
