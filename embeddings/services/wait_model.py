@@ -548,6 +548,11 @@ class LaneLoad:
                               for (c, mb), share in zip(self.curves, shares))
         return left + total / self.capacity_ips
 
+    def empty_lane_wait_s(self, images: int = 1) -> float | None:
+        """:meth:`predicted_wait_s` of a request of ``images`` were nothing queued, in flight or
+        running: the floor of what a refusal says (:func:`decide`)."""
+        return dataclasses.replace(self, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
+
     def predicted_wait_s(self, images: int = 1) -> float | None:
         """Admitted→answered seconds predicted for a request of ``images`` arriving now; ``None`` when unknown.
 
@@ -738,17 +743,16 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     # the next request admitted is admitted at the edge; a backlog that needs longer than that to
     # drain to the edge keeps admission shut that long; never less than a request of its size waits
     # in an empty lane. The work ahead of it now (its own images left out) goes in the body.
-    alone = dataclasses.replace(load, queued_messages=0, inflight_images=0, passes=()).predicted_wait_s(images)
-    ahead, source = first_wait_ahead(load.fit, deadline_s=deadline_s, wait_s=wait, alone_s=alone,
-                                     min_share=share, max_s=cap)
+    alone = load.empty_lane_wait_s(images)
     if load.quiet is not None and load.quiet.fit.samples:
         # beside bulk chunks that yield: this refusal parks them within a micro-batch, and admission
         # reopens in the quiet regime with the backlog of that moment, not at this regime's edge
         quiet = load.quiet
-        empty = dataclasses.replace(quiet, queued_messages=0, inflight_images=0, passes=())
-        quiet_alone = empty.predicted_wait_s(images)
         ahead, source = parked_wait_ahead(quiet.fit, deadline_s=deadline_s, wait_s=quiet.predicted_wait_s(images),
-                                          alone_s=quiet_alone, min_share=share, max_s=cap)
+                                          alone_s=quiet.empty_lane_wait_s(images), min_share=share, max_s=cap)
+    else:
+        ahead, source = first_wait_ahead(load.fit, deadline_s=deadline_s, wait_s=wait, alone_s=alone,
+                                         min_share=share, max_s=cap)
     # the header promises "not before": that wait's upper bound, as admission bounds a wait
     late = margin_s(load.fit, ahead, min_share=share, max_s=cap)
     return Decision(False, wait, retry_after(ahead + late), work_s=work, wait_ahead_s=ahead,
@@ -817,8 +821,8 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
                    if capacity else 1.0)
     answered, waiting = [json.loads(a) for a in answers], [json.loads(p) for p in pending]
 
-    def regime(bulk: bool, lone: Sequence[str]) -> tuple[WaitFit, float | None]:
-        prior = max(0.0, statistics.fmean(float(x) for x in lone)) if lone else None
+    def regime(bulk: bool, lone_s: Sequence[str]) -> tuple[WaitFit, float | None]:
+        prior = max(0.0, statistics.fmean(float(x) for x in lone_s)) if lone_s else None
         return fit_wait([a for a in answered if fit_regime(a) is bulk], now=now, overhead_prior_s=prior,
                         pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is bulk]), prior
 
