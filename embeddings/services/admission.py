@@ -27,9 +27,10 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    request of its size in an empty lane (``extra.wait_ahead_from``: ``edge``, ``drain`` or
    ``alone``); beside bulk chunks that yield to this lane, what the quiet lane they park for
    predicts (``parks``: the backlog of the moment, ``wait_model.parked_wait_ahead``). Then learnt
-   (:mod:`embeddings.services.wait_ahead`, ``extra.wait_ahead_samples`` refusals; 0: the first estimate as is): every refusal's features
-   go to :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits
-   label it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
+   (:mod:`embeddings.services.wait_ahead`, ``extra.wait_ahead_samples`` refusals; 0: the first
+   estimate as is; within ×1.3 of it, ``wait_ahead.CLAMP``): every refusal's features go to
+   :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits label
+   it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
    plus its margin (its upper bound, as admission bounds a wait) rounded **up** to whole seconds
    (RFC 9110 delay-seconds, ≥ 1), so a client never retries too early.
 
