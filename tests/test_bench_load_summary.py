@@ -128,19 +128,23 @@ def test_a_phase_reports_the_cores_each_process_used_in_its_window_alone():
     assert phase_cpu(samples, 1030.0, 1040.0, ["worker-bulk"]) == {}  # one sample: no rate
 
 
-def test_the_replay_of_what_429s_say_learns_per_deadline_band(monkeypatch):
+@pytest.fixture
+def clamp_at_1_5(monkeypatch):
+    """``wait_ahead.CLAMP`` at 1.5: at the shipped 1.3 no fit can move a right first estimate out
+    of ±30 % (first / 1.3 is within it), so a fit learnt elsewhere could not be seen to miss."""
+    from embeddings.services import wait_ahead
+
+    monkeypatch.setattr(wait_ahead, "CLAMP", 1.5)
+
+
+def test_the_replay_of_what_429s_say_learns_per_deadline_band(clamp_at_1_5):
     """``benchmarks.load_replay.replay_wait_ahead`` on two phases: at 2 s the first estimate says
     0.45-0.55 s whatever the lane holds while the requests admitted around each 429 waited 0.15 s +
     0.1 s per image in flight; then at 5 s the first estimate is right (3 s). Learnt from every
     refusal, the 2 s phase's fit (the first estimate has little weight in it) carries into the 5 s
     one and misses there; per deadline band the 5 s phase's 429s say the first estimate until their
-    own band has labels, which say it too. With ``wait_ahead.CLAMP`` at 1.5: at 1.3 (shipped) no fit
-    can move a right first estimate out of ±30 % (first / 1.3 is within it), so no carried fit could
-    be seen to miss."""
+    own band has labels, which say it too (``clamp_at_1_5``)."""
     from benchmarks.load_replay import replay_wait_ahead
-    from embeddings.services import wait_ahead
-
-    monkeypatch.setattr(wait_ahead, "CLAMP", 1.5)
 
     def phase(deadline: float, start: float, n: int, *, first, wait) -> dict:
         answers, records = [], []
@@ -168,16 +172,13 @@ def test_the_replay_of_what_429s_say_learns_per_deadline_band(monkeypatch):
     assert every[1]["replayed"] < banded[1]["replayed"]  # the 2 s phase's fit, said at 5 s: some miss
 
 
-def test_the_replay_of_what_429s_say_starts_a_phase_from_what_the_web_learnt_before_it(monkeypatch):
+def test_the_replay_of_what_429s_say_starts_a_phase_from_what_the_web_learnt_before_it(clamp_at_1_5):
     """A phase's saved ``before`` (the web's refusals and answers of the minute before it: its
     capacity scan's) is learnt from and not judged: there the requests admitted around each refusal
     waited half the first estimate, in the phase they wait it. Without ``before`` every 429 of the
     phase says the first estimate and is right; with it the first ones say what the scan taught
-    (``wait_ahead.CLAMP`` at 1.5, as in the test above: at 1.3 first / 1.3 is within ±30 %)."""
+    (``clamp_at_1_5``)."""
     from benchmarks.load_replay import replay_wait_ahead
-    from embeddings.services import wait_ahead
-
-    monkeypatch.setattr(wait_ahead, "CLAMP", 1.5)
 
     features = {"inflight_images": 2.0, "running_pass_left_s": 0.1, "running_pass_images": 4.0,
                 "queued_messages": 1.0}

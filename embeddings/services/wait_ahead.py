@@ -79,22 +79,15 @@ MIN_LABELLED = 24
 #: labels (1 s, 2 s and 5 s each have their own; 2 s shares its band, 1.75-2.18 s, with 1.9 s).
 DEADLINE_RATIO = 1.25
 #: The learnt estimate stays within [first / CLAMP, first × CLAMP]: a guard against extrapolating
-#: to a state the labels never saw. 1.5, not 2 as until 2026-12-04: an overload's first refusals are
-#: said by a fit on the labels of whatever came before it, and on the AVX-512 EPYC of that day the
-#: load benchmark's 2 s phase (run y1) opened with a fit learnt in its closed-loop capacity scan,
-#: which said 0.76 s where the first estimate said 1.33 s and requests admitted waited 1.19-1.33 s:
-#: 13 of its first 23 429s missed ±30 %. Replayed (``benchmarks.load_replay --wait-ahead``), 1.5
-#: took that phase from 95.9 to 99.5 % and moved no other phase down; 1.3 cost the 1 s phase 1.3
-#: points (there the learnt estimate rightly stays 1.3-1.5× from the first). 1.3 since 2026-12-04
-#: 21:30 UTC: on the same EPYC, run z14pg's 1 s phase (PostgreSQL) opened with a fit learnt mostly
-#: from its capacity scan's refusals (first estimate 0.6 s, requests then waiting 0.3 s: the closed
-#: loop's clients backing off keep the lane shallow), which said first / 1.5 ≈ 0.47 s for 40 s while
-#: requests admitted waited 0.62-0.80 s and the first estimate said 0.60-0.77 s: 87.7 % within
-#: ±30 %. Replayed on that run and two more (z13 on SQLite, z15pg): 1.3 took that phase to 97.5 %
-#: and moved no other phase of the three by more than 1 point (1 s + bulk of z14pg 98.3 → 97.3 %);
-#: 1.35 gave 95.5 %, 1.25 cost z13's 1 s + bulk 0.8 points. At 1.3 no fit can move a first estimate
-#: that was right out of issue 15's ±30 % (first / 1.3 is 23 % under it); the fit can only mend
-#: wrong ones. Live after it: z16pg, z17, z18pg, every target met (docs/benchmarks-load.md).
+#: to a state the labels never saw, such as an overload's first refusals said by a fit learnt on
+#: whatever came before it (the load benchmark's closed-loop capacity scan, whose clients back off
+#: and keep the lane shallow). At 1.3 no fit can move a first estimate that was right out of issue
+#: 15's ±30 % (first / 1.3 is 23 % under it); the fit can only mend wrong ones. Seed measurements
+#: on a 2-core AVX-512 EPYC (``benchmarks.load_replay --wait-ahead``; history and plots in
+#: docs/benchmarks-load.md): at 1.5, run z14pg's 1 s phase said first / 1.5 for 40 s, 87.7 % within
+#: ±30 %; 1.3 took it to 97.5 % and moved no other phase of three runs by more than 1 point (1.35:
+#: 95.5 %; 1.25 cost a 1 s + bulk phase 0.8 points; 2, until 2026-12-04, cost run y1's 2 s phase
+#: 13 of its first 23 429s). Live at 1.3: z16pg-z19pg, every target met.
 CLAMP = 1.3
 
 
