@@ -48,7 +48,7 @@ def _free_components() -> None:
     import numpy as np
 
     from embeddings import runtime, tasks
-    from embeddings.services import admission
+    from embeddings.lane_control import admission
     from workers.runner import BatchResult, ImageMeta
     from workers.timing import StageTimings
 
@@ -111,7 +111,7 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from embeddings.services import jobs as job_services
+    from embeddings.services.catalogue import jobs as job_services
     from embeddings.services import pipeline
 
     _free_components()

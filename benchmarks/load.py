@@ -88,13 +88,13 @@ from scripts.soak import make_jpeg, zip_of
 from scripts.stack import Stack
 
 PROCESSES = ("web", "worker-interactive", "worker-bulk", "worker-vectors")
-#: ``embeddings.services.admission.ANSWERS_KEY`` (the driver imports no Django).
+#: ``embeddings.lane_control.admission.ANSWERS_KEY`` (the driver imports no Django).
 ANSWERS_KEY = "lanes:interactive:answers"
-#: ``embeddings.services.admission.BATCHES_KEY``: the dynamic batcher's batch records.
+#: ``embeddings.lane_control.admission.BATCHES_KEY``: the dynamic batcher's batch records.
 BATCHES_KEY = "lanes:interactive:batches"
-#: ``embeddings.services.admission.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
+#: ``embeddings.lane_control.admission.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
 REFUSALS_KEY = "lanes:interactive:refusals"
-#: ``embeddings.services.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
+#: ``queueing.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
 WAIT_AHEAD_WINDOW_S = 60.0
 #: Share of 429s whose ``Retry-After`` must fall within ±30 % of the actual wait (see module docstring).
 RETRY_AFTER_TOLERANCE = 0.30
@@ -639,7 +639,7 @@ def info(phase: dict) -> dict[str, str]:
     """Figures reported beside the verdict but not judged: the integer header's ±30 % share (whole
     seconds cannot be within ±30 % of waits between 1.43 and 1.54 s, nor of any wait under 0.77 s),
     the same share for the 429s' first estimate (``extra.first_wait_ahead_s``, before
-    ``embeddings.services.wait_ahead`` learnt from earlier refusals), the lane's own drift (how
+    ``queueing.wait_ahead`` learnt from earlier refusals), the lane's own drift (how
     often the actual wait of the requests admitted 1 s before a 429 was within ±30 % of that of
     those admitted around it: what an estimate that is one second late could reach at best),
     the share of admitted requests answering 200 within the deadline as the client measured it (a
@@ -727,7 +727,7 @@ def records_before(redis_url: str, now: float, *, window_s: float = WAIT_AHEAD_W
                             if r["admitted"] < now]}
 
 
-#: Redis keys of the calibration prompts' text vectors (``embeddings.services.cutoff.PROMPT_VECTORS_KEY``):
+#: Redis keys of the calibration prompts' text vectors (``embeddings.services.lifecycle.cutoff.PROMPT_VECTORS_KEY``):
 #: present once a space's first calibration has run its text tower.
 PROMPT_VECTORS_PATTERN = "cutoff:prompt-vectors:*"
 #: The stack's ``CUTOFF_MIN_POINTS``: the warm-up's uploads cross it, so the first calibration runs then.

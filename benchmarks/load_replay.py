@@ -4,7 +4,7 @@
     python -m benchmarks.load_replay var/bench-load.json --wait-ahead [--first-edge]
 
 For every admitted request of every phase (the web's own records, ``admission.ANSWERS_KEY``, saved
-by ``benchmarks.load``), the model is fitted (:func:`embeddings.services.wait_model.fit_wait`) on the
+by ``benchmarks.load``), the model is fitted (:func:`queueing.wait_model.fit_wait`) on the
 answers that had arrived before it was admitted, with the fit's half-lives set to ``ANSWERS:SECONDS``
 (its ``half_life_answers`` and ``half_life_s``; ``FIT_HALF_LIFE_ANSWERS``, ``FIT_HALF_LIFE_S`` by
 default), and its predicted wait for the request's ``work_s`` is compared with the wait it really had. Printed per phase and half-lives: the error
@@ -19,7 +19,7 @@ which half-lives would have predicted that trajectory better; ``make bench-load`
 says whether the lane then behaves better.
 
 ``--wait-ahead`` replays instead what each 429 of the run would have said
-(:mod:`embeddings.services.wait_ahead`), on one timeline through all phases as the web saw them:
+(:mod:`queueing.wait_ahead`), on one timeline through all phases as the web saw them:
 each 429 is a refusal at its send time with the lane state its body reported (the first estimate,
 images in flight, the running pass, queued messages) and its phase's deadline, labelled from the
 web's answer records known by then, refitted at most once a second as the web does
@@ -30,7 +30,7 @@ deadline band alone, and what the run's 429s said. Each phase starts from the we
 and answer records of the minute before it (mostly its capacity scan's; the result's ``before``,
 saved since 2026-12-04), as the web's fit did; a result made before has none, and its phases start
 from the phases before alone. With ``--first-edge`` the first estimate
-of each 429 is replaced by the admission edge (:func:`embeddings.services.wait_model.admission_edge_s`,
+of each 429 is replaced by the admission edge (:func:`queueing.wait_model.admission_edge_s`,
 from the 429's ``learnt_margin_s`` and its phase's deadline), or the drain to it
 (``predicted_wait_s`` − edge) where longer: what runs made before 2026-12-03 09:30 UTC would have
 said with it (a lone request's wait, the floor, is not in a 429's body and is left out).
@@ -56,7 +56,7 @@ def replay(records: list[dict], *, half_life_answers: float, half_life_s: float,
     """Predict each record of ``records`` (the web's answer records of one phase) from the answers
     before its admission, with these fit half-lives. Returns the figures described in the module
     docstring (``None`` where fewer than 5 records could be predicted)."""
-    from embeddings.services import wait_model
+    from queueing import wait_model
 
     recs = sorted((r for r in records if r.get("work_s") is not None), key=lambda r: r["admitted"])
     answered = sorted(recs, key=lambda r: r["answered"])
@@ -85,7 +85,7 @@ def edge_first(model: dict, *, deadline_s: float, predicted_wait_s: float | None
     left out): the admission edge, or the drain to it (``predicted_wait_s`` − edge) where longer."""
     from django.conf import settings
 
-    from embeddings.services import wait_model
+    from queueing import wait_model
 
     ahead, _ = wait_model.first_wait_ahead(wait_model.WaitFit(margin_s=float(model.get("learnt_margin_s") or 0.0)),
                                            deadline_s=deadline_s, wait_s=predicted_wait_s or 0.0, alone_s=0.0,
@@ -103,8 +103,8 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool
     wait for the first estimate, the replayed estimate and what the run's 429s said. ``first_edge``:
     the first estimate is :func:`edge_first` instead of the one the 429 reported."""
     from benchmarks.load import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
-    from embeddings.services import wait_ahead
-    from embeddings.services.admission import WAIT_AHEAD_REFIT_S
+    from queueing import wait_ahead
+    from embeddings.lane_control.admission import WAIT_AHEAD_REFIT_S
 
     refusals, answers, judged = [], [], []
     seen_t = seen_admitted = -math.inf  # the newest refusal and admission the phases before gave

@@ -17,7 +17,7 @@ the workers may load it) and measures, in this order:
    ``--model`` (seeded random weights) on the bulk lane at background priority, until its job is done
    (new uploads are embedded in both spaces meanwhile);
 4. the quality gate the finished migration starts (re-encoded copies must find their original
-   first: ``embeddings/services/gate.py``), then ``promote``; promote→visible is the time from the
+   first: ``embeddings/services/lifecycle/gate.py``), then ``promote``; promote→visible is the time from the
    promote request until a search answers from the new space (its ``model_id``), searches sent
    back to back.
 

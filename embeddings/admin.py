@@ -9,8 +9,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
-from embeddings.services import jobs as job_services
-from embeddings.services.images import image_delete, images_delete, images_retry
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.catalogue.images import image_delete, images_delete
+from embeddings.services.catalogue.jobs import images_retry
 
 
 class ImageInline(admin.TabularInline):
@@ -103,7 +104,7 @@ class ImageAdmin(admin.ModelAdmin):
     def thumbnail_view(self, request, image_id):
         """The WebP thumbnail the decoding worker drew (``embeddings.site.thumbnails``), with its
         cache headers; 404 when the image has none. The web process never decodes an original."""
-        from embeddings.services.errors import ApplicationError
+        from embeddings.errors import ApplicationError
         from embeddings.site.thumbnails import thumbnail_response
 
         im = Image.objects.filter(id=image_id).first()
@@ -147,7 +148,7 @@ class EmbeddingSpaceAdmin(admin.ModelAdmin):
     actions = ("promote", "promote_forced", "rollback", "drop")
 
     def _each(self, request, queryset, act) -> None:
-        from embeddings.services.errors import ApplicationError
+        from embeddings.errors import ApplicationError
 
         for space in queryset:
             try:
@@ -158,19 +159,19 @@ class EmbeddingSpaceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Promote (the quality gate must pass)")
     def promote(self, request, queryset):
-        from embeddings.services import migrations
+        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, lambda s: migrations.promote(s, by=request.user.get_username()))
 
     @admin.action(description="Promote past the quality gate (force; recorded)")
     def promote_forced(self, request, queryset):
-        from embeddings.services import migrations
+        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, lambda s: migrations.promote(s, force=True, by=request.user.get_username()))
 
     @admin.action(description="Roll back to the standby that was active before")
     def rollback(self, request, queryset):
-        from embeddings.services import migrations
+        from embeddings.services.lifecycle import model_migrations as migrations
 
         # whichever rows are selected: a rollback leaves the active space for the latest standby
         self._each(request, EmbeddingSpace.objects.filter(state="active"),
@@ -178,7 +179,7 @@ class EmbeddingSpaceAdmin(admin.ModelAdmin):
 
     @admin.action(description="Drop (delete the collection and the copies; not the active space)")
     def drop(self, request, queryset):
-        from embeddings.services import migrations
+        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, migrations.space_drop)
 

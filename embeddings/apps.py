@@ -24,7 +24,7 @@ def image_deleted(sender, instance, origin=None, **kwargs) -> None:
     from deleting its job or its owner), is settled by the one service: duplicates promoted, vector
     and blob forgotten after commit."""
     from embeddings.models import Image
-    from embeddings.services.images import image_deleted as settle
+    from embeddings.services.catalogue.images import image_deleted as settle
 
     # single: the row deleted on its own (not its copies in other spaces, which go in the background)
     settle(image=instance, single=isinstance(origin, Image) and origin.pk == instance.pk)

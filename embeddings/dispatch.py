@@ -106,6 +106,22 @@ def send_chunk(*, job_id: str, image_ids: list[str], priority: str):
     return send("embed_chunk", (job_id, image_ids), **bulk_options(priority))
 
 
+def send_job_chunks(*, job, image_ids: list[str]) -> int:
+    """Queue ``image_ids`` of ``job`` (a ``Job``) on the bulk queue in chunks of ``job.chunk_size``,
+    at the job's priority. Returns the chunk count."""
+    size = job.chunk_size
+    chunks = [image_ids[i : i + size] for i in range(0, len(image_ids), size)]
+    for chunk in chunks:
+        send_chunk(job_id=str(job.id), image_ids=chunk, priority=job.priority)
+    return len(chunks)
+
+
+def send_job_done(*, job_id: str):
+    """Queue ``job_done`` for a job that has just finished (the model lifecycle gates a finished
+    migration job's space) on the vectors queue at background bulk priority."""
+    return send("job_done", (job_id,), **vectors_options(interactive=False))
+
+
 def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
                      upsert_ms: float | None = None):
     """Queue a bulk chunk's points (``index_chunk``) for the vectors worker, the embedded store's

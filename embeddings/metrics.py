@@ -151,7 +151,7 @@ class QueueGauges:
 
     def read(self) -> list[tuple[str, int, int, float]]:
         """``[(lane, priority step, messages, oldest age s), ...]``; raises the client's errors."""
-        from embeddings.services import admission
+        from embeddings.lane_control import admission
         from project import lanes
 
         client = self._client or admission.redis_client()

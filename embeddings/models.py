@@ -90,7 +90,7 @@ class EmbeddingSpace(models.Model):
     """One model's embedding space: the open_clip architecture, weights and precision that made its
     vectors, and the Qdrant collection holding them. Vectors are comparable only within a space.
 
-    The active space is one row that every reader consults (``embeddings.services.spaces.active``,
+    The active space is one row that every reader consults (``embeddings.spaces.active``,
     cached ≤ ``SPACE_CACHE_S`` per process): promoting another space or rolling back is one
     transaction that moves the ``active`` state (the partial unique constraint keeps it to one row).
 

@@ -93,7 +93,7 @@ class _PerModel:
 
 
 def _config(model_id: str):
-    from embeddings.services import spaces
+    from embeddings import spaces
 
     return spaces.config_for_model_id(model_id)
 
@@ -102,7 +102,7 @@ def _encoder_holder(model_id: str):
     """The lazily-loaded open_clip model of space ``model_id`` (``workers.model.EncoderHolder``).
 
     Raises:
-        embeddings.services.spaces.ModelNotConfigured: this process may not load that model.
+        embeddings.spaces.ModelNotConfigured: this process may not load that model.
     """
     from workers.model import EncoderHolder
 
@@ -147,7 +147,7 @@ def _dynamic_batcher(model_id: str):
 def _pass_hook(model_id: str):
     """The dynamic batcher's ``on_pass``: admission counts a running pass as the time it has left
     (``admission.PASSES_KEY``). None where admission sees nothing (admission off, eager Celery)."""
-    from embeddings.services import admission
+    from embeddings.lane_control import admission
     from project.celery import app
 
     if not settings.ADMISSION_CONTROL or app.conf.task_always_eager:
@@ -242,15 +242,15 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
 
 
 def model_id() -> str:
-    """The active embedding space's ``model_id`` (``embeddings.services.spaces.active``, cached
+    """The active embedding space's ``model_id`` (``embeddings.spaces.active``, cached
     ≤ ``SPACE_CACHE_S``): the space new uploads and searches use."""
-    from embeddings.services import spaces
+    from embeddings import spaces
 
     return spaces.active().model_id
 
 
 def _forget_active() -> None:
-    from embeddings.services import spaces
+    from embeddings import spaces
 
     spaces.forget_cache()
 
@@ -279,7 +279,7 @@ def warm_spaces() -> list[str]:
         The model ids loaded by this call (already loaded ones are not counted).
     """
     from embeddings.models import EmbeddingSpace, SpaceState
-    from embeddings.services import spaces
+    from embeddings import spaces
 
     configured = spaces.configured_configs()
     wanted = set(EmbeddingSpace.objects.filter(state__in=(SpaceState.ACTIVE, SpaceState.CANDIDATE, SpaceState.STANDBY))

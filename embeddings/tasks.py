@@ -27,7 +27,9 @@ from embeddings.dispatch import (  # noqa: F401
     interactive_options,
     vectors_options,
 )
-from embeddings.services import admission, bulk_yield, pipeline
+from embeddings.services import pipeline
+from embeddings.lane_control import admission
+from embeddings.lane_control import bulk_yield
 from project import lanes
 from workers.errors import Reason
 
@@ -135,7 +137,7 @@ def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) 
     if not image_ids:
         return
     from embeddings import metrics
-    from embeddings.services.images import images_mark_failed
+    from embeddings.services.catalogue.images import images_mark_failed
 
     late = f"{time.time() - float(deadline_ts):.1f} s " if deadline_ts is not None else ""
     images_mark_failed([(i, Reason.EXPIRED.value, f"deadline passed {late}before a worker took it") for i in image_ids])
@@ -349,9 +351,21 @@ def warn_configured_model_not_active(sender, **kwargs) -> None:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def migration_fill(space_id: int) -> int:
     """Create and queue a migration's copy rows, a batch at a time (``services.migrations``)."""
-    from embeddings.services.migrations import migration_fill as fill
+    from embeddings.services.lifecycle.model_migrations import migration_fill as fill
 
     return fill(space_id=space_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def job_done(job_id: str) -> None:
+    """A job has just finished: a finished migration job's space gets its quality gate
+    (``services.lifecycle.model_migrations.migration_job_done``)."""
+    from embeddings.models import Job
+    from embeddings.services.lifecycle import model_migrations
+
+    job = Job.objects.filter(id=job_id).first()
+    if job is not None:
+        model_migrations.migration_job_done(job)
 
 
 @shared_task
@@ -380,13 +394,13 @@ def start_reconciler(sender, **kwargs) -> None:
         reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)
 
 
-# --- quality gate and cutoff (issue 13B: embeddings/services/gate.py, cutoff.py) -----------------
+# --- quality gate and cutoff (issue 13B: embeddings/services/lifecycle/gate.py, cutoff.py) -----------------
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
 def gate_embed(model_id: str, picks: list[dict], reference: str | None = None) -> dict:
     """Embed the quality gate's re-encoded copies with space ``model_id``'s model and the
     ``reference`` space's (bulk queue, one bulk turn: it computes like a chunk)."""
-    from embeddings.services import gate
+    from embeddings.services.lifecycle import gate
 
     with bulk_yield.bulk_turn():
         return gate.gate_embed(model_id=model_id, picks=picks, reference=reference)
@@ -395,7 +409,7 @@ def gate_embed(model_id: str, picks: list[dict], reference: str | None = None) -
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
 def gate_check(embedded: dict, model_id: str, run: str) -> dict:
     """Search each copy's top-1 in space ``model_id``'s collection and record the gate report."""
-    from embeddings.services import gate
+    from embeddings.services.lifecycle import gate
 
     return gate.gate_check(embedded=embedded, model_id=model_id, run=run)
 
@@ -403,7 +417,7 @@ def gate_check(embedded: dict, model_id: str, run: str) -> dict:
 @shared_task(acks_late=True, reject_on_worker_lost=True)
 def cutoff_encode_texts(model_id: str) -> dict:
     """The calibration prompts through space ``model_id``'s text tower (bulk queue)."""
-    from embeddings.services import cutoff
+    from embeddings.services.lifecycle import cutoff
 
     return cutoff.encode_prompts(model_id=model_id)
 
@@ -411,6 +425,6 @@ def cutoff_encode_texts(model_id: str) -> dict:
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
 def cutoff_compute(texts: dict, model_id: str) -> dict:
     """Compute and store space ``model_id``'s cutoffs from its stored vectors (vectors queue)."""
-    from embeddings.services import cutoff
+    from embeddings.services.lifecycle import cutoff
 
     return cutoff.calibrate(model_id=model_id, texts=texts)

@@ -25,7 +25,7 @@ Why each worker is shaped as it is:
   admitted requests can wait at once: at 6 requests/s and a 5 s deadline about 30 do, and with 16
   threads the rest queued in front of Django, where admission cannot see them (measured,
   docs/benchmarks-load.md). A waiting thread holds no database connection
-  (``embeddings.services.requests``), so the threads do not multiply PostgreSQL connections.
+  (``embeddings.services.upload``), so the threads do not multiply PostgreSQL connections.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def shared_worker_command(env: dict | None = None) -> str:
     """Deployment (b): one worker consuming both lanes, interactive listed (and so taken) first.
 
     ``threads`` pool with one thread per interactive batch slot plus two for bulk (one chunk
-    computing, one on deck): ``embeddings.services.bulk_yield.LaneGateCycle`` stops asking Redis for
+    computing, one on deck): ``embeddings.lane_control.bulk_yield.LaneGateCycle`` stops asking Redis for
     bulk messages while two are held and ``bulk_yield.bulk_turn`` lets one compute at a time, so
     interactive work always finds a free thread and never waits behind more than one bulk batch
     (docs/lanes.md).

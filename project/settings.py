@@ -170,7 +170,7 @@ SPECTACULAR_SETTINGS = {
 # --- The pipeline -------------------------------------------------------------------------------
 #: The model a deployment starts with (CLIP_MODEL, CLIP_PRETRAINED, CLIP_PRECISION, CLIP_SEED): the
 #: first embedding space. Once the database has an active space, that row decides (issue 13,
-#: embeddings/services/spaces.py); changing these variables afterwards is a migration, not a switch.
+#: embeddings/spaces.py); changing these variables afterwards is a migration, not a switch.
 PIPELINE = PipelineConfig.from_env()
 #: Other models the workers may load, for migrations: comma-separated ``model:pretrained[:precision]``
 #: (e.g. ``ViT-B-16:openai,ViT-L-14:/models/l14.pt:fp32``; precision defaults to CLIP_PRECISION). A
@@ -179,12 +179,12 @@ CLIP_MODELS = env.list("CLIP_MODELS", default=[])
 #: How long (s) a process may keep using its cached copy of the active-space row: a promotion or a
 #: rollback takes effect in every process within this time.
 SPACE_CACHE_S = env.float("SPACE_CACHE_S", default=0.5)
-#: Quality gate (embeddings/services/gate.py): the lowest share of re-encoded copies (3/4 size, JPEG
+#: Quality gate (embeddings/services/lifecycle/gate.py): the lowest share of re-encoded copies (3/4 size, JPEG
 #: 85) that must find their original first for ``promote`` (the issue's 0.99), and how many images
 #: are probed (200: one miss passes, two do not).
 MIGRATION_GATE_THRESHOLD = env.float("MIGRATION_GATE_THRESHOLD", default=0.99)
 MIGRATION_GATE_SAMPLE = env.int("MIGRATION_GATE_SAMPLE", default=200)
-#: Calibrated cutoff (embeddings/services/cutoff.py): the percentile of cosine scores between
+#: Calibrated cutoff (embeddings/services/lifecycle/cutoff.py): the percentile of cosine scores between
 #: unrelated pairs (image–image, text–image) taken as a space's default ``min_score``.
 CUTOFF_PERCENTILE = env.float("CUTOFF_PERCENTILE", default=99.0)
 #: Points a collection needs before it gets a cutoff (fewer: nothing is cut): 100 points give 4,950
@@ -233,7 +233,7 @@ VECTOR_STORE_OPTIMIZE_MIN_POINTS = env.int("VECTOR_STORE_OPTIMIZE_MIN_POINTS", d
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = env.float("INTERACTIVE_DEADLINE_S", default=2.0)
 #: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline
-#: (embeddings/services/admission.py).
+#: (embeddings/lane_control/admission.py).
 ADMISSION_CONTROL = env.bool("ADMISSION_CONTROL", default=True)
 #: Default number of neighbours (top-k) returned.
 SEARCH_DEFAULT_K = 10
@@ -276,7 +276,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # plus a gate: a worker consuming both lanes holds at most two bulk messages, one computing and
     # one on deck (deployment (b), docs/lanes.md).
     "priority_steps": [0, 3, 6, 9],
-    "queue_order_strategy": "embeddings.services.bulk_yield:LaneGateCycle",
+    "queue_order_strategy": "embeddings.lane_control.bulk_yield:LaneGateCycle",
     # BRPOP timeout (s): bounds how long a gated worker takes to ask for bulk work again (the
     # on-deck chunk hides it while chunks take longer).
     "polling_interval": env.float("BROKER_POLLING_INTERVAL_S", default=0.2),
@@ -318,7 +318,7 @@ RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
 #: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
 BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
 #: Admission's margin: the quantile of its own recent errors (actual − predicted wait, s) that is added
-#: to a prediction before it is compared with the deadline (embeddings/services/wait_model.py
+#: to a prediction before it is compared with the deadline (queueing/wait_model.py
 #: fit_wait, _upper_bound: estimated from the late errors' spread since 2026-12-01). Issue 15 asks that >= 95 % of admitted requests answer within their deadline; under
 #: overload nearly every admitted request sits at the admission threshold, so the late share is
 #: about 1 - this quantile plus the model's lag: the 95th percentile gave 95.3 % at a 2 s deadline,
@@ -335,7 +335,7 @@ ADMISSION_MIN_MARGIN_SHARE = env.float("ADMISSION_MIN_MARGIN_SHARE", default=0.2
 #: admits nothing but requests to an empty lane, and the lane then starved for 5-8 s while its
 #: few answers taught the model the truth (docs/benchmarks-load.md, "Starved lanes"). 1: no cap.
 ADMISSION_MAX_MARGIN_SHARE = env.float("ADMISSION_MAX_MARGIN_SHARE", default=0.4)
-#: Migration chunks computing at once per worker host (embeddings/services/bulk_yield.py
+#: Migration chunks computing at once per worker host (embeddings/lane_control/bulk_yield.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
 MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)

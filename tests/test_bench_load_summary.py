@@ -132,7 +132,7 @@ def test_a_phase_reports_the_cores_each_process_used_in_its_window_alone():
 def clamp_at_1_5(monkeypatch):
     """``wait_ahead.CLAMP`` at 1.5: at the shipped 1.3 no fit can move a right first estimate out
     of ±30 % (first / 1.3 is within it), so a fit learnt elsewhere could not be seen to miss."""
-    from embeddings.services import wait_ahead
+    from queueing import wait_ahead
 
     monkeypatch.setattr(wait_ahead, "CLAMP", 1.5)
 

@@ -8,7 +8,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from embeddings.services.errors import ApplicationError
+from embeddings.errors import ApplicationError
 
 
 def as_application_error(exc: Exception) -> ApplicationError | None:

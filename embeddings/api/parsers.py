@@ -8,7 +8,7 @@ field; one whose name sanitises to nothing (``holiday.png/``, ``..``, a tab) is 
 part between the first boundary and the closing one is accounted for:
 
 - a part with a ``filename`` parameter (even empty, even undecodable) is a file; its display name
-  is :func:`~embeddings.services.sources.safe_name` of the name sent, or ``upload-N`` (N: the
+  is :func:`~embeddings.services.catalogue.sources.safe_name` of the name sent, or ``upload-N`` (N: the
   part's 1-based position in the body) when nothing usable is left. The uploaded file carries
   ``part`` (N) and ``raw_name`` (the name as sent, decoded leniently);
 - a part without a usable ``Content-Disposition`` (missing, or without ``name``) is refused: the
@@ -47,8 +47,8 @@ from django.utils.http import parse_header_parameters
 from rest_framework import parsers as drf_parsers
 from rest_framework.negotiation import DefaultContentNegotiation
 
-from embeddings.services.errors import ApplicationError
-from embeddings.services.sources import safe_name
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.sources import safe_name
 
 
 class RefusedParts(MultiPartParserError):

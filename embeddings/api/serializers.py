@@ -57,7 +57,7 @@ class SearchSerializer(FormSerializer):
     min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0)
 
 
-#: ``min_score`` of a search (embeddings/services/cutoff.py): hits scoring below it are dropped.
+#: ``min_score`` of a search (embeddings/services/lifecycle/cutoff.py): hits scoring below it are dropped.
 MIN_SCORE_HELP = ("cosine in [-1, 1]; hits scoring below it are dropped. Default: the searched space's "
                   "calibrated cutoff for the query kind (text, or image / image_id); 0 switches the cutoff off")
 

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from embeddings.api import migrations, views
+from embeddings.api import views
+from embeddings.api import model_migrations as migrations
 
 urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="api-token"),

@@ -40,11 +40,11 @@ from embeddings.api.serializers import (
     UploadResponseSerializer,
 )
 from embeddings.selectors import images_visible_to, jobs_visible_to
-from embeddings.services import jobs as job_services
-from embeddings.services import requests as request_services
-from embeddings.services.errors import ApplicationError
-from embeddings.services.images import image_delete
-from embeddings.services.sources import from_folder, from_uploads, from_zip
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services import upload as request_services
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.images import image_delete
+from embeddings.services.catalogue.sources import from_folder, from_uploads, from_zip
 
 
 def _parsed(request):
@@ -279,7 +279,8 @@ class SearchView(APIView):
         s.is_valid(raise_exception=True)
         v = s.validated_data
         image = from_uploads([v["image"]])[0] if v.get("image") else None
-        from embeddings.services import cutoff, spaces
+        from embeddings.services.lifecycle import cutoff
+        from embeddings import spaces
 
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
         results = request_services.search(
@@ -302,12 +303,12 @@ class StatsView(APIView):
         from django.db.models import Count
 
         from embeddings.models import Image
-        from embeddings.services import sink
+        from embeddings import sink
 
         if not request.user.is_staff:
             raise ApplicationError("staff only", code="forbidden", status=403)
         from embeddings.models import EmbeddingSpace
-        from embeddings.services import spaces
+        from embeddings import spaces
 
         users = Image.objects.filter(source__isnull=True)  # the users' rows, not migration copies (issue 13)
         counts = {r["status"]: r["n"] for r in users.values("status").annotate(n=Count("id"))}

@@ -21,9 +21,9 @@ from embeddings import metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobPriority, JobStatus, Lane
 from embeddings.selectors import hits_to_results
-from embeddings.services import images as image_services
-from embeddings.services import jobs as job_services
-from embeddings.services.spaces import ModelNotConfigured
+from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.spaces import ModelNotConfigured
 from workers.errors import Reason
 from workers.timing import StageTimings
 from workers.vector_store import Point
@@ -113,7 +113,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         interactive lane was at capacity: time given to the interactive lane).
     """
     from embeddings import dispatch
-    from embeddings.services import bulk_yield, sink
+    from embeddings.lane_control import bulk_yield
+    from embeddings import sink
 
     job = Job.objects.filter(id=job_id).first()
     if job is None:
@@ -282,7 +283,8 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     from qdrant_client.http.exceptions import UnexpectedResponse
 
     from embeddings import dispatch
-    from embeddings.services import admission, sink
+    from embeddings.lane_control import admission
+    from embeddings import sink
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0

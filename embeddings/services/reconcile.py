@@ -200,8 +200,8 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
         now: the current time (tests).
     """
     from embeddings import dispatch
-    from embeddings.services.images import images_mark_failed
-    from embeddings.services.jobs import job_dispatch, job_refresh
+    from embeddings.services.catalogue.images import images_mark_failed
+    from embeddings.services.catalogue.jobs import job_dispatch, job_refresh
 
     now = now or timezone.now()
     first = live_ids()
@@ -312,7 +312,7 @@ def reconciler_start(*, interval_s: float, stop: threading.Event | None = None) 
         while not stop.wait(interval_s):
             try:
                 reconcile_once()
-                from embeddings.services import cutoff  # issue 13: recalibrate a grown collection
+                from embeddings.services.lifecycle import cutoff# issue 13: recalibrate a grown collection
 
                 cutoff.calibrate_if_due()
             except Exception:

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 
 from embeddings import runtime
 from embeddings.selectors import images_visible_to
-from embeddings.services.errors import ApplicationError
+from embeddings.errors import ApplicationError
 from embeddings.storage import thumbnail_read
 from workers.thumbnail import CONTENT_TYPE
 

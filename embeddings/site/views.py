@@ -16,11 +16,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from embeddings.selectors import images_visible_to, jobs_visible_to
-from embeddings.services import jobs as job_services
-from embeddings.services import requests as request_services
-from embeddings.services.errors import ApplicationError
-from embeddings.services.images import image_delete
-from embeddings.services.sources import from_uploads
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services import upload as request_services
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.images import image_delete
+from embeddings.services.catalogue.sources import from_uploads
 from embeddings.site.words import REASON_WORDS, reason_words
 from workers.thumbnail import LONG_SIDE, thumbnail_size
 
@@ -63,7 +63,8 @@ def search(request):
         ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
     elif query:
         try:
-            from embeddings.services import cutoff, spaces
+            from embeddings.services.lifecycle import cutoff
+            from embeddings import spaces
 
             space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
             found = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)

@@ -54,8 +54,8 @@ def png_zip(n: int) -> bytes:
 @pytest.mark.django_db(transaction=True)
 def test_chunks_leave_while_the_upload_is_stored(service, user, settings):
     from embeddings.models import Image, ImageStatus, Job, JobStatus
-    from embeddings.services import jobs as job_services
-    from embeddings.services.sources import SourceFile
+    from embeddings.services.catalogue import jobs as job_services
+    from embeddings.services.catalogue.sources import SourceFile
 
     settings.PIPELINE = settings.PIPELINE.replace(batch_size=4)
     statuses: list[tuple[int, str]] = []  # (rows stored so far, job status) whenever a chunk is sent

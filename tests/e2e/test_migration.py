@@ -51,7 +51,7 @@ def prefill(n: int = N, owner: str = "catalogue") -> None:
     from embeddings import dispatch, runtime
     from embeddings.messages import encode_vector
     from embeddings.models import Image, Job, Lane
-    from embeddings.services import spaces
+    from embeddings import spaces
     from workers.ids import point_id
 
     user, _ = get_user_model().objects.get_or_create(username=owner)
@@ -79,7 +79,7 @@ def facts(a: str, s: str) -> None:
     """Run inside the stack: what the database and the vectors worker say about spaces ``a`` (the
     old) and ``s`` (the new), as one JSON line."""
     from embeddings.models import Image
-    from embeddings.services import sink
+    from embeddings import sink
 
     users = Image.objects.filter(source__isnull=True, duplicate_of__isnull=True)
     out = {

@@ -1,4 +1,4 @@
-"""Admission control on the interactive lane (embeddings/services/admission.py, its pure wait model
+"""Admission control on the interactive lane (embeddings/lane_control/admission.py, its pure wait model
 in wait_model.py), deadlines, and migrations yielding to the lane (bulk_yield.py).
 
 Real values throughout: the service time comes from the real ViT-B-32 (random weights) run through
@@ -27,7 +27,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
 from embeddings.models import Image, ImageStatus, Job
-from embeddings.services import admission, bulk_yield, wait_ahead, wait_model
+from embeddings.lane_control import admission
+from embeddings.lane_control import bulk_yield
+from queueing import wait_ahead
+from queueing import wait_model
 from project import lanes
 from scripts.stack import free_port, redis_answers
 from tests.embeddings.conftest import celery_publishing_to
@@ -1363,8 +1366,8 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     from django.utils import timezone
 
     from embeddings.models import JobStatus
-    from embeddings.services import jobs as job_services
-    from embeddings.services.sources import SourceFile
+    from embeddings.services.catalogue import jobs as job_services
+    from embeddings.services.catalogue.sources import SourceFile
 
     client, _ = lane_redis
     service.BULK_YIELD_MAX_S, service.BULK_YIELD_MICRO_BATCH, service.BULK_YIELD_REFUSED_S = max_pause_s, 2, 10.0
@@ -1439,7 +1442,7 @@ def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(lane_r
     import fnmatch
 
     from benchmarks import load
-    from embeddings.services import cutoff
+    from embeddings.services.lifecycle import cutoff
 
     client, _ = lane_redis
     key = cutoff.PROMPT_VECTORS_KEY.format(model_id="ViT-B-32/random", prompts_sha256="ab" * 32)

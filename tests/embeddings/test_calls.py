@@ -1,5 +1,5 @@
 """Waiting on the vectors worker from the web process: every failure is a 503 with a stable code and
-``Retry-After`` (``embeddings/services/calls.py``), never an unhandled exception (a 500)."""
+``Retry-After`` (``embeddings/sink.py``), never an unhandled exception (a 500)."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from embeddings.services.calls import RETRY_AFTER_S, vectors_call
-from embeddings.services.errors import ApplicationError
+from embeddings.sink import RETRY_AFTER_S, vectors_call
+from embeddings.errors import ApplicationError
 
 
 class _Result:

@@ -12,7 +12,8 @@ import pytest
 
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Lane
-from embeddings.services import cutoff, spaces
+from embeddings.services.lifecycle import cutoff
+from embeddings import spaces
 from tests.embeddings.conftest import celery_publishing_to
 from tests.embeddings.test_api import jpeg_bytes, upload
 from workers.ids import point_id
@@ -102,7 +103,7 @@ def test_calibration_takes_the_percentile_of_unrelated_pairs_in_the_store(servic
 def _queued(client, queue: str) -> list[dict]:
     """The task messages waiting in ``queue`` (every priority list kombu keeps for it), decoded:
     ``{"task", "args"}`` each."""
-    from embeddings.services.admission import queue_keys
+    from embeddings.lane_control.admission import queue_keys
 
     out = []
     for key in queue_keys(queue):
@@ -120,7 +121,7 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
     vectors are kept in Redis, the next one is ``cutoff_compute`` alone on the vectors queue,
     carrying them. Other prompts (or another model) never read them; a Redis that does not answer
     means encoding again, never an error. Real Celery messages on a private Redis, not run."""
-    from embeddings.services import admission
+    from embeddings.lane_control import admission
     from project import lanes
 
     url, client = private_redis

@@ -18,10 +18,10 @@ from django.test.utils import CaptureQueriesContext
 
 from embeddings import tasks
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
-from embeddings.services import images as image_services
-from embeddings.services import jobs as job_services
+from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import pipeline
-from embeddings.services.sources import SourceFile
+from embeddings.services.catalogue.sources import SourceFile
 from tests.embeddings.test_api import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,7 +89,7 @@ def test_a_chunk_reads_its_images_once_and_marks_each_slice_with_two_updates(ser
     """Issue 10: per chunk part one SELECT of the images (still queued? payloads), per slice one store
     call, one look at the vectors queue between slices, and two UPDATEs (the slice's rows, RETURNING
     the ones marked; their skipped copies); no ``SELECT ... FOR UPDATE``, no per-slice read."""
-    from embeddings.services import admission
+    from embeddings.lane_control import admission
 
     service.VECTORS_WRITE_SLICE = 2
     looks: list[int] = []

@@ -9,7 +9,8 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from embeddings.models import Image, ImageStatus, Job, Lane
-from embeddings.services import images as image_services
+from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import jobs as job_services
 from tests.embeddings.test_api import jpeg_bytes, upload
 from tests.embeddings.test_services import src
 
@@ -81,7 +82,7 @@ def test_retrying_a_failed_image_whose_bytes_were_uploaded_again_skips_it(servic
     image_services.images_mark_failed([(str(failed.id), "corrupt", "bad")])
     again = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("b.png", png)])[0]
     assert again.status == ImageStatus.QUEUED  # a failed row is not an original
-    assert image_services.images_retry(images=Image.objects.filter(id=failed.id)) == 0
+    assert job_services.images_retry(images=Image.objects.filter(id=failed.id)) == 0
     failed.refresh_from_db()
     assert (failed.status, failed.duplicate_of_id) == (ImageStatus.SKIPPED, again.id)
     assert Image.objects.filter(sha256=again.sha256, status=ImageStatus.QUEUED).count() == 1

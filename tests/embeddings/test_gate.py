@@ -16,9 +16,10 @@ import pytest
 
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, ImageStatus
-from embeddings.services import gate, spaces
-from embeddings.services.jobs import job_create
-from embeddings.services.sources import SourceFile
+from embeddings.services.lifecycle import gate
+from embeddings import spaces
+from embeddings.services.catalogue.jobs import job_create
+from embeddings.services.catalogue.sources import SourceFile
 from tests.conftest import photo_paths
 from workers.ids import sha256_hex
 

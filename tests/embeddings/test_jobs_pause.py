@@ -13,8 +13,8 @@ from django.db import transaction
 
 from embeddings import runtime, tasks
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
-from embeddings.services import jobs as job_services
-from embeddings.services.sources import SourceFile
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.catalogue.sources import SourceFile
 from tests.embeddings.conftest import client_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

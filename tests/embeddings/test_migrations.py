@@ -15,7 +15,10 @@ import pytest
 
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Job, JobKind, SpaceState
-from embeddings.services import migrations, pipeline, spaces
+from embeddings.services import pipeline
+from embeddings.services.lifecycle import model_migrations as migrations
+from embeddings.services.catalogue import copies as copies_services
+from embeddings import spaces
 from tests.embeddings.conftest import client_for
 from tests.embeddings.test_api import jpeg_bytes, upload
 from workers.ids import point_id
@@ -102,7 +105,7 @@ def test_migrate_dual_embed_promote_rollback_delete_and_drop(two_models, api, us
     e = r.json()["images"][0]["id"]
     assert Image.objects.get(id=e).model_id == A
     dual = copies(S).get(source_id=e)
-    assert dual.status == ImageStatus.EMBEDDED and Job.objects.get(id=dual.job_id).name == migrations.DUAL_JOB
+    assert dual.status == ImageStatus.EMBEDDED and Job.objects.get(id=dual.job_id).name == copies_services.DUAL_JOB
     assert (store(A).count(), store(S).count()) == (5, 5)
 
     # promote: S active, A standby; searches now answer from S and map to the users' rows
@@ -196,7 +199,7 @@ def test_a_chunk_for_a_model_this_worker_is_not_configured_for_fails_its_images(
     assert out["failed"] == 1 and (im.status, im.reason) == ("failed", "model_not_configured")
     assert Job.objects.get(id=job.id).status == "done"
     # a user's upload that expires takes its queued copies in other spaces along
-    from embeddings.services.images import images_mark_failed
+    from embeddings.services.catalogue.images import images_mark_failed
 
     mine = Image.objects.create(owner=user, lane="interactive", sha256="c" * 64, size_bytes=1, storage_key="blob/z",
                                 model_id=A, point_id=point_id("c" * 64, A))

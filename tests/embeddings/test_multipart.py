@@ -21,7 +21,7 @@ from django.db import close_old_connections
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from embeddings.services.sources import from_zip, safe_name
+from embeddings.services.catalogue.sources import from_zip, safe_name
 from tests.conftest import SHARED
 
 pytestmark = pytest.mark.django_db(transaction=True)

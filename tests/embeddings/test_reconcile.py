@@ -14,7 +14,7 @@ from django.utils import timezone
 from embeddings import runtime, tasks
 from embeddings.checks import check_time_limits, time_limit_errors
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
-from embeddings.services import jobs as job_services
+from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import pipeline
 from embeddings.services.reconcile import (
     ATTEMPTS_EXHAUSTED,
@@ -22,7 +22,7 @@ from embeddings.services.reconcile import (
     queue_keys,
     reconcile,
 )
-from embeddings.services.sources import SourceFile
+from embeddings.services.catalogue.sources import SourceFile
 from project import lanes
 from tests.embeddings.test_api import jpeg_bytes
 
@@ -114,7 +114,7 @@ def test_paused_jobs_wait_and_cancelled_jobs_cancel(service, user, sent):
 
 
 def test_interactive_images_past_their_deadline_expire_and_their_points_are_forgotten(service, user, sent):
-    from embeddings.services.images import images_create
+    from embeddings.services.catalogue.images import images_create
 
     now = timezone.now()
     late, on_time = images_create(owner=user, sources=sources(2, 50), lane=Lane.INTERACTIVE,
@@ -134,7 +134,7 @@ def test_an_interactive_write_arriving_after_the_reconciler_expired_its_image_wr
     still waited: the late task must not resurrect it nor leave a point no embedded row accounts for."""
     import time as time_
 
-    from embeddings.services.images import images_create
+    from embeddings.services.catalogue.images import images_create
 
     late, on_time = images_create(owner=user, sources=sources(2, 60), lane=Lane.INTERACTIVE,
                                   deadline=timezone.now() + dt.timedelta(seconds=60))
@@ -272,7 +272,7 @@ def test_a_store_that_keeps_failing_leaves_images_queued_with_the_error(service,
 def test_a_chunk_write_yields_to_waiting_interactive_work_and_its_rest_finishes_later(service, user, sent, monkeypatch):
     """Between slices the vectors worker looks at its queue; when interactive work waits, the rest of
     the chunk goes back to the queue at the job's bulk priority. Only written points are embedded."""
-    from embeddings.services import admission
+    from embeddings.lane_control import admission
 
     service.VECTORS_WRITE_SLICE = 8
     job, args = embedded_chunk(user, sent, n=20)

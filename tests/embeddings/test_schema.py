@@ -123,8 +123,8 @@ def test_an_expired_message_is_a_passed_deadline_and_other_failures_say_retry_af
     # Retry-After when its message expired in the broker; the deadline passed, so it is a 202.
     import time
 
-    from embeddings.services.errors import ApplicationError
-    from embeddings.services.requests import _wait
+    from embeddings.errors import ApplicationError
+    from embeddings.services.upload import _wait
 
     assert _wait(_Revoked("expired"), time.time() + 1) is None
     with pytest.raises(ApplicationError) as e:

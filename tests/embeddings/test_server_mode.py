@@ -19,9 +19,9 @@ import pytest
 
 from embeddings import runtime, tasks
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
-from embeddings.services import jobs as job_services
-from embeddings.services import sink
-from embeddings.services.requests import images_upload, search
+from embeddings.services.catalogue import jobs as job_services
+from embeddings import sink
+from embeddings.services.upload import images_upload, search
 from tests.embeddings.test_reconcile import sources
 from workers.model_config import embed_dim
 
@@ -106,7 +106,7 @@ def test_server_mode_web_searches_counts_and_deletes_through_its_own_connection(
     assert by_id[0]["image_id"] == str(first.id) and by_id[0]["score"] == pytest.approx(1.0, abs=1e-5)
     assert sink.store_call("collection_stats") == {"collection": server_mode.collection, "points": 4}
 
-    from embeddings.services.images import image_delete
+    from embeddings.services.catalogue.images import image_delete
 
     image_delete(image=first)
     assert server_mode.count() == 3 and server_mode.vectors([first.point_id]) == {}

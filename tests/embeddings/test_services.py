@@ -8,9 +8,9 @@ import pytest
 
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
-from embeddings.services import images as image_services
-from embeddings.services import jobs as job_services
-from embeddings.services.sources import SourceFile
+from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.catalogue.sources import SourceFile
 
 pytestmark = pytest.mark.django_db
 

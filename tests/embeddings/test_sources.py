@@ -12,8 +12,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings.models import Image, Job
-from embeddings.services.errors import ApplicationError
-from embeddings.services.sources import from_folder, from_zip
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.sources import from_folder, from_zip
 from tests.embeddings.conftest import client_for
 from tests.embeddings.test_api import jpeg_bytes
 from workers.errors import ImageRejected

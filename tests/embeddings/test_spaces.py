@@ -6,7 +6,7 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from embeddings.models import EmbeddingSpace, SpaceState
-from embeddings.services import spaces
+from embeddings import spaces
 
 
 @pytest.fixture

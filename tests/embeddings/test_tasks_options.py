@@ -18,8 +18,8 @@ from celery.app.task import Context
 
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Lane
-from embeddings.services.errors import ApplicationError
-from embeddings.services.requests import search
+from embeddings.errors import ApplicationError
+from embeddings.services.upload import search
 from project import lanes
 from project.celery import app
 

@@ -1,4 +1,4 @@
-"""What a 429 says, learnt from earlier refusals' outcomes (embeddings/services/wait_ahead.py). Pure:
+"""What a 429 says, learnt from earlier refusals' outcomes (queueing/wait_ahead.py). Pure:
 injected clocks, refusal and answer records as admission writes them to Redis."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from embeddings.services import wait_ahead, wait_model
+from queueing import wait_ahead
+from queueing import wait_model
 
 
 def refusal(t: float, *, first: float = 0.5, inflight: float = 2, left: float = 0.1, running: float = 1,

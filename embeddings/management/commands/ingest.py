@@ -8,9 +8,9 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from embeddings.models import Job, JobPriority, JobStatus
-from embeddings.services import jobs as job_services
-from embeddings.services.errors import ApplicationError
-from embeddings.services.sources import from_folder
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.sources import from_folder
 from workers.timing import STAGES
 
 

@@ -16,8 +16,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from embeddings.models import EmbeddingSpace
-from embeddings.services import migrations
-from embeddings.services.errors import ApplicationError
+from embeddings.services.lifecycle import model_migrations as migrations
+from embeddings.errors import ApplicationError
 
 
 def _space(ref: str) -> EmbeddingSpace:
@@ -53,7 +53,7 @@ class Command(BaseCommand):
         drop.add_argument("space")
 
     def handle(self, *args, action, **opts):
-        from embeddings.api.migrations import migration_view
+        from embeddings.api.model_migrations import migration_view
 
         try:
             if action == "start":
@@ -72,7 +72,7 @@ class Command(BaseCommand):
                 spaces = [_space(opts["space"])] if opts.get("space") else list(EmbeddingSpace.objects.all())
                 out = [migration_view(s) for s in spaces]
             elif action == "gate":
-                from embeddings.services import gate
+                from embeddings.services.lifecycle import gate
 
                 space = _space(opts["space"])
                 gate.gate_start(space.id)

@@ -16,7 +16,7 @@ Every bulk chunk also marks when it computes (:class:`BulkActivity`, :func:`bulk
 interactive lane's wait model keeps one fit for waits beside bulk work and one for the others, and
 a parked chunk is not computing.
 
-The Redis keys and the client are admission's (:mod:`embeddings.services.admission`).
+The Redis keys and the client are admission's (:mod:`embeddings.lane_control.admission`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 from django.conf import settings
 from kombu.utils.scheduling import priority_cycle
 
-from embeddings.services.admission import (
+from embeddings.lane_control.admission import (
     BULK_ACTIVITY_KEY,
     BULK_RUNS_KEPT,
     BULK_RUNS_KEY,

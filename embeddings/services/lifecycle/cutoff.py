@@ -49,7 +49,7 @@ from embeddings.models import EmbeddingSpace, Image, ImageStatus
 log = logging.getLogger(__name__)
 
 #: The prompts file (one per line, ``#`` comments).
-PROMPTS_FILE = Path(__file__).resolve().parent.parent / "calibration_prompts.txt"
+PROMPTS_FILE = Path(__file__).resolve().parents[2] / "calibration_prompts.txt"
 #: Points sampled from the collection for one calibration (their vectors are read from the store).
 SAMPLE_POINTS = 1000
 #: Pairs scored per kind: all pairs when there are no more than this, else a seeded sample.
@@ -159,7 +159,7 @@ def _redis():
 
     if app.conf.task_always_eager:
         return None
-    from embeddings.services.admission import redis_client
+    from embeddings.lane_control.admission import redis_client
 
     return redis_client()
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from embeddings import runtime
 from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
-from embeddings.services.sources import SourceFile, iter_blocks
+from embeddings.services.catalogue.sources import SourceFile, iter_blocks
 from embeddings.storage import file_key, thumbnail_delete
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
@@ -153,14 +153,15 @@ def images_create(
 def _dual_copies(originals: list[Image]) -> None:
     """During a migration, and while a standby space exists (``spaces.dual_targets``): a copy of
     each new original in every such space, in the creating transaction, queued on the bulk lane
-    at background priority after commit (``migrations.copies_create``): the interactive answer
-    never waits for it, and a rollback or a promotion loses no upload."""
+    at background priority after commit (``copies.dual_embed``): the interactive answer never
+    waits for it, and a rollback or a promotion loses no upload."""
     if not originals:
         return
-    from embeddings.services import migrations, spaces
+    from embeddings import spaces
+    from embeddings.services.catalogue import copies
 
     for space in spaces.dual_targets():
-        migrations.dual_embed(space=space, originals=originals)
+        copies.dual_embed(space=space, originals=originals)
 
 
 def _lock_bytes(shas: Iterable[str]) -> None:
@@ -316,7 +317,7 @@ def _requeue(heir: Image) -> None:
     """Queue a skipped copy as the original on the bulk lane: in its own job (reopened when done),
     or, with no job or a cancelled one, in the owner's open :data:`REQUEUED_JOB` job (created when
     none is open); dispatched on commit."""
-    from embeddings.services.jobs import job_dispatch
+    from embeddings import dispatch
 
     job = heir.job
     if job is None or job.status == JobStatus.CANCELLED:
@@ -330,7 +331,7 @@ def _requeue(heir: Image) -> None:
     Image.objects.filter(id=heir.id).update(
         status=ImageStatus.QUEUED, duplicate_of=None, lane=Lane.BULK, job=job, deadline=None, attempts=0,
         reason="", reason_detail="")
-    transaction.on_commit(lambda: job_dispatch(job=job, image_ids=[str(heir.id)]))
+    transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=[str(heir.id)]))
 
 
 def images_still_queued(image_ids: Iterable[str]) -> set[str]:
@@ -506,7 +507,7 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
 
 def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     """After a deletion committed: forget its point, delete its blob when no row names it."""
-    from embeddings.services import sink  # the vectors worker owns an embedded store; a server: here
+    from embeddings import sink# the vectors worker owns an embedded store; a server: here
 
     try:
         if has_point and single:
@@ -521,52 +522,6 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
                 store.delete(key)
             if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
                 thumbnail_delete(store, image.sha256)
-
-
-def images_retry(*, images) -> int:
-    """Queue failed images again on the bulk lane (their job, or a new "retry" job for interactive
-    uploads). A failed image whose bytes have an original meanwhile (the owner uploaded them again)
-    becomes its ``skipped`` duplicate instead (constraint ``image_one_original``). Returns how many
-    were queued."""
-    from embeddings.services.jobs import job_dispatch, job_refresh
-
-    by_job: dict = {}
-    for im in images.filter(status=ImageStatus.FAILED):
-        by_job.setdefault((im.job_id, im.owner_id), []).append(im)
-    n = 0
-    for (job_id, owner_id), group in by_job.items():
-        with transaction.atomic():
-            if job_id is None:
-                job = Job.objects.create(owner_id=owner_id, name="retry", model_id=runtime.model_id(),
-                                         chunk_size=settings.PIPELINE.batch_size, total=len(group))
-            else:
-                job = Job.objects.get(id=job_id)
-                Job.objects.filter(id=job_id).update(status=JobStatus.RUNNING, finished_at=None)
-            ids = [im.id for im in sorted(group, key=lambda im: im.sha256) if _requeue_failed(im, job)]
-            if not ids:
-                job_refresh(job_id=job.id)
-        transaction.on_commit(lambda job=job, ids=ids: job_dispatch(job=job, image_ids=[str(i) for i in ids]))
-        n += len(ids)
-    return n
-
-
-def _requeue_failed(im: Image, job: Job) -> bool:
-    """Queue one failed image in ``job`` as an original; if its bytes have one, skip it instead.
-    Returns True when queued."""
-    try:
-        with transaction.atomic():
-            Image.objects.filter(id=im.id).update(status=ImageStatus.QUEUED, reason="", reason_detail="", job=job,
-                                                  duplicate_of=None)
-        return True
-    except IntegrityError:
-        winner = Image.objects.filter(owner_id=im.owner_id, model_id=im.model_id, sha256=im.sha256,
-                                      status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True).first()
-        if winner is None:  # gone meanwhile: nothing to point at; it stays failed for another retry
-            return False
-        Image.objects.filter(id=im.id).update(status=ImageStatus.SKIPPED, reason="", reason_detail="", job=job,
-                                              duplicate_of=winner, width=winner.width, height=winner.height,
-                                              format=winner.format)
-        return False
 
 
 def images_cancelled(*, job: Job) -> int:

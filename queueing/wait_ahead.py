@@ -1,5 +1,5 @@
 """What a 429 says: the wait of a request admitted at the moment of a refusal, learnt from the lane's
-own outcomes. Pure (no Redis): :mod:`embeddings.services.admission` records each refusal's
+own outcomes. Pure (no Redis): :mod:`embeddings.lane_control.admission` records each refusal's
 :data:`FEATURES` in Redis (``admission.REFUSALS_KEY``) and reads them back with the answers.
 
 :func:`wait_model.decide` gives a first estimate of ``wait_ahead_s``: the admission edge
@@ -46,7 +46,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from embeddings.services.wait_model import Decision, LaneLoad, margin_s, retry_after
+from queueing.wait_model import Decision, LaneLoad, margin_s, retry_after
 
 #: A refusal's features, in the regression's order after the intercept (all from the
 #: :class:`wait_model.LaneLoad` of the refusal and its first estimate): the first estimate (s),

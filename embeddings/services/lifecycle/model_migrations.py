@@ -10,7 +10,7 @@ M's space a ``candidate`` and re-embeds the catalogue into it with the ordinary 
   the bulk queue as the copies are created (:func:`migration_fill`), so the first chunk never waits
   for the whole catalogue; progress, ETA, pause/resume/cancel and per-image failures are the job's.
 - every new upload gets a copy in each candidate and standby space in the creating transaction
-  (:func:`dual_embed`, called by ``images.images_create``), embedded on the bulk lane in a small
+  (``catalogue.copies.dual_embed``, called by ``images.images_create``), embedded on the bulk lane in a small
   per-owner "dual embedding" job, so the answer to the upload never waits for it.
 - :func:`promote` moves ``active`` in one transaction (every process sees it within
   ``SPACE_CACHE_S``: ``spaces.active``); the old active space becomes ``standby`` and keeps
@@ -42,14 +42,12 @@ from embeddings.models import (
     Lane,
     SpaceState,
 )
-from embeddings.services import spaces
-from embeddings.services.errors import ApplicationError
+from embeddings import spaces
+from embeddings.services.catalogue import copies
+from embeddings.errors import ApplicationError
 from workers.ids import point_id
 
 log = logging.getLogger(__name__)
-
-#: Name of the per-owner job that embeds new uploads' copies in a candidate or standby space.
-DUAL_JOB = "dual embedding"
 
 #: User rows read per batch while the copies are created (8 chunks of 64).
 FILL_BATCH = 512
@@ -57,29 +55,6 @@ FILL_BATCH = 512
 
 def _error(message: str, code: str, status: int = 409, **extra) -> ApplicationError:
     return ApplicationError(message, code=code, status=status, extra=extra or None)
-
-
-def catalogue(space: EmbeddingSpace):
-    """The users' live originals that ``space`` must hold a copy of: rows with no ``source`` and no
-    ``duplicate_of``, queued or embedded, in any other space, and no copy in ``space`` yet."""
-    have = Image.objects.filter(model_id=space.model_id, source__isnull=False).values("source_id")
-    return (Image.objects.filter(source__isnull=True, duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES)
-            .exclude(model_id=space.model_id).exclude(id__in=have))
-
-
-def _copy(row: Image, *, space: EmbeddingSpace, job: Job) -> Image:
-    return Image(owner_id=row.owner_id, job=job, lane=Lane.BULK, sha256=row.sha256, size_bytes=row.size_bytes,
-                 storage_key=row.storage_key, original_name=row.original_name, model_id=space.model_id,
-                 point_id=point_id(row.sha256, space.model_id), source_id=row.id)
-
-
-def _insert_copies(copies: list[Image]) -> list[str]:
-    """Insert copy rows; one whose (owner, space, bytes) has an original there already (a concurrent
-    fill or upload) is left out (``ignore_conflicts``). Returns the ids inserted."""
-    if not copies:
-        return []
-    Image.objects.bulk_create(copies, batch_size=500, ignore_conflicts=True)
-    return [str(i) for i in Image.objects.filter(id__in=[c.id for c in copies]).values_list("id", flat=True)]
 
 
 def migration_start(*, owner, model_name: str, pretrained: str, precision: str | None = None,
@@ -129,7 +104,7 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
                          "space_exists", model_id=space.model_id)
         job = Job.objects.create(owner=owner, name=f"migrate to {fields['model_id']}"[:200], kind=JobKind.MIGRATION,
                                  priority=JobPriority.BACKGROUND, model_id=fields["model_id"],
-                                 chunk_size=base.batch_size, total=catalogue_size(fields["model_id"]))
+                                 chunk_size=base.batch_size, total=copies.catalogue_size(fields["model_id"]))
         if space is None:
             space = EmbeddingSpace.objects.create(**fields, state=SpaceState.CANDIDATE, job=job, source=source)
         else:  # a dropped space started again: an empty collection, a new job
@@ -144,11 +119,6 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
     return space
 
 
-def catalogue_size(model_id: str) -> int:
-    """How many copies a migration to ``model_id`` would create now."""
-    return catalogue(EmbeddingSpace(model_id=model_id)).count()
-
-
 def migration_fill(*, space_id: int) -> int:
     """Create the copy rows of a candidate space's migration job a batch at a time
     (:data:`FILL_BATCH`), each batch committed on its own, and send each chunk of ``chunk_size``
@@ -161,7 +131,7 @@ def migration_fill(*, space_id: int) -> int:
     Returns:
         The number of copies created.
     """
-    from embeddings.services.jobs import job_dispatch, job_refresh
+    from embeddings.services.catalogue.jobs import job_dispatch, job_refresh
 
     space = EmbeddingSpace.objects.select_related("job").get(pk=space_id)
     job = space.job
@@ -173,13 +143,13 @@ def migration_fill(*, space_id: int) -> int:
     for _ in range(2):  # a second pass catches uploads committed before they saw the candidate
         last = None
         while True:
-            rows = catalogue(space).order_by("id")
+            rows = copies.catalogue(space).order_by("id")
             batch = list((rows if last is None else rows.filter(id__gt=last))[:FILL_BATCH])
             if not batch:
                 break
             last = batch[-1].id
             with transaction.atomic():
-                ids = _insert_copies([_copy(row, space=space, job=job) for row in batch])
+                ids = copies.copies_insert([copies.copy_of(row, space=space, job=job) for row in batch])
                 made += len(ids)
                 pending += ids
                 while len(pending) > size:
@@ -194,34 +164,6 @@ def migration_fill(*, space_id: int) -> int:
     return made
 
 
-def dual_embed(*, space: EmbeddingSpace, originals: list[Image]) -> list[str]:
-    """In the caller's transaction: a copy of each new original in ``space`` (a candidate or a
-    standby), in the owner's open :data:`DUAL_JOB` job of that space (reopened when done), queued on
-    the bulk lane at background priority after commit. Returns the copies' ids."""
-    from embeddings.services.jobs import job_dispatch
-
-    made: list[str] = []
-    by_owner: dict[int, list[Image]] = {}
-    for im in originals:
-        if im.model_id != space.model_id:
-            by_owner.setdefault(im.owner_id, []).append(im)
-    for owner_id, rows in by_owner.items():
-        job = (Job.objects.select_for_update().filter(owner_id=owner_id, kind=JobKind.MIGRATION, name=DUAL_JOB,
-                                                      model_id=space.model_id).exclude(status=JobStatus.CANCELLED)
-               .order_by("-created_at").first())
-        if job is None:
-            job = Job.objects.create(owner_id=owner_id, name=DUAL_JOB, kind=JobKind.MIGRATION, model_id=space.model_id,
-                                     priority=JobPriority.BACKGROUND, chunk_size=settings.PIPELINE.batch_size)
-        ids = _insert_copies([_copy(im, space=space, job=job) for im in rows])
-        Job.objects.filter(pk=job.pk).update(total=F("total") + len(ids))
-        if job.status in (JobStatus.DONE,):
-            Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING, finished_at=None)
-        if ids and job.status != JobStatus.PAUSED:
-            transaction.on_commit(lambda job=job, ids=ids: job_dispatch(job=job, image_ids=ids))
-        made += ids
-    return made
-
-
 def migration_incomplete(space: EmbeddingSpace) -> dict | None:
     """Why ``space`` cannot be promoted yet, or None: its migration job still has queued copies,
     is paused or cancelled, or users' originals have no copy in it yet (a fill still running).
@@ -232,7 +174,7 @@ def migration_incomplete(space: EmbeddingSpace) -> dict | None:
     queued = Image.objects.filter(model_id=space.model_id, source__isnull=False, status=ImageStatus.QUEUED)
     if space.job_id is not None:
         queued = queued.filter(job_id=space.job_id)
-    n_queued, uncopied = queued.count(), catalogue(space).count()
+    n_queued, uncopied = queued.count(), copies.catalogue(space).count()
     status = space.job.status if space.job_id is not None else None
     if n_queued or uncopied or status in (JobStatus.PAUSED, JobStatus.CANCELLED):
         return {"queued": n_queued, "uncopied": uncopied, "job_status": status}
@@ -240,11 +182,11 @@ def migration_incomplete(space: EmbeddingSpace) -> dict | None:
 
 
 def _gate_verdict(space: EmbeddingSpace) -> tuple[bool, str, str]:
-    """13B's quality gate (``embeddings.services.gate.gate_verdict``); ``gate_missing`` without it."""
+    """13B's quality gate (``embeddings.services.lifecycle.gate.gate_verdict``); ``gate_missing`` without it."""
     try:
-        from embeddings.services import gate
+        from embeddings.services.lifecycle import gate
     except ImportError:
-        return False, "gate_missing", "no quality gate is installed (embeddings/services/gate.py)"
+        return False, "gate_missing", "no quality gate is installed (embeddings/services/lifecycle/gate.py)"
     return gate.gate_verdict(space)
 
 
@@ -321,9 +263,9 @@ def space_drop(space: EmbeddingSpace) -> EmbeddingSpace:
             when the store's owner does not answer (the space is dropped already; dropping it again
             retries the collection's deletion).
     """
-    from embeddings.services import sink
-    from embeddings.services.images import DROPPING
-    from embeddings.services.jobs import job_transition
+    from embeddings import sink
+    from embeddings.services.catalogue.images import DROPPING
+    from embeddings.services.catalogue.jobs import job_transition
 
     space.refresh_from_db()
     if space.state == SpaceState.ACTIVE:
@@ -332,7 +274,7 @@ def space_drop(space: EmbeddingSpace) -> EmbeddingSpace:
     if space.job_id is not None and space.job.status not in (JobStatus.DONE, JobStatus.CANCELLED):
         job_transition(job=space.job, to=JobStatus.CANCELLED)
     EmbeddingSpace.objects.filter(pk=space.pk).update(state=SpaceState.DROPPED, dropped_at=timezone.now())
-    for job in Job.objects.filter(kind=JobKind.MIGRATION, name=DUAL_JOB, model_id=space.model_id).exclude(
+    for job in Job.objects.filter(kind=JobKind.MIGRATION, name=copies.DUAL_JOB, model_id=space.model_id).exclude(
             status__in=(JobStatus.DONE, JobStatus.CANCELLED)):
         Job.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLED, finished_at=timezone.now())
     DROPPING.add(space.model_id)
@@ -353,7 +295,7 @@ def migration_job_done(job: Job) -> None:
     if space is None:
         return
     try:
-        from embeddings.services import gate
+        from embeddings.services.lifecycle import gate
     except ImportError:
         return
     gate.gate_start(space.id)

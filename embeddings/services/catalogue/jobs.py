@@ -9,12 +9,14 @@ import datetime as dt
 import time
 from typing import Iterable
 
-from django.db import transaction
+from django.conf import settings
+from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
 from embeddings import runtime
 from embeddings.models import (
+    LIVE_ORIGINAL_STATUSES,
     TERMINAL_IMAGE_STATUSES,
     BatchStat,
     Image,
@@ -26,9 +28,9 @@ from embeddings.models import (
     Lane,
 )
 from embeddings.selectors import stage_summary
-from embeddings.services.errors import ApplicationError
-from embeddings.services.images import images_cancelled, images_create
-from embeddings.services.sources import SourceFile
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.images import images_cancelled, images_create
+from embeddings.services.catalogue.sources import SourceFile
 
 #: Allowed transitions of the job state machine (HackSoftware style: a service guards them).
 _TRANSITIONS = {
@@ -114,11 +116,7 @@ def job_dispatch(*, job: Job, image_ids: list[str]) -> int:
     """Send ``image_ids`` to the bulk queue in chunks of ``job.chunk_size``. Returns the chunk count."""
     from embeddings import dispatch
 
-    size = job.chunk_size
-    chunks = [image_ids[i : i + size] for i in range(0, len(image_ids), size)]
-    for chunk in chunks:
-        dispatch.send_chunk(job_id=str(job.id), image_ids=chunk, priority=job.priority)
-    return len(chunks)
+    return dispatch.send_job_chunks(job=job, image_ids=image_ids)
 
 
 def job_counts(job: Job) -> dict[str, int]:
@@ -151,10 +149,10 @@ def job_refresh(*, job_id) -> Job:
         changed = 0
     if changed:
         job.refresh_from_db()
-        if job.status == JobStatus.DONE and job.kind == JobKind.MIGRATION:  # issue 13: gate the new space
-            from embeddings.services.migrations import migration_job_done
+        if job.status == JobStatus.DONE and job.kind == JobKind.MIGRATION:  # the lifecycle gates the new space
+            from embeddings import dispatch
 
-            transaction.on_commit(lambda: migration_job_done(job))
+            transaction.on_commit(lambda: dispatch.send_job_done(job_id=str(job.id)))
     return job
 
 
@@ -299,3 +297,47 @@ def job_progress(job: Job) -> dict:
         "utilisation": metrics.job_utilisation(job),
         "pipeline": job.pipeline,
     }
+
+
+def images_retry(*, images) -> int:
+    """Queue failed images again on the bulk lane (their job, or a new "retry" job for interactive
+    uploads). A failed image whose bytes have an original meanwhile (the owner uploaded them again)
+    becomes its ``skipped`` duplicate instead (constraint ``image_one_original``). Returns how many
+    were queued."""
+    by_job: dict = {}
+    for im in images.filter(status=ImageStatus.FAILED):
+        by_job.setdefault((im.job_id, im.owner_id), []).append(im)
+    n = 0
+    for (job_id, owner_id), group in by_job.items():
+        with transaction.atomic():
+            if job_id is None:
+                job = Job.objects.create(owner_id=owner_id, name="retry", model_id=runtime.model_id(),
+                                         chunk_size=settings.PIPELINE.batch_size, total=len(group))
+            else:
+                job = Job.objects.get(id=job_id)
+                Job.objects.filter(id=job_id).update(status=JobStatus.RUNNING, finished_at=None)
+            ids = [im.id for im in sorted(group, key=lambda im: im.sha256) if _requeue_failed(im, job)]
+            if not ids:
+                job_refresh(job_id=job.id)
+        transaction.on_commit(lambda job=job, ids=ids: job_dispatch(job=job, image_ids=[str(i) for i in ids]))
+        n += len(ids)
+    return n
+
+
+def _requeue_failed(im: Image, job: Job) -> bool:
+    """Queue one failed image in ``job`` as an original; if its bytes have one, skip it instead.
+    Returns True when queued."""
+    try:
+        with transaction.atomic():
+            Image.objects.filter(id=im.id).update(status=ImageStatus.QUEUED, reason="", reason_detail="", job=job,
+                                                  duplicate_of=None)
+        return True
+    except IntegrityError:
+        winner = Image.objects.filter(owner_id=im.owner_id, model_id=im.model_id, sha256=im.sha256,
+                                      status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True).first()
+        if winner is None:  # gone meanwhile: nothing to point at; it stays failed for another retry
+            return False
+        Image.objects.filter(id=im.id).update(status=ImageStatus.SKIPPED, reason="", reason_detail="", job=job,
+                                              duplicate_of=winner, width=winner.width, height=winner.height,
+                                              format=winner.format)
+        return False

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator
 
-from embeddings.services.errors import ApplicationError
+from embeddings.errors import ApplicationError
 
 
 @dataclasses.dataclass(frozen=True)

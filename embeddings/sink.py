@@ -7,7 +7,7 @@
 - ``WriteTarget.VECTORS_WORKER`` (``edge``, the default, or ``local``): the embedded folder admits
   one process (qdrant/qdrant-client#1018, the edge WAL lock), the ``vectors`` worker; every other
   process sends it the work over the ``vectors`` queue (``embeddings.dispatch``) and, where
-  someone waits, waits for the answer (``calls.vectors_call``).
+  someone waits, waits for the answer (:func:`vectors_call`).
 
 The same task body runs either way (``embeddings.tasks.<name>``, looked up by name): on the vectors
 worker, or here, in the calling process.
@@ -17,10 +17,49 @@ from __future__ import annotations
 import enum
 
 from django.conf import settings
+from kombu.exceptions import OperationalError
 
 from embeddings import dispatch
-from embeddings.services.calls import RETRY_AFTER_S, vectors_call
-from embeddings.services.errors import ApplicationError
+from embeddings.errors import ApplicationError
+
+#: Seconds a client should wait before trying again after a 503 from here: long enough for a
+#: process manager to start a worker again, or for a restarted Redis to be reconnected to.
+RETRY_AFTER_S = 5
+
+
+def vectors_call(task, *args, timeout_s: float | None = None):
+    """Run ``task(*args)`` on the ``vectors`` queue (the vector store's owner) at interactive
+    priority and return its result.
+
+    Args:
+        task: the name of a task of ``embeddings.tasks`` (sent through ``embeddings.dispatch``),
+            or a Celery task or signature.
+        timeout_s: how long to wait (s); default ``VECTORS_CALL_TIMEOUT_S``.
+
+    Raises:
+        ApplicationError: ``broker_unavailable`` (503) when the message cannot be sent;
+            ``vectors_unavailable`` (503) when the wait failed: no answer within ``timeout_s`` (the
+            vectors worker is down or restarting) or the result connection broke (Redis restarted);
+            ``worker_error`` (503) when the task itself raised. Each carries ``Retry-After``.
+    """
+    timeout_s = settings.VECTORS_CALL_TIMEOUT_S if timeout_s is None else timeout_s
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    options = dispatch.vectors_options(interactive=True)
+    try:
+        result = dispatch.send(task, args, **options) if isinstance(task, str) else task.apply_async(args=args, **options)
+    except OperationalError as e:
+        raise ApplicationError(f"the message broker cannot be reached: {e}", code="broker_unavailable",
+                               status=503, headers=headers) from e
+    try:
+        value = result.get(timeout=timeout_s, propagate=False)  # a task's own failure is not raised here...
+        failed = result.failed()
+    except Exception as e:  # ...so whatever is raised is the wait: timeout, broken connection, retries spent
+        raise ApplicationError(f"the vector store did not answer within {timeout_s:g} s ({type(e).__name__}: {e})",
+                               code="vectors_unavailable", status=503, headers=headers) from e
+    if failed:  # the task raised: systemic, not the caller's fault
+        raise ApplicationError(f"the vector store failed: {type(value).__name__}: {value}", code="worker_error",
+                               status=503, headers=headers)
+    return value
 
 
 class WriteTarget(enum.Enum):
@@ -47,7 +86,7 @@ def store_call(name: str, *args, timeout_s: float | None = None):
 
     Raises:
         ApplicationError: (vectors worker only) ``broker_unavailable`` / ``vectors_unavailable`` /
-            ``worker_error`` (503, ``Retry-After``): see :func:`calls.vectors_call`.
+            ``worker_error`` (503, ``Retry-After``): see :func:`vectors_call`.
             (direct) ``vectors_unavailable`` (503, ``Retry-After``): the server cannot be reached
             or answered with a server error.
     """

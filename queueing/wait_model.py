@@ -1,6 +1,6 @@
 """The wait model of interactive admission: pure (no Redis, no Celery).
 
-:mod:`embeddings.services.admission` reads what the interactive lane holds from Redis and builds a
+:mod:`embeddings.lane_control.admission` reads what the interactive lane holds from Redis and builds a
 :class:`LaneLoad` (:func:`lane_load`); :func:`decide` then admits a request or refuses it. Everything
 here takes injected clocks and records. A request is refused when the predicted wait for its answer
 (plus a margin) is longer than its deadline. The prediction is the whole admitted→answered time::
@@ -81,7 +81,14 @@ import math
 import statistics
 from typing import Sequence
 
-from django.conf import settings
+
+#: Admission's margin policy, the defaults of ``ADMISSION_MARGIN_QUANTILE``,
+#: ``ADMISSION_MIN_MARGIN_SHARE`` and ``ADMISSION_MAX_MARGIN_SHARE`` (project/settings.py says why
+#: each): the quantile of late errors the margin covers, its floor as a share of the predicted wait,
+#: its cap as a share of the deadline.
+MARGIN_QUANTILE = 0.99
+MIN_MARGIN_SHARE = 0.2
+MAX_MARGIN_SHARE = 0.4
 
 #: A worker whose entry is older than this (s) is gone: its capacity no longer counts. Three missed
 #: heartbeats (:data:`admission.HEARTBEAT_S`), so a killed worker stops counting within 15 s.
@@ -309,7 +316,7 @@ def _normal_quantile(q: float) -> float:
 
 
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
-             margin_quantile: float | None = None, overhead_prior_s: float | None = None,
+             margin_quantile: float = MARGIN_QUANTILE, overhead_prior_s: float | None = None,
              half_life_answers: float = FIT_HALF_LIFE_ANSWERS, half_life_s: float = FIT_HALF_LIFE_S) -> WaitFit:
     """Fit :class:`WaitFit` on answered requests (records of :func:`admission.interactive_answered`). Pure.
 
@@ -334,8 +341,7 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
             ``deadline_s``). One that has already waited longer than predicted, and not yet past its
             deadline (after which it is answered 202 soon, or failed and will never be), enters as
             an answer now with its wait so far: a lower bound, seen before the answer.
-        margin_quantile: the quantile :func:`_upper_bound` aims at; ``None``: the setting
-            ``ADMISSION_MARGIN_QUANTILE`` (0.99 unless configured; project/settings.py says why).
+        margin_quantile: the quantile :func:`_upper_bound` aims at (:data:`MARGIN_QUANTILE`).
 
     Returns:
         The fit; ``WaitFit()`` (the prior) when no answer qualifies. The margin is
@@ -375,8 +381,7 @@ def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (
     margin = 0.0
     if n >= 3:
         total = sum(time_weights)
-        q = settings.ADMISSION_MARGIN_QUANTILE if margin_quantile is None else margin_quantile
-        margin = _upper_bound(res, margin_weights, q) * total / (total + MARGIN_PRIOR_WEIGHT)
+        margin = _upper_bound(res, margin_weights, margin_quantile) * total / (total + MARGIN_PRIOR_WEIGHT)
     return WaitFit(overhead_s=a, scale=c, margin_s=margin, samples=n,
                    age_s=max(0.0, now - recent[-1]["answered"]))
 
@@ -657,7 +662,7 @@ def admission_edge_s(fit: WaitFit, deadline_s: float, *, min_share: float, max_s
     passes slowed by a third, the margin grew from 0.9 to 2.0 s, its 429s kept saying 4.0 s from the
     last admissions and the requests admitted next waited 2.2-2.8 s: 69 misses of ±30 %, 91.2 %
     within. Replayed on that run and the next (``benchmarks/load_replay.py``; first estimate alone,
-    then learnt, :mod:`embeddings.services.wait_ahead`), within ±30 % of the actual wait with the
+    then learnt, :mod:`queueing.wait_ahead`), within ±30 % of the actual wait with the
     edge against the mean: 2 s 98.7 / 98.9 % against 92.9 / 96.7 % (learnt 100.0 / 98.6 against
     97.8 / 97.5), 5 s 95.2 / 99.1 against 91.1 / 96.3 (learnt 99.8 / 99.1 against 91.2 / 97.9), 1 s
     98.5 / 97.8 against 98.8 / 99.3 (learnt 98.7 / 99.4 against 98.7 / 100.0); with a bulk job
@@ -702,9 +707,11 @@ def parked_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s
                (alone_s, "alone"), key=lambda x: x[0])
 
 
-def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float | None = None) -> Decision:
-    """Admit unless the predicted wait plus its margin (:func:`margin_s`; ``min_margin_share``
-    ``None``: the setting ``ADMISSION_MIN_MARGIN_SHARE``) is longer than ``deadline_s`` (s); a lane
+def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_share: float = MIN_MARGIN_SHARE,
+           max_margin_share: float = MAX_MARGIN_SHARE) -> Decision:
+    """Admit unless the predicted wait plus its margin (:func:`margin_s`: at least
+    ``min_margin_share`` × the wait, at most ``max_margin_share`` × ``deadline_s``) is longer than
+    ``deadline_s`` (s); a lane
     with at most :data:`SHALLOW_REQUESTS` requests' images ahead admits a request whose predicted
     wait alone fits, and an empty lane any request once the newest answer is older than
     :data:`PROBE_AFTER_S` (a probe).
@@ -729,8 +736,8 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     """
     wait = load.predicted_wait_s(images)
     work = load.work_s(images)
-    share = settings.ADMISSION_MIN_MARGIN_SHARE if min_margin_share is None else min_margin_share
-    cap = settings.ADMISSION_MAX_MARGIN_SHARE * deadline_s
+    share = min_margin_share
+    cap = max_margin_share * deadline_s
     # A shallow lane admits whatever the margin, an empty one whatever the prediction once the
     # evidence is stale (a probe): the request goes straight to the next pass of a worker, and its
     # answer is what a model learnt in a bad moment needs to be corrected.
@@ -787,7 +794,8 @@ def running_passes(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[
 def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, str],
               answers: Sequence[str], now: float, pending: Sequence[str] = (),
               passes: tuple[tuple[int, float], ...] = (), lone: Sequence[str] = (),
-              beside_bulk_now: bool = False, bulk_yields: bool = False, lone_quiet: Sequence[str] = ()) -> LaneLoad:
+              beside_bulk_now: bool = False, bulk_yields: bool = False, lone_quiet: Sequence[str] = (),
+              margin_quantile: float = MARGIN_QUANTILE) -> LaneLoad:
     """Build the :class:`LaneLoad` from what Redis holds (the raw hash and list values) and the
     running ``passes`` (:func:`running_passes`). Pure.
 
@@ -824,7 +832,8 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     def regime(bulk: bool, lone_s: Sequence[str]) -> tuple[WaitFit, float | None]:
         prior = max(0.0, statistics.fmean(float(x) for x in lone_s)) if lone_s else None
         return fit_wait([a for a in answered if fit_regime(a) is bulk], now=now, overhead_prior_s=prior,
-                        pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is bulk]), prior
+                        pending=[p for p in waiting if bool(p.get("bulk_at_admission")) is bulk],
+                        margin_quantile=margin_quantile), prior
 
     fit, prior = regime(beside_bulk_now, lone)
     recent = tuple(r["predicted_s"] for r in answered + waiting

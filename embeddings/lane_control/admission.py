@@ -2,9 +2,9 @@
 
 Two parts, both reading or writing the broker's Redis (kombu's Redis transport, ``REDIS_URL``).
 The wait model they feed (``wait_s = overhead_s + scale × work_s`` and what each of its terms
-measures) is pure and lives in :mod:`embeddings.services.wait_model`; bulk work, which is never
+measures) is pure and lives in :mod:`queueing.wait_model`; bulk work, which is never
 refused but yields (bulk turns, migration slots, the lane gate), in
-:mod:`embeddings.services.bulk_yield`.
+:mod:`embeddings.lane_control.bulk_yield`.
 
 1. **Web side, interactive lane** (:func:`interactive_admit`). A request is refused at once with
    429 and ``Retry-After`` when the predicted wait for its answer (plus a margin) is longer than
@@ -27,7 +27,7 @@ refused but yields (bulk turns, migration slots, the lane gate), in
    request of its size in an empty lane (``extra.wait_ahead_from``: ``edge``, ``drain`` or
    ``alone``); beside bulk chunks that yield to this lane, what the quiet lane they park for
    predicts (``parks``: the backlog of the moment, ``wait_model.parked_wait_ahead``). Then learnt
-   (:mod:`embeddings.services.wait_ahead`, ``extra.wait_ahead_samples`` refusals; 0: the first
+   (:mod:`queueing.wait_ahead`, ``extra.wait_ahead_samples`` refusals; 0: the first
    estimate as is; within ×1.3 of it, ``wait_ahead.CLAMP``): every refusal's features go to
    :data:`REFUSALS_KEY`, and once the requests admitted around it are answered, their waits label
    it; a refusal learns only from those of its own deadline band. ``Retry-After`` is that
@@ -57,9 +57,9 @@ from typing import Iterator, Sequence
 
 from django.conf import settings
 
-from embeddings.services import wait_ahead
-from embeddings.services.errors import ApplicationError
-from embeddings.services.wait_model import (
+from queueing import wait_ahead
+from embeddings.errors import ApplicationError
+from queueing.wait_model import (
     Decision,
     LaneLoad,
     batch_ms,
@@ -236,7 +236,7 @@ def interactive_load(client=None) -> LaneLoad:
     return lane_load(queued_messages=sum(lengths), inflight_images=inflight_images, workers=workers,
                      answers=answers, now=now, pending=[v for k, v in pending.items() if k not in gone],
                      passes=running, lone=lone_bulk if computing else lone, beside_bulk_now=bool(computing),
-                     bulk_yields=yielding, lone_quiet=lone)
+                     bulk_yields=yielding, lone_quiet=lone, margin_quantile=settings.ADMISSION_MARGIN_QUANTILE)
 
 
 def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
@@ -259,7 +259,8 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     except Exception as e:  # Redis down: admit; the enqueue that follows reports the outage
         log.warning("admission skipped, Redis unreadable: %s", e)
         return Decision(True, None)
-    decision = decide(load, deadline_s=deadline_s, images=images)
+    decision = decide(load, deadline_s=deadline_s, images=images, min_margin_share=settings.ADMISSION_MIN_MARGIN_SHARE,
+                      max_margin_share=settings.ADMISSION_MAX_MARGIN_SHARE)
     if not decision.admitted:
         decision = _refused(decision, load, deadline_s=deadline_s)
         about = {"edge": "a request admitted next waits about",

@@ -23,7 +23,7 @@ The probe runs in the workers as one Celery chain, never a task waiting on anoth
 ``gate_embed`` on the bulk queue at background priority (a worker holding the space's model,
 ``runtime.batch_runner(model_id)``) → ``gate_check`` on the vectors queue (the store's owner,
 ``runtime.vector_store(model_id)``), which writes ``space.gate_report``. :func:`gate_verdict` reads
-it for ``promote`` (``embeddings.services.migrations``).
+it for ``promote`` (``embeddings.services.lifecycle.model_migrations``).
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def gate_start(space_or_id, *, sample: int | None = None, seed: int = 0, calibra
     from celery import chain
 
     from embeddings import dispatch
-    from embeddings.services import cutoff
+    from embeddings.services.lifecycle import cutoff
 
     space = _space(space_or_id)
     if calibrate:
@@ -140,7 +140,7 @@ def reference_of(space: EmbeddingSpace) -> EmbeddingSpace | None:
     """The space whose model ``space``'s gate compares with: the space it was migrated from (while
     not dropped), else the active space; ``None`` for the active space itself with no live source."""
     from embeddings.models import SpaceState
-    from embeddings.services import spaces
+    from embeddings import spaces
 
     ref = space.source
     if ref is None or ref.state == SpaceState.DROPPED or ref.pk == space.pk:

@@ -19,11 +19,13 @@ from django.conf import settings
 from embeddings import dispatch, runtime
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.selectors import jobs_visible_to
-from embeddings.services import admission, sink, spaces
-from embeddings.services.calls import RETRY_AFTER_S
-from embeddings.services.errors import ApplicationError
-from embeddings.services.images import images_create, quick_check
-from embeddings.services.sources import SourceFile, iter_blocks
+from embeddings.lane_control import admission
+from embeddings import sink
+from embeddings import spaces
+from embeddings.sink import RETRY_AFTER_S
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.images import images_create, quick_check
+from embeddings.services.catalogue.sources import SourceFile, iter_blocks
 from workers.errors import Reason
 from workers.ids import point_id
 

@@ -13,9 +13,9 @@ from rest_framework.views import APIView
 from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.api.serializers import JobProgressSerializer, JobSerializer
 from embeddings.models import EmbeddingSpace, SpaceState
-from embeddings.services import jobs as job_services
-from embeddings.services import migrations
-from embeddings.services.errors import ApplicationError
+from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.lifecycle import model_migrations as migrations
+from embeddings.errors import ApplicationError
 
 STAFF_ONLY = "**Staff only** (403 `forbidden` for other users)."
 
@@ -160,7 +160,7 @@ class MigrationActionView(APIView):
             space = migrations.rollback(by=request.user.get_username())
         else:
             try:
-                from embeddings.services import gate
+                from embeddings.services.lifecycle import gate
             except ImportError as e:
                 raise ApplicationError("no quality gate is installed", code="gate_missing", status=409) from e
             gate.gate_start(space.id)
