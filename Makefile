@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -104,6 +104,11 @@ bench-db: setup
 # run after any API change and commit docs/openapi.yaml with it.
 schema: setup
 	$(PY) manage.py spectacular --file docs/openapi.yaml --validate --fail-on-warn
+
+# The README's configuration tables, generated from project/configuration.py
+# (tests/test_configuration.py fails when they differ): run after declaring or changing a variable.
+config-docs: setup
+	$(PY) -m project.configuration --write README.md
 
 # The Procfile for `honcho start` (the venv's honcho, from requirements-dev.txt). Written to a
 # temporary file first, so a failure never leaves an empty or partial Procfile behind.

@@ -1,31 +1,37 @@
 """Django settings, read once from the environment (and an optional ``.env`` file).
 
-Every knob is an environment variable; the README's configuration table lists them. Production
-defaults: DEBUG off, the secret key required from the environment.
+Every knob is an environment variable declared in ``project/configuration.py`` (type, default,
+meaning; the README's configuration tables are generated from it): this module takes each value
+from ``configuration.read`` and reads the environment nowhere else. Production defaults: DEBUG off,
+the secret key required from the environment.
 """
 import os
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
-from project import lanes
-from workers.config import PipelineConfig
+from project import configuration, lanes
 
-BASE_DIR = Path(__file__).resolve().parent.parent
-env = environ.Env()
-environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+BASE_DIR = configuration.BASE_DIR
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)  # .env fills what the environment leaves unset
+try:  # an unset required variable or a value that does not parse stops the start, naming the variable
+    config = configuration.read()
+    PIPELINE = configuration.pipeline_config()  # the pipeline's one typed object (workers.config)
+except configuration.ConfigurationError as e:
+    raise ImproperlyConfigured(str(e)) from e
 
-DEBUG = env.bool("DJANGO_DEBUG", default=False)
-SECRET_KEY = env("DJANGO_SECRET_KEY")
+DEBUG = config["DJANGO_DEBUG"]
+SECRET_KEY = config["DJANGO_SECRET_KEY"]
 if not SECRET_KEY.strip():  # Django itself only notices when something signs; refuse at start-up
-    raise environ.ImproperlyConfigured("DJANGO_SECRET_KEY is empty: set a long random secret in the environment")
-ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver"])
-VAR_DIR = Path(env("VAR_DIR", default=str(BASE_DIR / "var")))
+    raise ImproperlyConfigured("DJANGO_SECRET_KEY is empty: set a long random secret in the environment")
+ALLOWED_HOSTS = config["DJANGO_ALLOWED_HOSTS"]
+VAR_DIR = config["VAR_DIR"]
 # Prometheus multiprocess mode (embeddings/metrics.py): every process (gunicorn workers, Celery
 # pool children) writes its metrics to METRICS_DIR and the web's /metrics adds them up. Set here,
 # before prometheus_client is first imported, from this process's own VAR_DIR (an inherited
 # PROMETHEUS_MULTIPROC_DIR is replaced); METRICS_DIR="" serves each process's own metrics only.
-METRICS_DIR = env("METRICS_DIR", default=str(VAR_DIR / "prometheus"))
+METRICS_DIR = config["METRICS_DIR"]
 if METRICS_DIR:
     Path(METRICS_DIR).mkdir(parents=True, exist_ok=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = METRICS_DIR
@@ -33,8 +39,8 @@ else:
     os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 # A Celery worker serves its host's metrics on this port (0: not served; embeddings/metrics.py), so
 # GPU hosts without a web process are scrape targets too (issue 11).
-METRICS_PORT = env.int("METRICS_PORT", default=0)
-METRICS_BIND = env("METRICS_BIND", default="0.0.0.0")
+METRICS_PORT = config["METRICS_PORT"]
+METRICS_BIND = config["METRICS_BIND"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -81,7 +87,9 @@ TEMPLATES = [
 
 # SQLite by default; several processes write (web + three workers), so WAL mode, IMMEDIATE
 # transactions and a busy timeout keep "database is locked" away. DATABASE_URL selects PostgreSQL.
-DATABASES = {"default": env.db_url_config(env("DATABASE_URL", default="") or f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+DATABASES = {
+    "default": environ.Env.db_url_config(config["DATABASE_URL"] or f"sqlite:///{VAR_DIR / 'db.sqlite3'}"),
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
@@ -93,12 +101,12 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 # server); the health check replaces one the server closed meanwhile. A worker closes a connection
 # only when it is unusable or older than CONN_MAX_AGE (seconds; 0: one per task), checked before
 # each task (project/celery.py), as Django does before each request.
-DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE", default=600)
+DATABASES["default"]["CONN_MAX_AGE"] = config["DB_CONN_MAX_AGE"]
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Celery 5.7's Django fix-up closes every connection before and after each task unless this is set
-# (celery/fixups/django.py, close_database); set, it closes them every that many tasks only. Issue 10
-# measured a new connection per task at 0.8 ms of CPU on SQLite and 8 ms on PostgreSQL, per task of
-# every worker (the vectors worker runs ~50 tasks/s at 3,000 points/s).
+# (celery/fixups/django.py, close_database); set, it closes them every that many tasks only. A new
+# connection per task costs about a millisecond of CPU on SQLite and ten on PostgreSQL, on every task
+# of every worker, and the vectors worker runs dozens of tasks a second (docs/benchmarks.md).
 CELERY_DB_REUSE_MAX = 1000 if DATABASES["default"]["CONN_MAX_AGE"] else None
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -123,17 +131,17 @@ LOGIN_REDIRECT_URL = "site-search"
 LOGOUT_REDIRECT_URL = "login"
 
 # Uploads: limits that Django enforces itself; the API turns their errors into a 4xx naming them.
-DATA_UPLOAD_MAX_NUMBER_FILES = env.int("UPLOAD_MAX_FILES", default=1000)
-DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("UPLOAD_MAX_FORM_BYTES", default=10 * 1024 * 1024)
+DATA_UPLOAD_MAX_NUMBER_FILES = config["UPLOAD_MAX_FILES"]
+DATA_UPLOAD_MAX_MEMORY_SIZE = config["UPLOAD_MAX_FORM_BYTES"]
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 #: Whole-request cap on uploaded bytes (checked from Content-Length before reading the body).
-UPLOAD_MAX_REQUEST_BYTES = env.int("UPLOAD_MAX_REQUEST_BYTES", default=2 * 1024 * 1024 * 1024)
+UPLOAD_MAX_REQUEST_BYTES = config["UPLOAD_MAX_REQUEST_BYTES"]
 #: Files per interactive request (someone is waiting; bigger sets go to POST /api/jobs/).
-INTERACTIVE_MAX_FILES = env.int("INTERACTIVE_MAX_FILES", default=16)
-ZIP_MAX_ENTRIES = env.int("ZIP_MAX_ENTRIES", default=100_000)
-ZIP_MAX_UNCOMPRESSED_BYTES = env.int("ZIP_MAX_UNCOMPRESSED_BYTES", default=20 * 1024 * 1024 * 1024)
+INTERACTIVE_MAX_FILES = config["INTERACTIVE_MAX_FILES"]
+ZIP_MAX_ENTRIES = config["ZIP_MAX_ENTRIES"]
+ZIP_MAX_UNCOMPRESSED_BYTES = config["ZIP_MAX_UNCOMPRESSED_BYTES"]
 #: Server-side folders staff may ingest from (path traversal and symlinks out are refused).
-INGEST_ROOTS = [Path(p).resolve() for p in env.list("INGEST_ROOTS", default=[])]
+INGEST_ROOTS = [Path(p).resolve() for p in config["INGEST_ROOTS"]]
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -168,35 +176,34 @@ SPECTACULAR_SETTINGS = {
 }
 
 # --- The pipeline -------------------------------------------------------------------------------
-#: The model a deployment starts with (CLIP_MODEL, CLIP_PRETRAINED, CLIP_PRECISION, CLIP_SEED): the
-#: first embedding space. Once the database has an active space, that row decides (issue 13,
-#: embeddings/spaces.py); changing these variables afterwards is a migration, not a switch.
-PIPELINE = PipelineConfig.from_env()
+# PIPELINE (built at the top) holds the model a deployment starts with (CLIP_MODEL, CLIP_PRETRAINED,
+# CLIP_PRECISION, CLIP_SEED): the first embedding space. Once the database has an active space, that
+# row decides (embeddings/spaces.py); changing these variables afterwards is a migration, not a switch.
 #: Other models the workers may load, for migrations: comma-separated ``model:pretrained[:precision]``
 #: (e.g. ``ViT-B-16:openai,ViT-L-14:/models/l14.pt:fp32``; precision defaults to CLIP_PRECISION). A
 #: worker process holds at most these and the active model (docs/operations.md: memory per model).
-CLIP_MODELS = env.list("CLIP_MODELS", default=[])
+CLIP_MODELS = config["CLIP_MODELS"]
 #: How long (s) a process may keep using its cached copy of the active-space row: a promotion or a
 #: rollback takes effect in every process within this time.
-SPACE_CACHE_S = env.float("SPACE_CACHE_S", default=0.5)
+SPACE_CACHE_S = config["SPACE_CACHE_S"]
 #: Quality gate (embeddings/services/lifecycle/gate.py): the lowest share of re-encoded copies (3/4 size, JPEG
 #: 85) that must find their original first for ``promote`` (the issue's 0.99), and how many images
 #: are probed (200: one miss passes, two do not).
-MIGRATION_GATE_THRESHOLD = env.float("MIGRATION_GATE_THRESHOLD", default=0.99)
-MIGRATION_GATE_SAMPLE = env.int("MIGRATION_GATE_SAMPLE", default=200)
+MIGRATION_GATE_THRESHOLD = config["MIGRATION_GATE_THRESHOLD"]
+MIGRATION_GATE_SAMPLE = config["MIGRATION_GATE_SAMPLE"]
 #: Calibrated cutoff (embeddings/services/lifecycle/cutoff.py): the percentile of cosine scores between
 #: unrelated pairs (image–image, text–image) taken as a space's default ``min_score``.
-CUTOFF_PERCENTILE = env.float("CUTOFF_PERCENTILE", default=99.0)
+CUTOFF_PERCENTILE = config["CUTOFF_PERCENTILE"]
 #: Points a collection needs before it gets a cutoff (fewer: nothing is cut): 100 points give 4,950
 #: pairs, so the 99th percentile rests on the top ~50 of them, not on a few near-duplicates.
-CUTOFF_MIN_POINTS = env.int("CUTOFF_MIN_POINTS", default=100)
+CUTOFF_MIN_POINTS = config["CUTOFF_MIN_POINTS"]
 BLOB_ROOT = VAR_DIR / "blobs"
 # Image bytes and thumbnails (embeddings/storage.py) go through Django's storage API, STORAGES["blobs"]:
 # STORAGE_URL empty: files under BLOB_ROOT (one host). s3://bucket[/prefix]: S3-compatible object
 # storage through django-storages + boto3 (several hosts); S3_ENDPOINT_URL names a non-AWS endpoint
 # (MinIO, Ceph, moto), credentials come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or boto3's
 # own chain: instance roles, ~/.aws) and the region from AWS_S3_REGION_NAME.
-STORAGE_URL = env("STORAGE_URL", default="")
+STORAGE_URL = config["STORAGE_URL"]
 if not STORAGE_URL or STORAGE_URL.startswith("file://"):
     if STORAGE_URL:
         BLOB_ROOT = Path(STORAGE_URL.removeprefix("file://"))
@@ -205,53 +212,54 @@ elif STORAGE_URL.startswith("s3://"):
     _bucket, _, _prefix = STORAGE_URL.removeprefix("s3://").partition("/")
     STORAGES["blobs"] = {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": {
         "bucket_name": _bucket, "location": _prefix.strip("/"),
-        "endpoint_url": env("S3_ENDPOINT_URL", default="") or None,
-        "region_name": env("AWS_S3_REGION_NAME", default="") or None,
-        "access_key": env("AWS_ACCESS_KEY_ID", default="") or None,
-        "secret_key": env("AWS_SECRET_ACCESS_KEY", default="") or None,
-        "addressing_style": env("AWS_S3_ADDRESSING_STYLE", default="") or None,  # "path" for most non-AWS servers
+        "endpoint_url": config["S3_ENDPOINT_URL"] or None,
+        "region_name": config["AWS_S3_REGION_NAME"] or None,
+        "access_key": config["AWS_ACCESS_KEY_ID"] or None,
+        "secret_key": config["AWS_SECRET_ACCESS_KEY"] or None,
+        "addressing_style": config["AWS_S3_ADDRESSING_STYLE"] or None,  # "path" for most non-AWS servers
         "file_overwrite": True,  # content-addressed: the same name always holds the same bytes
         "default_acl": None, "querystring_auth": False,
     }}
 else:
-    raise environ.ImproperlyConfigured(f"STORAGE_URL must be empty, file:///folder or s3://bucket[/prefix], not {STORAGE_URL!r}")
-QDRANT_URL = env("QDRANT_URL", default="")
+    raise ImproperlyConfigured(
+        f"STORAGE_URL must be empty, file:///folder or s3://bucket[/prefix], not {STORAGE_URL!r}")
+QDRANT_URL = config["QDRANT_URL"]
 #: Vector store backend (workers/vector_store): ``edge`` (Qdrant's engine in-process, the default),
 #: ``local`` (qdrant-client local mode, for installations not yet moved: ``manage.py store_migrate``)
 #: or ``server`` (``QDRANT_URL``; the default when it is set).
-VECTOR_STORE = env("VECTOR_STORE", default="server" if QDRANT_URL else "edge")
+VECTOR_STORE = config["VECTOR_STORE"]
 #: Folder of the embedded store: one shard folder per collection (edge), or local mode's folder.
-QDRANT_PATH = env("QDRANT_PATH", default=str(VAR_DIR / ("qdrant" if VECTOR_STORE == "local" else "qdrant-edge")))
+QDRANT_PATH = config["QDRANT_PATH"]
 #: Edge: a write is acknowledged once it is in the write-ahead log (survives a killed worker, as a
 #: Qdrant server's default does); 1: also flushed (fsync) first, which survives a power loss but costs
-#: 5 ms to 200 ms per write on this machine's disk (docs/operations.md).
-VECTOR_STORE_FSYNC = env.bool("VECTOR_STORE_FSYNC", default=False)
+#: milliseconds per write, more on a busy disk (docs/operations.md).
+VECTOR_STORE_FSYNC = config["VECTOR_STORE_FSYNC"]
 #: Edge: optimise (build HNSW, merge segments) in the vectors worker after this many seconds with no
 #: store call and at least VECTOR_STORE_OPTIMIZE_MIN_POINTS new points (0: never in the worker).
-VECTOR_STORE_OPTIMIZE_IDLE_S = env.float("VECTOR_STORE_OPTIMIZE_IDLE_S", default=30.0)
-VECTOR_STORE_OPTIMIZE_MIN_POINTS = env.int("VECTOR_STORE_OPTIMIZE_MIN_POINTS", default=5_000)
+VECTOR_STORE_OPTIMIZE_IDLE_S = config["VECTOR_STORE_OPTIMIZE_IDLE_S"]
+VECTOR_STORE_OPTIMIZE_MIN_POINTS = config["VECTOR_STORE_OPTIMIZE_MIN_POINTS"]
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
-INTERACTIVE_DEADLINE_S = env.float("INTERACTIVE_DEADLINE_S", default=2.0)
+INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
 #: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline
 #: (embeddings/lane_control/admission.py).
-ADMISSION_CONTROL = env.bool("ADMISSION_CONTROL", default=True)
+ADMISSION_CONTROL = config["ADMISSION_CONTROL"]
 #: Default number of neighbours (top-k) returned.
 SEARCH_DEFAULT_K = 10
 SEARCH_MAX_K = 100
 #: Timeout for web → vectors-worker round trips that are not interactive embeds (s).
-VECTORS_CALL_TIMEOUT_S = env.float("VECTORS_CALL_TIMEOUT_S", default=10.0)
+VECTORS_CALL_TIMEOUT_S = config["VECTORS_CALL_TIMEOUT_S"]
 #: Points a bulk chunk writes between two looks at the vectors queue: when interactive work waits
 #: there, the rest of the chunk goes back to the queue behind it (``pipeline.chunk_index``), so an
 #: interactive request waits behind at most one slice, not a whole chunk. Each slice costs one store
 #: call, two UPDATEs and a look at the queue (one Redis command); the chunk's rows are read once
 #: (issue 10). The embedded stores: half a chunk (32), the most that still keeps an interactive
-#: request from waiting for a whole chunk (the vectors worker's CPU per point with 8: 1.6x that with
-#: 32 in issue 10's sink runs, docs/benchmarks.md). A Qdrant server prefers bigger requests, and there each
-#: embedding worker writes its own points (nothing to yield to): one slice per chunk of 64.
-VECTORS_WRITE_SLICE = env.int("VECTORS_WRITE_SLICE", default=64 if VECTOR_STORE == "server" else 32)
+#: request from waiting for a whole chunk; smaller slices cost the vectors worker more CPU per point
+#: (docs/benchmarks.md). A Qdrant server prefers bigger requests, and there each embedding worker
+#: writes its own points (nothing to yield to): one slice per chunk of 64.
+VECTORS_WRITE_SLICE = config["VECTORS_WRITE_SLICE"]
 
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
-REDIS_URL = env("REDIS_URL", default="redis://127.0.0.1:6379/0")
+REDIS_URL = config["REDIS_URL"]
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_RESULT_EXPIRES = 3600
@@ -268,7 +276,7 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 #: Redis redelivers an unacknowledged message after this (s), even if it is still running
 #: (celery/celery#5935): chunks must finish far inside it (checked at worker start-up).
-CELERY_VISIBILITY_TIMEOUT_S = env.int("CELERY_VISIBILITY_TIMEOUT_S", default=3600)
+CELERY_VISIBILITY_TIMEOUT_S = config["CELERY_VISIBILITY_TIMEOUT_S"]
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": CELERY_VISIBILITY_TIMEOUT_S,
     # Redis: 0 is the highest priority; steps bucket 0-9. Queues consumed by one worker are taken
@@ -279,7 +287,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "embeddings.lane_control.bulk_yield:LaneGateCycle",
     # BRPOP timeout (s): bounds how long a gated worker takes to ask for bulk work again (the
     # on-deck chunk hides it while chunks take longer).
-    "polling_interval": env.float("BROKER_POLLING_INTERVAL_S", default=0.2),
+    "polling_interval": config["BROKER_POLLING_INTERVAL_S"],
 }
 CELERY_TASK_DEFAULT_QUEUE = lanes.BULK
 CELERY_TASK_DEFAULT_PRIORITY = lanes.PRIORITY_BULK_BACKGROUND
@@ -287,93 +295,91 @@ CELERY_TASK_CREATE_MISSING_QUEUES = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # Task events for the lane tests and benchmarks, off by default: task-sent from the publisher (the
 # moment a message entered its queue), task-started/-succeeded from the worker.
-CELERY_WORKER_SEND_TASK_EVENTS = env.bool("CELERY_TASK_EVENTS", default=False)
+CELERY_WORKER_SEND_TASK_EVENTS = config["CELERY_TASK_EVENTS"]
 CELERY_TASK_SEND_SENT_EVENT = CELERY_WORKER_SEND_TASK_EVENTS
 #: CPU niceness a worker gives itself at start (its pool children inherit it); 0 = unchanged.
-WORKER_NICE = env.int("WORKER_NICE", default=0)
+WORKER_NICE = config["WORKER_NICE"]
 #: Niceness of a worker that consumes the bulk queue only (deployment (a)) when ``WORKER_NICE`` is 0:
 #: the kernel runs every other process first (interactive worker, web, vectors worker) and gives bulk
-#: every idle cycle: "bulk yields" at the CPU. 19 held both lane targets on this 2-core machine
-#: (docs/benchmarks.md); 0 turns it off.
-BULK_WORKER_NICE = env.int("BULK_WORKER_NICE", default=19)
+#: every idle cycle: "bulk yields" at the CPU. 19 holds both lane targets where the lanes share
+#: cores (docs/benchmarks.md); 0 turns it off.
+BULK_WORKER_NICE = config["BULK_WORKER_NICE"]
 #: On: a bulk-only worker also puts its threads (and so its prefork children's) under Linux's
 #: ``SCHED_IDLE`` policy: they run only on a core nothing else wants, and a waking interactive thread
-#: preempts them at once, where a nice-19 thread keeps its slice. Measured on the 2-core Xeon
-#: (``make bench-sched``, docs/benchmarks-load.md): an interactive pass of 8 on 2 torch threads took
-#: 1.47-1.49x its time alone beside two nice-19 bulk processes, 1.18-1.27x beside two SCHED_IDLE
-#: ones; on 1 thread (what it gets on 2 cores) 0.98-1.08x either way, and on the whole 2-core stack
-#: under 2x overload no consistent gain while bulk embedded ~15 % fewer images. So off by default;
-#: for hosts whose interactive worker runs several torch threads (4+ cores). Ignored (a warning)
-#: where the OS has no SCHED_IDLE.
-BULK_WORKER_SCHED_IDLE = env.bool("BULK_WORKER_SCHED_IDLE", default=False)
+#: preempts them at once, where a nice-19 thread keeps its slice. That helps an interactive pass
+#: spread over several torch threads; on one thread (what it gets on 2 cores) it gains nothing and
+#: bulk embeds fewer images (``make bench-sched``; docs/benchmarks-load-history.md, "The bulk worker
+#: under SCHED_IDLE"). So off by default; for hosts whose interactive worker runs several torch
+#: threads (4+ cores). Ignored (a warning) where the OS has no SCHED_IDLE.
+BULK_WORKER_SCHED_IDLE = config["BULK_WORKER_SCHED_IDLE"]
 #: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
-CELERY_BULK_TIME_LIMIT_S = env.int("CELERY_BULK_TIME_LIMIT_S", default=CELERY_VISIBILITY_TIMEOUT_S // 3)
+CELERY_BULK_TIME_LIMIT_S = config["CELERY_BULK_TIME_LIMIT_S"]
 
 # --- Recovery (embeddings/services/reconcile.py, docs/operations.md) ----------------------------
 #: Seconds between reconciler rounds, run by the vectors worker (0: off; `manage.py reconcile` runs one).
-RECONCILE_INTERVAL_S = env.float("RECONCILE_INTERVAL_S", default=30.0)
+RECONCILE_INTERVAL_S = config["RECONCILE_INTERVAL_S"]
 #: A queued image or an unacknowledged delivery younger than this (s) is never treated as lost.
-RECONCILE_GRACE_S = env.float("RECONCILE_GRACE_S", default=120.0)
+RECONCILE_GRACE_S = config["RECONCILE_GRACE_S"]
 #: Attempts at a bulk image (deliveries that started it + reconciler re-dispatches) before it fails
 #: with ``attempts_exhausted``: a poison image must not loop through worker crashes forever.
-BULK_MAX_ATTEMPTS = env.int("BULK_MAX_ATTEMPTS", default=8)
+BULK_MAX_ATTEMPTS = config["BULK_MAX_ATTEMPTS"]
 #: Admission's margin: the quantile of its own recent errors (actual − predicted wait, s) that is added
-#: to a prediction before it is compared with the deadline (queueing/wait_model.py
-#: fit_wait, _upper_bound: estimated from the late errors' spread since 2026-12-01). Issue 15 asks that >= 95 % of admitted requests answer within their deadline; under
-#: overload nearly every admitted request sits at the admission threshold, so the late share is
-#: about 1 - this quantile plus the model's lag: the 95th percentile gave 95.3 % at a 2 s deadline,
-#: the 99th 98.5 % (98.4 -> 100 % at 1 s) with goodput still 96-107 % of the measured capacity
-#: (docs/benchmarks-load.md, quiet 2-core AMD EPYC).
-ADMISSION_MARGIN_QUANTILE = env.float("ADMISSION_MARGIN_QUANTILE", default=0.99)
+#: to a prediction before it is compared with the deadline (queueing/wait_model.py fit_wait,
+#: _upper_bound: read off the late errors' spread). Issue 15 asks that at least 95 % of admitted
+#: requests answer within their deadline; under overload nearly every admitted request sits at the
+#: admission threshold, so the late share is about 1 - this quantile plus the model's lag: the 99th
+#: percentile leaves room for the lag with goodput still at the measured capacity, the 95th does not
+#: (docs/benchmarks-load.md).
+ADMISSION_MARGIN_QUANTILE = config["ADMISSION_MARGIN_QUANTILE"]
 #: The margin is never less than this share of the predicted wait (wait_model.margin_s): at long
-#: deadlines the learnt margin lags by one wait. 0.2 cut the late answers at 5 s and moved 1 s and 2 s
-#: by at most 1.3 points in replays of load-benchmark runs (docs/benchmarks-load.md); 0: the learnt
-#: margin alone.
-ADMISSION_MIN_MARGIN_SHARE = env.float("ADMISSION_MIN_MARGIN_SHARE", default=0.2)
+#: deadlines the learnt margin lags by one wait. 0.2 cuts the late answers at long deadlines and
+#: leaves short ones nearly unchanged in replays of load-benchmark runs (docs/benchmarks-load.md); 0:
+#: the learnt margin alone.
+ADMISSION_MIN_MARGIN_SHARE = config["ADMISSION_MIN_MARGIN_SHARE"]
 #: ... and never more than this share of the deadline (wait_model.margin_s): a burst of late answers
-#: (an overload that starts at once) raised the learnt margin to 0.8-1.0 × a 1 s deadline, which
-#: admits nothing but requests to an empty lane, and the lane then starved for 5-8 s while its
-#: few answers taught the model the truth (docs/benchmarks-load.md, "Starved lanes"). 1: no cap.
-ADMISSION_MAX_MARGIN_SHARE = env.float("ADMISSION_MAX_MARGIN_SHARE", default=0.4)
+#: (an overload that starts at once) can raise the learnt margin to nearly the whole deadline, which
+#: admits nothing but requests to an empty lane, and the lane then starves for seconds while its few
+#: answers teach the model the truth (docs/benchmarks-load-history.md, "Starved lanes"). 1: no cap.
+ADMISSION_MAX_MARGIN_SHARE = config["ADMISSION_MAX_MARGIN_SHARE"]
 #: Migration chunks computing at once per worker host (embeddings/lane_control/bulk_yield.py
 #: migration_slot): a migration runs at background priority and must not double the interactive p95
 #: on shared cores (docs/benchmarks-migration.md). 0: no limit (e.g. a GPU host with spare capacity).
-MIGRATION_BULK_SLOTS = env.int("MIGRATION_BULK_SLOTS", default=1)
+MIGRATION_BULK_SLOTS = config["MIGRATION_BULK_SLOTS"]
 #: A migration chunk runs as forward passes of this many images (0: the bulk lane's BULK_MICRO_BATCH)
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
 #: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.
-MIGRATION_MICRO_BATCH = env.int("MIGRATION_MICRO_BATCH", default=4)
-MIGRATION_YIELD_MAX_S = env.float("MIGRATION_YIELD_MAX_S", default=2.0)
+MIGRATION_MICRO_BATCH = config["MIGRATION_MICRO_BATCH"]
+MIGRATION_YIELD_MAX_S = config["MIGRATION_YIELD_MAX_S"]
 #: A background ingest job's chunk runs as forward passes of BULK_YIELD_MICRO_BATCH images and,
 #: before each, waits while the interactive lane has work and admission has refused a request within
 #: BULK_YIELD_REFUSED_S (the lane at capacity; 0: whenever it has work), at most BULK_YIELD_MAX_S
-#: (0: never waits, one pass of the chunk as before; e.g. a host whose lanes do not share cores),
+#: (0: never waits, the chunk runs as one pass; e.g. a host whose lanes do not share cores),
 #: all its waits at most half of CELERY_BULK_TIME_LIMIT_S: bulk_yield.ingest_yielder. Urgent jobs,
 #: and a job at risk of missing its deadline (jobs.job_deadline_at_risk), never wait.
-BULK_YIELD_MAX_S = env.float("BULK_YIELD_MAX_S", default=60.0)
-BULK_YIELD_REFUSED_S = env.float("BULK_YIELD_REFUSED_S", default=10.0)
-BULK_YIELD_MICRO_BATCH = env.int("BULK_YIELD_MICRO_BATCH", default=8)
+BULK_YIELD_MAX_S = config["BULK_YIELD_MAX_S"]
+BULK_YIELD_REFUSED_S = config["BULK_YIELD_REFUSED_S"]
+BULK_YIELD_MICRO_BATCH = config["BULK_YIELD_MICRO_BATCH"]
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1
 # turns on HTTPS redirects, secure cookies and HSTS; DJANGO_BEHIND_PROXY=1 trusts the proxy's
 # X-Forwarded-Proto. /healthz stays reachable over plain HTTP for probes.
-HTTPS = env.bool("DJANGO_HTTPS", default=False)
+HTTPS = config["DJANGO_HTTPS"]
 SECURE_SSL_REDIRECT = HTTPS
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
-SECURE_HSTS_SECONDS = env.int("DJANGO_HSTS_SECONDS", default=31_536_000 if HTTPS else 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", default=HTTPS)
-SECURE_HSTS_PRELOAD = env.bool("DJANGO_HSTS_PRELOAD", default=HTTPS)
-if env.bool("DJANGO_BEHIND_PROXY", default=False):
+SECURE_HSTS_SECONDS = config["DJANGO_HSTS_SECONDS"]
+SECURE_HSTS_INCLUDE_SUBDOMAINS = config["DJANGO_HSTS_INCLUDE_SUBDOMAINS"]
+SECURE_HSTS_PRELOAD = config["DJANGO_HSTS_PRELOAD"]
+if config["DJANGO_BEHIND_PROXY"]:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+CSRF_TRUSTED_ORIGINS = config["DJANGO_CSRF_TRUSTED_ORIGINS"]
 X_FRAME_OPTIONS = "DENY"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+    "root": {"handlers": ["console"], "level": config["LOG_LEVEL"]},
 }

@@ -1,7 +1,7 @@
 """The one typed configuration object of the pipeline, built once per process and passed in.
 
-``project/settings.py`` builds it from the environment (``PipelineConfig.from_env``); code in
-``workers/`` never reads Django settings or the environment itself.
+``project/configuration.py`` declares the environment variables that set it and builds it
+(``pipeline_config``); code in ``workers/`` never reads Django settings or the environment itself.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 Precision = Literal["fp32", "bf16", "fp16"]
 #: What ``CLIP_PRECISION`` accepts: a precision, or ``"auto"`` (the service's default), which
@@ -44,7 +44,7 @@ class PipelineConfig:
             ``"auto"`` is accepted and resolved at once (:func:`resolve_precision`, this machine's
             hardware), so the attribute always holds a concrete precision. The constructor's
             default stays ``"fp32"`` (library use and tests are the same everywhere); the
-            service's default, ``CLIP_PRECISION`` unset, is ``"auto"`` (:meth:`from_env`).
+            service's default, ``CLIP_PRECISION`` unset, is ``"auto"`` (project/configuration.py).
         batch_size: images per bulk chunk and per bulk forward pass.
         preprocess: ``"cpu"``, ``"gpu"`` or ``"gpu_decode"`` (the last two need ``device="cuda"``);
             see :data:`Preprocess`.
@@ -105,53 +105,6 @@ class PipelineConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None (automatic), not {value}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, *, hardware: "Hardware | None" = None
-                 ) -> "PipelineConfig":
-        """Build from ``CLIP_*`` / ``PIPELINE_*`` variables (see README's configuration table).
-
-        ``CLIP_PRECISION`` defaults to ``"auto"``, resolved here by :func:`resolve_precision`
-        against ``hardware`` (default: this machine, :func:`detect_hardware`).
-
-        Raises:
-            ValueError: a variable does not parse or is out of range.
-        """
-        env = os.environ if env is None else env
-        d = cls()
-
-        def get(name: str, default, cast=str):
-            raw = env.get(name)
-            if raw is None or raw == "":
-                return default
-            try:
-                return cast(raw)
-            except ValueError as e:
-                raise ValueError(f"{name}={raw!r}: {e}") from e
-
-        threads = get("TORCH_THREADS", None, int)
-        decode_threads = get("DECODE_THREADS", None, int)
-        device = get("CLIP_DEVICE", d.device)
-        return cls(
-            model_name=get("CLIP_MODEL", d.model_name),
-            pretrained=get("CLIP_PRETRAINED", d.pretrained),
-            seed=get("CLIP_SEED", d.seed, int),
-            device=device,
-            precision=resolve_precision(get("CLIP_PRECISION", "auto"), device, hardware=hardware),
-            batch_size=get("BULK_BATCH_SIZE", d.batch_size, int),
-            preprocess=get("PREPROCESS", d.preprocess),
-            bulk_processes=get("BULK_PROCESSES", d.bulk_processes, int),
-            micro_batch=get("BULK_MICRO_BATCH", None, int),
-            interactive_max_batch_size=get("INTERACTIVE_MAX_BATCH_SIZE", d.interactive_max_batch_size, int),
-            interactive_max_queue_delay_ms=get(
-                "INTERACTIVE_MAX_QUEUE_DELAY_MS", d.interactive_max_queue_delay_ms, float
-            ),
-            decode_threads=decode_threads,
-            torch_threads=threads,
-            max_image_bytes=get("MAX_IMAGE_BYTES", d.max_image_bytes, int),
-            max_image_pixels=get("MAX_IMAGE_PIXELS", d.max_image_pixels, int),
-            decode_timeout_s=get("DECODE_TIMEOUT_S", d.decode_timeout_s, float),
-        )
 
     def threads(self, cpu_count: int | None = None) -> "ThreadPlan":
         """The decode and torch thread counts one worker process uses.
@@ -272,9 +225,8 @@ def _file_sha256(path: Path) -> str:
 
 #: ``/proc/cpuinfo`` flags of CPUs that compute bf16 natively: AVX-512 BF16 (``vdpbf16ps``: Intel
 #: Cooper Lake and later, AMD Zen 4 and later) and AMX (Intel Sapphire Rapids and later). Elsewhere
-#: torch emulates bf16 through fp32: a ViT-B/32 image tower at batch 64 measured 1.1 images/s in
-#: bf16 against 10.6 in fp32 on an AVX2-only EPYC, and twice fp32's rate on an AVX-512-BF16 one
-#: (../shared/NOTES.md, 2026-11-29 and 2026-11-30).
+#: torch emulates bf16 through fp32, about ten times slower than fp32 for the image tower; with
+#: native bf16 it runs about twice fp32's rate (../shared/NOTES.md).
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 #: The CPU flags every benchmark prints with its figures: the vector widths and bf16 units that
 #: decide what the model's matmuls cost (``benchmarks._common.machine``).

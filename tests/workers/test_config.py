@@ -1,6 +1,7 @@
 """The one configuration object: parsing, validation, derived names."""
 import pytest
 
+from project.configuration import pipeline_config
 from workers.config import PipelineConfig
 
 
@@ -13,13 +14,13 @@ def test_defaults_and_derived_names():
     assert PipelineConfig(precision="bf16").collection_name.endswith("_bf16")
 
 
-def test_from_env():
-    cfg = PipelineConfig.from_env({"CLIP_PRETRAINED": "random", "BULK_BATCH_SIZE": "16", "CLIP_PRECISION": "bf16",
-                                   "TORCH_THREADS": "2", "INTERACTIVE_MAX_QUEUE_DELAY_MS": "2.5"})
+def test_pipeline_config_reads_the_environment():
+    cfg = pipeline_config({"CLIP_PRETRAINED": "random", "BULK_BATCH_SIZE": "16", "CLIP_PRECISION": "bf16",
+                           "TORCH_THREADS": "2", "INTERACTIVE_MAX_QUEUE_DELAY_MS": "2.5"})
     assert (cfg.pretrained, cfg.batch_size, cfg.precision, cfg.torch_threads) == ("random", 16, "bf16", 2)
     assert cfg.interactive_max_queue_delay_ms == 2.5
     with pytest.raises(ValueError, match="BULK_BATCH_SIZE"):
-        PipelineConfig.from_env({"BULK_BATCH_SIZE": "many"})
+        pipeline_config({"BULK_BATCH_SIZE": "many"})
 
 
 @pytest.mark.parametrize("bad", [dict(precision="int8"), dict(device="tpu"), dict(precision="fp16"), dict(batch_size=0)])
@@ -43,7 +44,7 @@ AVX512_NO_BF16 = Hardware(cpu_model="Intel Xeon Platinum 8259CL", cpu_flags=froz
                                                     (AVX512_BF16, "bf16"), (AMX, "bf16"), (Hardware(), "fp32")])
 def test_auto_is_bf16_only_where_the_cpu_computes_it_natively(hardware, expected):
     assert resolve_precision("auto", "cpu", hardware=hardware) == expected
-    cfg = PipelineConfig.from_env({"CLIP_PRETRAINED": "random"}, hardware=hardware)  # CLIP_PRECISION unset: auto
+    cfg = pipeline_config({"CLIP_PRETRAINED": "random"}, hardware=hardware)  # CLIP_PRECISION unset: auto
     assert cfg.precision == expected
     assert cfg.model_id == f"ViT-B-32/random-seed0/{expected}"  # resolved before it names anything
     assert cfg.collection_name == f"clip_vit_b_32_random_seed0_{expected}"
@@ -52,11 +53,11 @@ def test_auto_is_bf16_only_where_the_cpu_computes_it_natively(hardware, expected
 def test_an_explicit_precision_is_kept_whatever_the_hardware():
     for requested in ("fp32", "bf16"):
         assert resolve_precision(requested, "cpu", hardware=AVX2_ONLY) == requested
-        assert PipelineConfig.from_env({"CLIP_PRECISION": requested}, hardware=AVX512_BF16).precision == requested
-    assert PipelineConfig.from_env({"CLIP_PRECISION": "fp16", "CLIP_DEVICE": "cuda"}, hardware=Hardware()).precision \
+        assert pipeline_config({"CLIP_PRECISION": requested}, hardware=AVX512_BF16).precision == requested
+    assert pipeline_config({"CLIP_PRECISION": "fp16", "CLIP_DEVICE": "cuda"}, hardware=Hardware()).precision \
         == "fp16"
     with pytest.raises(ValueError, match="auto, fp32, bf16 or fp16"):
-        PipelineConfig.from_env({"CLIP_PRECISION": "bf17"}, hardware=AVX2_ONLY)
+        pipeline_config({"CLIP_PRECISION": "bf17"}, hardware=AVX2_ONLY)
 
 
 @pytest.mark.parametrize(("capabilities", "expected"), [((), "fp32"), (((7, 5),), "fp32"), (((8, 0),), "bf16"),

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from project import processes
+from project.configuration import pipeline_config
 from workers.config import PipelineConfig
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
@@ -145,7 +146,7 @@ def test_automatic_threads_never_oversubscribe(cores, processes_, device, micro_
 def test_explicit_threads_win_and_are_flagged():
     plan = PipelineConfig(decode_threads=4, torch_threads=4, bulk_processes=2).threads(cpu_count=2)
     assert (plan.decode, plan.torch, plan.oversubscribed) == (4, 4, True)
-    assert PipelineConfig.from_env({"DECODE_THREADS": "3", "TORCH_THREADS": "1", "BULK_PROCESSES": "1"}).threads(
+    assert pipeline_config({"DECODE_THREADS": "3", "TORCH_THREADS": "1", "BULK_PROCESSES": "1"}).threads(
         cpu_count=4) == PipelineConfig(decode_threads=3, torch_threads=1, bulk_processes=1).threads(cpu_count=4)
     with pytest.raises(ValueError):
         PipelineConfig(decode_threads=0)
@@ -179,7 +180,7 @@ def test_thread_settings_are_applied(random_config, encoder):
 def test_bulk_worker_processes_follow_the_setting():
     assert " -P prefork -c 2 " in processes.commands({})["worker-bulk"]
     assert " -P prefork -c 3 " in processes.commands({"BULK_PROCESSES": "3"})["worker-bulk"]
-    assert PipelineConfig.from_env({"BULK_PROCESSES": "3"}).bulk_processes == 3
+    assert pipeline_config({"BULK_PROCESSES": "3"}).bulk_processes == 3
 
 
 def test_concurrent_prepares_share_the_pool_without_mixing_images(runner):
