@@ -48,12 +48,12 @@ def _free_components() -> None:
     import numpy as np
 
     from embeddings import runtime, tasks
-    from embeddings.lane_control import admission
+    from embeddings import lane_control
     from workers.runner import BatchResult, ImageMeta
     from workers.timing import StageTimings
 
     class Runner:
-        def run(self, keys, loader, on_decoded=None):
+        def run(self, keys, loader, on_decoded=None, **_pass_options):  # micro_batch, before_pass: one pass here
             return BatchResult(vectors=np.zeros((len(keys), 512), np.float32),
                                metas=[ImageMeta(k, 64, 64, "jpeg") for k in keys], failed=[], timings=StageTimings())
 
@@ -68,7 +68,7 @@ def _free_components() -> None:
     runtime.vector_store = lambda model_id=None: Store()
     runtime.blob_store = lambda: None
     runtime.model_id = lambda: "bench/model"
-    admission.vectors_interactive_waiting = lambda: False
+    lane_control.vectors_interactive_waiting = lambda: False
     tasks.embed_chunk.apply_async = lambda *a, **kw: None
     tasks.index_chunk.apply_async = lambda args=(), **kw: sent.append(args)
     _free_components.sent = sent
@@ -136,7 +136,7 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
             with CaptureQueriesContext(connection) as q:
                 pipeline.chunk_embed(job_id=str(j["job"].id), image_ids=chunk)
                 for args in list(sent):
-                    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+                    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
             ms = (time.perf_counter() - t0) * 1000
             if k:
                 j["ms"].append(ms)

@@ -20,7 +20,7 @@ re-encoded with a per-copy mark), so nothing is skipped as a duplicate.
 Interactive latency is the client's wall time for ``POST /api/images/`` (web, database, embed on
 the interactive lane, index and top-k search on the vectors worker). The interactive worker reports
 every batch its dynamic batcher forms (size, requests, queue delay, forward-pass time) to Redis
-(``embeddings.lane_control.admission.BATCHES_KEY``); they are summarised per phase.
+(``embeddings.lane_control.keys.BATCHES_KEY``); they are summarised per phase.
 
 Targets evaluated (issue 4): p95(2) ≤ 1.5 × p95(1) + one interactive batch's service time (the mean
 forward pass of the idle phase's batches); throughput(4) ≥ 0.9 × throughput(3) × (1 − interactive
@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks._common import PHOTO_DIRS, machine, machine_line, pyplot, write_folder  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.lane_control.admission.BATCHES_KEY
+INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.lane_control.keys.BATCHES_KEY
 
 
 # --- images ---------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ zip, whose chunks then run on the same cores) and each ``--deadline``:
 2. **overload**: ``POST /api/images/`` open loop (a slow answer does not delay the next request) at
    ``--overload`` × capacity for ``--duration`` seconds, each with ``--files`` distinct small JPEGs
    and ``deadline``. Every answer is recorded (status, latency, ``Retry-After``, the 429's
-   ``extra``), and the web's own record of every admitted request (``admission.ANSWERS_KEY``:
+   ``extra``), and the web's own record of every admitted request (``lane_control.keys.ANSWERS_KEY``:
    admitted/answered times, predicted wait, images ahead) is read back from Redis.
 
 Requests go only to 127.0.0.1 and are bounded: at most 10,000 per phase, ``--max-in-flight`` at once,
@@ -88,11 +88,11 @@ from scripts.soak import make_jpeg, zip_of
 from scripts.stack import Stack
 
 PROCESSES = ("web", "worker-interactive", "worker-bulk", "worker-vectors")
-#: ``embeddings.lane_control.admission.ANSWERS_KEY`` (the driver imports no Django).
+#: ``embeddings.lane_control.keys.ANSWERS_KEY`` (the driver imports no Django).
 ANSWERS_KEY = "lanes:interactive:answers"
-#: ``embeddings.lane_control.admission.BATCHES_KEY``: the dynamic batcher's batch records.
+#: ``embeddings.lane_control.keys.BATCHES_KEY``: the dynamic batcher's batch records.
 BATCHES_KEY = "lanes:interactive:batches"
-#: ``embeddings.lane_control.admission.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
+#: ``embeddings.lane_control.keys.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
 REFUSALS_KEY = "lanes:interactive:refusals"
 #: ``queueing.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
 WAIT_AHEAD_WINDOW_S = 60.0
@@ -321,7 +321,7 @@ class QueueSampler(threading.Thread):
     queued (every priority list), interactive tasks started and not finished, interactive messages
     waiting on the ``vectors`` queue (step 0: searches and interactive writes), admitted requests
     not answered yet, forward passes running, and bulk chunks computing (not parked:
-    ``admission.BULK_ACTIVITY_KEY``, the wait model's regime). ``samples``: ``{"t" (Unix s),
+    ``lane_control.keys.BULK_ACTIVITY_KEY``, the wait model's regime). ``samples``: ``{"t" (Unix s),
     "queued", "inflight", "vectors", "pending", "passes", "bulk"}``. For diagnosis: which queue
     holds the wait."""
 
@@ -329,7 +329,7 @@ class QueueSampler(threading.Thread):
                                       "pending": "lanes:interactive:pending",
                                       "passes": "lanes:interactive:passes",
                                       "bulk": "lanes:bulk:activity"}
-    #: kombu's priority lists of a queue (``admission.queue_keys``; separator ``\x06\x16``).
+    #: kombu's priority lists of a queue (``lane_control.queue_keys``; separator ``\x06\x16``).
     STEPS = (0, 3, 6, 9)
 
     def __init__(self, redis_url: str, every: float = 0.2) -> None:
@@ -460,7 +460,7 @@ def closed_loop(client: Client, *, clients: int, seconds: float, deadline_s: flo
 
 
 def bulk_chunks_computing(client) -> int:
-    """Bulk chunks computing now: the fields of ``admission.BULK_ACTIVITY_KEY`` (one per worker
+    """Bulk chunks computing now: the fields of ``lane_control.keys.BULK_ACTIVITY_KEY`` (one per worker
     process in a chunk's forward passes; the driver imports no Django). ``client``: a
     ``redis.Redis`` on the stack's Redis."""
     return int(client.hlen(QueueSampler.KEYS["bulk"]))
@@ -706,9 +706,9 @@ def plot_waits(phase: dict, path: Path, *, title: str) -> None:
 
 def records_since(redis_url: str, key: str, field: str, since: float) -> list[dict]:
     """The JSON records of the Redis list ``key`` whose ``field`` (Unix s) is at or after ``since``:
-    the web's answer records (:data:`ANSWERS_KEY`, ``admission.interactive_answered``, by
+    the web's answer records (:data:`ANSWERS_KEY`, ``lane_control.interactive_answered``, by
     ``admitted``) or the interactive worker's batch records (:data:`BATCHES_KEY`,
-    ``admission.batch_records``: ``t``, ``size``, ``requests``, ``queue_delay_ms``, ``service_ms``,
+    ``lane_control.batch_records``: ``t``, ``size``, ``requests``, ``queue_delay_ms``, ``service_ms``,
     ``expired``, by ``t``)."""
     import redis
 

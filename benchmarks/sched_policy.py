@@ -44,7 +44,7 @@ def _encoder(threads: int):
 
 def _bulk(policy: str, batch: int, images, ready, stop) -> None:
     """One bulk process: lower its priority with the bulk-only worker's own ``celeryd_init`` handler
-    (``embeddings.tasks.lower_cpu_priority``; ``BULK_WORKER_SCHED_IDLE`` set by ``policy``), then run
+    (``embeddings.worker_boot.lower_cpu_priority``; ``BULK_WORKER_SCHED_IDLE`` set by ``policy``), then run
     passes of ``batch`` random images until ``stop``, adding each pass's images to ``images``."""
     os.environ["BULK_WORKER_SCHED_IDLE"] = "1" if policy == "idle" else "0"
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -53,7 +53,7 @@ def _bulk(policy: str, batch: int, images, ready, stop) -> None:
     django.setup()
     import torch
 
-    from embeddings.tasks import lower_cpu_priority
+    from embeddings.worker_boot import lower_cpu_priority
     from project import lanes
 
     lower_cpu_priority(options={"queues": [lanes.BULK]})  # its warnings still show

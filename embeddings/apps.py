@@ -12,6 +12,9 @@ class EmbeddingsConfig(AppConfig):
 
         # Start-up checks: a Django system check and a Celery worker_init guard (embeddings/checks.py).
         from embeddings import checks  # noqa: F401
+        # A worker's boot-up (niceness, SCHED_IDLE, model warm-up, reconciler): Celery signal handlers
+        # connected in every process, received only by workers (embeddings/worker_boot.py; no torch).
+        from embeddings import worker_boot  # noqa: F401
         from embeddings.models import Image
 
         # Every deleted image row is settled by its service; connected here, not in models.py, so

@@ -60,8 +60,8 @@ def check_time_limits(app_configs, **kwargs) -> list[checks.CheckMessage]:
 @checks.register(checks.Tags.compatibility)
 def check_configured_model(app_configs, **kwargs) -> list[checks.CheckMessage]:
     """Django system check ``embeddings.W002``: CLIP_MODEL (and its weights and precision) names
-    another model than the active embedding space's (issue 13: the active row decides; changing
-    the variables no longer points the service at an empty collection). Silent without a database."""
+    another model than the active embedding space's (the active row decides, issue 13: changing
+    the variables does not point the service at an empty collection). Silent without a database."""
     from django.db import DatabaseError
 
     from embeddings import runtime

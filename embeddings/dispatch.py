@@ -128,10 +128,11 @@ def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], pri
     owner, at the chunk's bulk ``priority``; ``upsert_ms``: write time already spent on the chunk
     by earlier parts (a continuation), omitted for a first part."""
     kwargs = {"priority": priority} if upsert_ms is None else {"priority": priority, "upsert_ms": upsert_ms}
-    return send("index_chunk", (job_id, stat_id, items), kwargs, **vectors_options(interactive=False, priority=priority))
+    return send("index_chunk", (job_id, stat_id, items), kwargs,
+                **vectors_options(interactive=False, priority=priority))
 
 
-def send_forget_point(*, point_id: str, sha256: str, interactive: bool, model_id: str | None = None):
+def send_forget_point(*, point_id: str, sha256: str, interactive: bool, model_id: str):
     """Queue ``forget_point`` (delete a point of space ``model_id``, or rewrite its payload) for the
     vectors worker: at interactive priority, or at background bulk priority (cascades, bulk deletes)."""
     return send("forget_point", (point_id, sha256, model_id), **vectors_options(interactive=interactive))
@@ -160,7 +161,7 @@ def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int
                 **interactive_options(deadline_ts)).apply_async()
 
 
-def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str | None = None):
+def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str):
     """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
     deadline and the space ``model_id``, interactive queue) and, when ``search`` =
     ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
@@ -174,7 +175,7 @@ def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | N
 
 
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float,
-                      model_id: str | None = None):
+                      model_id: str):
     """Queue ``search_point`` (top-k by a stored point of space ``model_id``) on the vectors queue,
     expiring at ``deadline_ts``."""
     return send("search_point", (point_id, owner_id, k, job_id, model_id),

@@ -136,7 +136,7 @@ class QueueGauges:
     ``LINDEX -1`` per list: kombu ``LPUSH``es and workers ``BRPOP``, so the tail is the oldest).
 
     Args:
-        client: a ``redis.Redis`` on the broker; ``None``: ``admission.redis_client()``.
+        client: a ``redis.Redis`` on the broker; ``None``: ``lane_control.redis_client()``.
         queues: queue names (default every lane of ``project.lanes``).
         clock: ``time.time``-like, for the age.
 
@@ -151,13 +151,13 @@ class QueueGauges:
 
     def read(self) -> list[tuple[str, int, int, float]]:
         """``[(lane, priority step, messages, oldest age s), ...]``; raises the client's errors."""
-        from embeddings.lane_control import admission
+        from embeddings import lane_control
         from project import lanes
 
-        client = self._client or admission.redis_client()
+        client = self._client or lane_control.redis_client()
         keys = []  # queue_keys lists one key per priority step, in the steps' order
         for queue in self._queues or lanes.ALL_QUEUES:
-            for step, key in zip(_priority_steps(), admission.queue_keys(queue)):
+            for step, key in zip(_priority_steps(), lane_control.queue_keys(queue)):
                 keys.append((queue, step, key))
         pipe = client.pipeline(transaction=False)
         for _, _, key in keys:

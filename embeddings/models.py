@@ -216,8 +216,8 @@ class Image(models.Model):
             models.Index(fields=["point_id"]),
         ]
         constraints = [
-            # One original per owner, model and bytes (issue 9: a check-then-insert let concurrent
-            # uploads both be embedded). Partial unique indexes work on SQLite and PostgreSQL.
+            # One original per owner, model and bytes (a check-then-insert would let concurrent
+            # uploads both be embedded: issue 9). Partial unique indexes work on SQLite and PostgreSQL.
             models.UniqueConstraint(
                 fields=["owner", "model_id", "sha256"],
                 condition=models.Q(duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES),

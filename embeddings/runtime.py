@@ -146,14 +146,14 @@ def _dynamic_batcher(model_id: str):
 
 def _pass_hook(model_id: str):
     """The dynamic batcher's ``on_pass``: admission counts a running pass as the time it has left
-    (``admission.PASSES_KEY``). None where admission sees nothing (admission off, eager Celery)."""
-    from embeddings.lane_control import admission
+    (``lane_control.keys.PASSES_KEY``). None where admission sees nothing (admission off, eager Celery)."""
+    from embeddings import lane_control
     from project.celery import app
 
     if not settings.ADMISSION_CONTROL or app.conf.task_always_eager:
         return None
     name = f"{socket.gethostname()}:{os.getpid()}:{model_id}"
-    return lambda images, at: admission.interactive_pass(name, images, at)
+    return lambda images, at: lane_control.interactive_pass(name, images, at)
 
 
 #: ``dynamic_batcher(model_id=None)``: one dynamic batcher (and model thread) per space.
@@ -272,7 +272,7 @@ def _configured_model_id(cfg) -> str:
 def warm_spaces() -> list[str]:
     """Load, in this process, the model of every space that may become (or is) the active one and
     that this process is configured for: the active space, each ``candidate`` and ``standby``. An
-    interactive worker calls it at start and then every second (``tasks.warm_model``), so after a
+    interactive worker calls it at start and then every second (``worker_boot.warm_model``), so after a
     promotion or a rollback no waiting person pays for a model load.
 
     Returns:
@@ -298,7 +298,7 @@ def warm_spaces() -> list[str]:
 
 def configured_model_warning() -> str | None:
     """A sentence when the configured model (CLIP_MODEL, CLIP_PRETRAINED, CLIP_PRECISION) is not
-    the active space's: since issue 13 the active row decides, and changing the variables is a
+    the active space's: the active row decides (issue 13), and changing the variables is a
     migration (docs/operations.md "Changing the model"), not a switch. None when they agree or when
     no space exists yet (the first read creates it from the configuration)."""
     from embeddings.models import EmbeddingSpace, SpaceState

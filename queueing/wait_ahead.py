@@ -1,40 +1,30 @@
 """What a 429 says: the wait of a request admitted at the moment of a refusal, learnt from the lane's
-own outcomes. Pure (no Redis): :mod:`embeddings.lane_control.admission` records each refusal's
-:data:`FEATURES` in Redis (``admission.REFUSALS_KEY``) and reads them back with the answers.
+own outcomes. Pure (no Redis): the app's lane control records each refusal's :data:`FEATURES`
+(``lane_control.keys.REFUSALS_KEY``) and reads them back with the answers.
 
 :func:`wait_model.decide` gives a first estimate of ``wait_ahead_s``: the admission edge
-(``wait_model.admission_edge_s``; at least a lone request's). Until 2026-12-03 it was the mean
-wait predicted for the requests admitted in the last ``RECENT_ADMISSIONS_S`` s, and what follows
-was measured with that. Under a 2× overload it is right on average and wrong in the moment: on the AVX-512 EPYC of 2026-12-02 (load
-benchmark, ``--deadline 1 2 5 --with-bulk 0 3000``) its ratio to the wait that requests admitted
-around each 429 had was 0.97-1.04 at the median of every phase, but only 79 / 94 / 93 % of the 429s
-(1 / 2 / 5 s; with a bulk job 83 / 80 / 93 %) were within ±30 %. Where it misses is where the
-lane's state says more than the promises made to the last requests: the images in flight (a
-request admitted just before the refusal is still waiting; its wait is in the label) and the
-running forward pass (what it has left, how many images it carries), and after a change of pace
-(the fit's answers lag one wait behind; docs/benchmarks-load.md, "What a 429 says").
+(``wait_model.admission_edge_s``; at least a lone request's). It is right on average and wrong in
+the moment where the lane's state says more: the images in flight (a request admitted just before
+the refusal is still waiting; its wait is in the label), the running forward pass (what it has
+left, how many images it carries), and after a change of pace (the fit's answers lag one wait
+behind).
 
 So each refusal is **labelled**, once every request admitted within ±:data:`LABEL_WINDOW_S` of it
 has been answered (none of them pending), with the median admitted→answered time of those
-requests: the same quantity the load benchmark checks a 429 against (client side there). A ridge
-regression (:func:`fit_wait_ahead`) of the labels of the last :data:`FIT_WINDOW_S` s on the
-refusals' features, each weighted by a :data:`HALF_LIFE_S` s half-life and by (mean label / label)²
-(relative errors: the ±30 % of issue 15), pulled towards "the first estimate as is" (:data:`RIDGE`), maps a
-new refusal's features to its ``wait_ahead_s`` (:meth:`WaitAheadFit.predict`). It changes only
-what a refusal says (``wait_ahead_s`` and ``Retry-After``), never what is admitted: no feedback
-into the lane. Replayed on that run's 2,364 429s, online (each one predicted from the refusals
-labelled before it): 87.8 / 94.7 / 97.1 % within ±30 % (with bulk 91.5 / 85.7 / 91.7 %), and
-``Retry-After`` not early 98.4-100 %; half-lives 10-30 s, ridge 0.3-10 and 8-32 labels to start
-moved those by under 5 points. Live, the next two runs, judged on the same 429s against their
-first estimates: 92.7 / 87.5 / 99.7 % (with bulk 86.8 / 90.7 / 97.7 %) against 83.1 / 84.8 /
-100.0 % (77.5 / 83.3 / 99.1 %), then 94.1 / 93.2 % against 84.4 / 89.1 % (1 / 2 s).
+requests: the quantity the load benchmark checks a 429 against. A ridge regression
+(:func:`fit_wait_ahead`) of the labels of the last :data:`FIT_WINDOW_S` s on the refusals' features,
+each weighted by a :data:`HALF_LIFE_S` s half-life and by (mean label / label)² (relative errors: a
+429 promises ±30 %), pulled towards "the first estimate as is" (:data:`RIDGE`), maps a new
+refusal's features to its ``wait_ahead_s`` (:meth:`WaitAheadFit.predict`), within ×:data:`CLAMP` of
+the first estimate. It changes only what a refusal says (``wait_ahead_s`` and ``Retry-After``),
+never what is admitted: no feedback into the lane.
 
 Labels are learnt from **per deadline band** (:func:`deadline_band`: deadlines within a factor of
-:data:`DEADLINE_RATIO` share one): the deadline sets how deep admission lets the lane grow, so a
-fit made on a 2 s lane's refusals extrapolates badly to a 5 s lane's (on the Intel Xeon of
-2026-12-02 the 5 s phase's first 10 s of 429s, said from the 2 s phase's fit, missed ±30 % 47
-times; the first estimate would have missed none of them). Until a band has :data:`MIN_LABELLED`
-labels of its own, its refusals say the first estimate as is.
+:data:`DEADLINE_RATIO` share one): the deadline sets how deep admission lets the lane grow, so a fit
+made on a 2 s lane's refusals extrapolates badly to a 5 s lane's. Until a band has
+:data:`MIN_LABELLED` labels of its own, its refusals say the first estimate as is. The constants
+were chosen by replay (``benchmarks.load_replay --wait-ahead``; docs/benchmarks-load.md, "What a 429
+says, learnt" and "Deadline bands").
 """
 from __future__ import annotations
 
@@ -64,15 +54,10 @@ HALF_LIFE_S = 20.0
 #: estimate as is (coefficient 1 on ``wait_ahead_s``, 0 elsewhere): with few or alike labels the
 #: fit says what ``decide`` said.
 RIDGE = 0.5
-#: Labelled refusals needed before the fit is used (fewer: the first estimate as is). 24, not 16 as
-#: until 2026-12-04: an overload's first labels come from its first seconds, which a fit on them
-#: carries into the seconds after. On the AVX-512 EPYC of that day the load benchmark's 5 s phases
-#: beside a bulk job (runs b1, b2) learnt from their first ~3 s, when requests waited ~1 s less
-#: than the first estimate, and then said 2.2-3.2 s where requests waited 3.6-4.8: 78.0 and 91.6 %
-#: within ±30 %. Replayed (``benchmarks.load_replay --wait-ahead``), 24 labels: 92.0 and 95.0 %,
-#: the six phases' mean 95.14 and 95.87 % against 92.83 and 95.42, no phase lower; in the third run
-#: (b3, live with 24) the same phase's transient outran 24 labels too (78.2 %; 78.7 % replayed
-#: with 16). 32 lowered two phases of b1; 48-64 lowered b2's 2 s phases by 4 points.
+#: Labelled refusals needed before the fit is used (fewer: the first estimate as is). An overload's
+#: first labels come from its first seconds, which a fit on too few of them carries into the seconds
+#: after; more than 24 lowered other phases. Chosen by replay (``benchmarks.load_replay
+#: --wait-ahead``; docs/benchmarks-load.md).
 MIN_LABELLED = 24
 #: Refusals are learnt from only by refusals whose deadlines are in the same band: ``round(log(deadline)
 #: / log(DEADLINE_RATIO))`` (:func:`deadline_band`), so deadlines within about ×1.25 of each other share
@@ -81,14 +66,13 @@ DEADLINE_RATIO = 1.25
 #: The learnt estimate stays within [first / CLAMP, first × CLAMP]: a guard against extrapolating
 #: to a state the labels never saw, such as an overload's first refusals said by a fit learnt on
 #: whatever came before it (the load benchmark's closed-loop capacity scan, whose clients back off
-#: and keep the lane shallow). At 1.3 no fit can move a first estimate that was right out of issue
-#: 15's ±30 % (first / 1.3 is 23 % under it); the fit can only mend wrong ones. Seed measurements
-#: on a 2-core AVX-512 EPYC (``benchmarks.load_replay --wait-ahead``; history and plots in
-#: docs/benchmarks-load.md): at 1.5, run z14pg's 1 s phase said first / 1.5 for 40 s, 87.7 % within
-#: ±30 %; 1.3 took it to 97.5 % and moved no other phase of three runs by more than 1 point (1.35:
-#: 95.5 %; 1.25 cost a 1 s + bulk phase 0.8 points; 2, until 2026-12-04, cost run y1's 2 s phase
-#: 13 of its first 23 429s). Live at 1.3: z16pg-z19pg, every target met.
+#: and keep the lane shallow). At 1.3 no fit can move a first estimate that was right out of the
+#: ±30 % a 429 promises (first / 1.3 is 23 % under it); the fit can only mend wrong ones. Chosen by
+#: replay (``benchmarks.load_replay --wait-ahead``; docs/benchmarks-load.md, "The wait model").
 CLAMP = 1.3
+#: A web process refits what a 429 says at most this often (s): a fit parses up to a thousand
+#: refusals and as many answers, and refusals come several a second. The load replay refits as often.
+REFIT_S = 1.0
 
 
 def deadline_band(deadline_s: float) -> int:

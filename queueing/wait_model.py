@@ -1,9 +1,9 @@
-"""The wait model of interactive admission: pure (no Redis, no Celery).
+"""The wait model of interactive admission: numbers in, numbers out (no Django, Redis or Celery).
 
-:mod:`embeddings.lane_control.admission` reads what the interactive lane holds from Redis and builds a
-:class:`LaneLoad` (:func:`lane_load`); :func:`decide` then admits a request or refuses it. Everything
-here takes injected clocks and records. A request is refused when the predicted wait for its answer
-(plus a margin) is longer than its deadline. The prediction is the whole admitted→answered time::
+The app's lane control reads what the interactive lane holds and builds a :class:`LaneLoad`
+(:func:`lane_load`); :func:`decide` then admits a request or refuses it. Everything here takes
+injected clocks and records. A request is refused when the predicted wait for its answer, plus a
+margin, is longer than its deadline. The prediction is the whole admitted→answered time::
 
     images = queued messages × images per request + images in flight + its own images
              − the images of the forward passes running now
@@ -14,63 +14,36 @@ here takes injected clocks and records. A request is refused when the predicted 
              starts (``arrivals_ips`` × its start, up to a full batch: :func:`drain_s`);
              images / Σ capacity of the live workers (images/s) until every one reported them
     wait_s = overhead_s + scale × work_s        (admit when wait_s + margin_s ≤ deadline,
-                                                 margin_s ≥ ADMISSION_MIN_MARGIN_SHARE × wait_s)
+                                                 margin_s ≥ min_margin_share × wait_s)
 
-- *queued messages*: ``LLEN`` of the interactive queue's lists in Redis. kombu keeps one list per
-  priority step: ``interactive`` for step 0 and ``interactive\\x06\\x16{3,6,9}`` for the others
-  (``Channel._q_for_pri``, separator ``Channel.sep``).
-- *images in flight*: images of interactive tasks that a worker has started and not finished, a
-  hash the workers keep (:func:`admission.interactive_in_flight`). Entries older than a stale bound
-  are ignored, so a killed worker cannot block admission forever.
-- *running passes*: each dynamic batcher records the forward pass it is running (images, start,
-  expected ms at its worker's per-batch-size time) in :data:`admission.PASSES_KEY` and clears it
-  when the pass ends (:func:`admission.interactive_pass`). Those images count as the time their pass
-  has left, not as a whole pass: a request arriving 0.9 s into a 1 s pass waits 0.1 s for it, not
-  1 s. Counted whole, the pass's phase was the largest error of the prediction (the wait of requests
-  with the same backlog ranged over a whole pass), and the margin — the errors' upper spread — had
-  to cover it.
-- *capacity*: each interactive worker measures what it really drains: images of the tasks it
-  finished over the last :data:`DRAIN_WINDOW_S` s divided by the time it was busy with them
-  (:func:`drain_rate`: decode, batching window, forward passes at whatever batch sizes the load
-  formed, and whatever else steals its cores). Each writes its own entry, keyed by its hostname,
-  in :data:`admission.WORKERS_KEY` and refreshes it every :data:`admission.HEARTBEAT_S` s; the web
-  sums the entries younger than :data:`WORKER_TTL_S`. Two workers therefore admit twice the backlog
-  of one at the same predicted wait, and a killed worker stops counting within seconds (issue 11).
-- *per-batch-size service times*: each worker also folds its dynamic batcher's forward passes
-  into one EWMA per batch size (:func:`update_batch_curve`) and reports them in the same entry
-  (``batch_ms``, ``max_batch``). A backlog of eight is then one batch of eight, not eight lone
-  passes (:func:`drain_s`): with the drain rate alone, an admission that kept the queue short
-  measured batches of one, predicted long waits and kept the queue short (issue 15).
-- *overhead, scale, margin*: the web records every admitted request's answer (admitted and
-  answered times, its ``work_s`` at admission, 200 or not) in a capped list
-  (:func:`admission.interactive_answered`, :data:`admission.ANSWERS_KEY`), and fits ``wait =
-  overhead + scale × work`` on the last :data:`FIT_WINDOW_S` s of them, each weighted by a
-  :data:`FIT_HALF_LIFE_S` s half-life and a :data:`FIT_HALF_LIFE_ANSWERS` answers half-life
-  (:func:`fit_wait`: an exponentially weighted moving fit of the whole service times). ``scale``
-  absorbs what the workers' figure misses (the vectors hop, the web, a machine slower than 10 s
-  ago), ``overhead`` what every request pays, ``margin`` the late side of the spread (``z`` of
-  ``ADMISSION_MARGIN_QUANTILE`` × the root mean square of admission's late errors × √2, an error
-  being wait − the wait predicted at admission: :func:`_upper_bound`). A slower machine shows in
-  the answers within a few of them, in the workers' batch times at once, and in admitted requests
-  that have waited longer than predicted before they are even answered
-  (:data:`admission.PENDING_KEY`).
+- *running passes* count as the time they have left, not as a whole pass: a request arriving
+  0.9 s into a 1 s pass waits 0.1 s for it. Counted whole, the pass's phase was the prediction's
+  largest error, and the margin had to cover it.
+- *capacity*: each worker's own drain rate (:func:`drain_rate`: decode, batching window, forward
+  passes at whatever batch sizes the load formed, whatever else steals its cores), summed over the
+  workers whose entry is younger than :data:`WORKER_TTL_S`: two workers admit twice the backlog of
+  one at the same predicted wait, and a killed one stops counting within seconds.
+- *per-batch-size service times* (:func:`update_batch_curve`): a backlog of eight is one batch of
+  eight, not eight lone passes (:func:`drain_s`). With the drain rate alone, an admission that kept
+  the queue short measured batches of one, predicted long waits and kept the queue short.
+- *overhead, scale, margin* (:func:`fit_wait`): a recency-weighted fit of ``wait = overhead +
+  scale × work`` on the answers of the last :data:`FIT_WINDOW_S` s. ``scale`` absorbs what the
+  workers' figure misses (the vectors hop, the web, a machine slower than a moment ago),
+  ``overhead`` what every request pays, ``margin`` the late side of admission's own errors
+  (:func:`_upper_bound`). Admitted requests that have already waited longer than predicted count
+  before their answer.
 - *regime*: a bulk chunk computing on the same cores makes every request wait longer than its
-  work, and an overload makes the bulk job park (``bulk_yield.ingest_yielder``), so the lane
-  switches between two regimes that admission's own refusals cause. Bulk chunks mark when they
-  compute (:data:`admission.BULK_ACTIVITY_KEY`, :data:`admission.BULK_RUNS_KEY`); each answer
-  records the seconds of its wait beside them (``bulk_s``, :func:`bulk_overlap_s`), and the fit
-  (and the lone overheads) are learnt per regime and used by the regime of the moment
-  (:func:`beside_bulk`, :func:`lane_load`). With no bulk job there is one regime, as before. A
-  record teaches the regime it was admitted in (``bulk_at_admission``) unless it waited mostly
-  beside bulk work (:func:`fit_regime`): one admitted beside bulk passes that parked during its wait
-  teaches neither, and a request admitted beside them still waiting is no lower bound of the quiet
-  regime's waits (:func:`lane_load`).
+  work, and an overload makes the bulk job park, so the lane switches between two regimes that
+  admission's own refusals cause. Each answer records the seconds of its wait beside bulk work
+  (:func:`bulk_overlap_s`); the fit and the lone overheads are learnt per regime
+  (:func:`fit_regime`) and used by the regime of the moment (:func:`lane_load`).
 
 With no worker measurement yet every request is admitted: there is nothing to predict with. A lane
 with at most :data:`SHALLOW_REQUESTS` requests' images ahead is spared the margin (the predicted wait
-alone must fit), and an empty lane admits a probe once the newest answer is stale (:func:`decide`).
-An empty lane's prediction is at most ``work_s`` plus what lone requests measured
-(:meth:`LaneLoad.predicted_wait_s`).
+alone must fit), an empty lane admits a probe once the newest answer is stale (:func:`decide`), and
+an empty lane's prediction is at most ``work_s`` plus what lone requests measured
+(:meth:`LaneLoad.predicted_wait_s`). The measurements behind the constants: docs/benchmarks-load.md
+and its history appendix, by the section titles cited below.
 """
 from __future__ import annotations
 
@@ -91,7 +64,7 @@ MIN_MARGIN_SHARE = 0.2
 MAX_MARGIN_SHARE = 0.4
 
 #: A worker whose entry is older than this (s) is gone: its capacity no longer counts. Three missed
-#: heartbeats (:data:`admission.HEARTBEAT_S`), so a killed worker stops counting within 15 s.
+#: heartbeats of 5 s (``lane_control.reports.HEARTBEAT_S``).
 WORKER_TTL_S = 15.0
 #: A worker's capacity is the images it finished over the last this-many seconds divided by the
 #: time it was busy in them (s): short enough to follow a machine that slows within seconds.
@@ -103,23 +76,16 @@ BATCH_EWMA_ALPHA = 0.3
 #: over: ``0.5 ** (age / FIT_HALF_LIFE_S)`` (time) × ``0.5 ** (newer / FIT_HALF_LIFE_ANSWERS)``
 #: (observations: ``newer`` answers arrived after it). The weighted fit is an exponentially weighted
 #: moving average of the lane's whole admitted→answered service times: under load a change of the
-#: machine's speed is followed within a few seconds (half the weight after 16 answers, 2–3 s at the
-#: 6–8 answers/s of this 2-core machine), whatever the answer rate; with few answers, within ~10 s.
-#: Until 2026-12-01 the half-lives were 6 answers and 5 s: under a 2× overload the lane then ran a
-#: limit cycle (docs/benchmarks-load.md, "Half-lives and the margin"): an answer arrives one wait
-#: after its admission, so at a queue's peak the fit had forgotten the last peak and knew only the
-#: trough's short waits; it under-predicted (scale ~1.0 where the phase's own slope was 1.7),
-#: admitted requests ended 202, the margin jumped to 0.6 × the deadline and the lane emptied.
-#: Replayed on that run's six phases (benchmarks/load_replay.py), predicted + margin was short for
-#: 5–13 % of admitted requests with the old half-lives and 0–5 % with these.
+#: machine's speed is followed within 16 answers, whatever the answer rate; with few answers, within
+#: ~10 s. Shorter half-lives forget the last peak of a 2× overload by the next one (an answer arrives
+#: one wait after its admission) and run a limit cycle. Chosen by replay (benchmarks/load_replay.py;
+#: docs/benchmarks-load.md, "Half-lives and the margin").
 FIT_WINDOW_S = 30.0
 FIT_HALF_LIFE_S = 10.0
 FIT_HALF_LIFE_ANSWERS = 16.0
 #: The margin's errors are weighted the same way with their own half-lives: 16 answers (a spread
-#: needs more than the last handful of answers to mean anything, ~23 fresh answers in all; 8 while
-#: the margin was the errors' empirical quantile, :func:`_upper_bound`) and 5 s, so that a margin
-#: learnt in a bad moment fades within seconds when no answer comes to correct it (with the fit's
-#: 10 s, 15 s of silence left two thirds of it).
+#: needs more than the last handful of answers to mean anything) and 5 s, so that a margin learnt in
+#: a bad moment fades within seconds when no answer comes to correct it.
 MARGIN_HALF_LIFE_ANSWERS = 16.0
 MARGIN_HALF_LIFE_S = 5.0
 #: A request answered 202 waited *at least* its deadline; it enters the fit as this × its wait.
@@ -138,32 +104,26 @@ PROBE_AFTER_S = 5.0
 #: A lane with at most this many requests' images ahead of a request (queued and in flight) admits
 #: it whatever the margin, when its predicted wait alone fits (:func:`decide`): it joins the next
 #: forward pass, and its answer is what tells a model learnt in a bad moment that the lane has
-#: drained. Until 2026-12-02 only an empty lane did (0): after a burst of late answers the fitted
-#: scale (1.2-1.5) and the margin (at its cap) kept a 1 s lane one or two requests deep for 2-5 s
-#: while those answered in 0.25-0.4 s and the 429s of the trough said 0.6 s. With 1, in three
-#: runs of the load benchmark's 1 s phases (docs/benchmarks-load.md, "Shallow lanes"): 429s within
-#: ±30 % 90.1-92.0 % (84.0-89.1 % in six earlier runs), with bulk 82.2-93.9 % (77.5-89.6 %); 202s
-#: 0.8-2.5 %; 2 s and 5 s unchanged (98.1-98.8 %).
+#: drained. With 0 (an empty lane only), the fit and margin learnt from a burst of late answers kept
+#: a 1 s lane one or two requests deep for seconds while those answered well within the deadline
+#: (docs/benchmarks-load.md, "Shallow lanes").
 SHALLOW_REQUESTS = 1
 #: Weight of the pull of the fit's intercept towards the lone requests' mean overhead
-#: (:data:`admission.LONE_KEY`, :func:`_solve`), in fresh answers: under a steady overload the
+#: (``lane_control.keys.LONE_KEY``, :func:`_solve`), in fresh answers: under a steady overload the
 #: answers' works are bunched and say little about the intercept apart from the slope, and the fit
-#: wandered (overhead 1.2 s and scale 0.25 at a 2 s deadline; scale 1.9 for lone requests in a lane
-#: that had just drained).
+#: wandered (docs/benchmarks-load.md, "Starved lanes").
 OVERHEAD_PRIOR_WEIGHT = 2.0
 #: What admitted requests were promised over the last this-many seconds (answered or not):
 #: ``LaneLoad.recent_admitted_s``, and the arrivals that join the last, partial pass
-#: (``arrivals_ips``). Until 2026-12-03 a refusal's first ``wait_ahead_s`` was their mean (2 s:
-#: 1 s and 2 s windows differed by under a point); now it is the admission edge
-#: (:func:`admission_edge_s`), which that mean lagged behind when admission stopped.
+#: (``arrivals_ips``).
 RECENT_ADMISSIONS_S = 2.0
 #: An answer waited *beside bulk work* when bulk chunks computed on the machine for at least this
 #: share of its admitted→answered time (:func:`beside_bulk`). The wait model keeps one fit per
 #: regime (:func:`lane_load`): a bulk job that computes between an under-loaded lane's requests
-#: makes them wait 0.4-1.1 s longer than their work, and an overload makes that job park
-#: (:func:`bulk_yield.ingest_yielder`), so one intercept learnt across the switch over-predicted the
-#: first seconds of every overload beside a bulk job (docs/benchmarks-load.md, "The AVX-512 EPYC
-#: again"). A quarter: a request that only met the tail of a micro-batch is not beside it.
+#: makes them wait longer than their work, and an overload makes that job park, so one intercept
+#: learnt across the switch over-predicted the first seconds of every overload beside a bulk job
+#: (docs/benchmarks-load.md, "Two regimes"). A quarter: a request that only met the tail of a
+#: micro-batch is not beside it.
 BESIDE_BULK_SHARE = 0.25
 
 
@@ -172,8 +132,8 @@ def bulk_overlap_s(runs: Sequence[tuple[float, float]], computing: Sequence[floa
     """Seconds of ``[start, end]`` (Unix s) during which at least one bulk chunk computed. Pure.
 
     Args:
-        runs: ``(start, end)`` (Unix s) of finished computing intervals (:data:`admission.BULK_RUNS_KEY`).
-        computing: when each chunk computing now started (Unix s, :data:`admission.BULK_ACTIVITY_KEY`);
+        runs: ``(start, end)`` (Unix s) of finished computing intervals (``lane_control.keys.BULK_RUNS_KEY``).
+        computing: when each chunk computing now started (Unix s, ``keys.BULK_ACTIVITY_KEY``);
             counted as computing until ``end``.
 
     Returns:
@@ -193,26 +153,23 @@ def bulk_overlap_s(runs: Sequence[tuple[float, float]], computing: Sequence[floa
 
 
 def fit_regime(record: dict) -> bool | None:
-    """The regime whose fit an answer record (:func:`admission.interactive_answered`) teaches: ``True``
+    """The regime whose fit an answer record (``lane_control.interactive_answered``) teaches: ``True``
     beside bulk work (:func:`beside_bulk`), ``False`` the quiet lane, ``None`` neither: admitted
-    while bulk chunks computed (``bulk_at_admission``; absent: not recorded, as before 2026-12-04)
-    but waited mostly after they parked. Pure.
+    while bulk chunks computed (``bulk_at_admission``; absent: not recorded) but waited mostly after
+    they parked. Pure.
 
     Its wait mixes both regimes, and what it got wrong is the switch, which neither fit predicts.
     Under a 2× overload that starts beside a bulk job the chunks park within a micro-batch of the
     first refusal; the requests admitted before, predicted by the bulk fit and answered in the quiet
-    lane, were the quiet fit's newest evidence. On the Intel Xeon of 2026-12-04 (load benchmark,
-    5 s + bulk, PostgreSQL) the quiet fit then read overhead 0.0 s, scale 1.47 and a margin of
-    1.4 s a second after the switch, where the paused capacity scan's answers alone gave 0.48 s,
-    0.71 and 0.35 s: admitted requests were predicted 3.4-3.9 s and waited 2.2-2.8 s, and the 429s
-    said 3.6-4.2 s (docs/benchmarks-load.md, "The switch out of the bulk regime")."""
+    lane, would be the quiet fit's newest evidence and make it over-predict the quiet lane
+    (docs/benchmarks-load.md, "The switch out of the bulk regime")."""
     if beside_bulk(record):
         return True
     return None if record.get("bulk_at_admission") else False
 
 
 def beside_bulk(record: dict) -> bool:
-    """Whether an answer record (:func:`admission.interactive_answered`) waited beside bulk work:
+    """Whether an answer record (``lane_control.interactive_answered``) waited beside bulk work:
     its ``bulk_s`` (s of its wait during which a bulk chunk computed; absent: none recorded) at
     least :data:`BESIDE_BULK_SHARE` of its wait, and > 0. Pure."""
     bulk = record.get("bulk_s") or 0.0
@@ -221,13 +178,13 @@ def beside_bulk(record: dict) -> bool:
 
 def parse_bulk_activity(raw: dict[str, str], *, now: float,
                         stale_s: float) -> tuple[list[float], list[str], bool]:
-    """Parse :data:`admission.BULK_ACTIVITY_KEY` (``{process: "since"}`` or ``"since y"``). Pure.
+    """Parse ``lane_control.keys.BULK_ACTIVITY_KEY`` (``{process: "since"}`` or ``"since y"``). Pure.
 
     Returns:
         ``(since, stale, yielding)``: when each chunk computing now started (Unix s), for the
         entries younger than ``stale_s`` s; the fields older than that or unreadable (a process
         killed while computing), to delete; and whether every chunk computing now yields to the
-        interactive lane while it refuses (its mark ends in ``y``: ``bulk_yield.BulkActivity``'s
+        interactive lane while it refuses (its mark ends in ``y``: ``lane_control.bulk_yield.BulkActivity``'s
         ``yields``, a background ingest or migration chunk), ``False`` with none computing.
     """
     since, stale, yielding = [], [], True
@@ -299,12 +256,10 @@ def _upper_bound(errors: list[float], weights: list[float], q: float) -> float:
     positive errors, × √2), ``z_q`` the standard normal's ``q`` quantile (2.33 for 0.99). Pure.
 
     One-sided on purpose: an early answer (the machine got faster, a bulk job ended) never widens
-    the margin, and a run of late ones raises it at once (squared). Why not the errors' empirical
-    quantile, as until 2026-12-01: with the ~20 answers that carry the weight, a 99th percentile is
-    their largest error, so one bad prediction set the margin alone until it aged out. Replayed on
-    four load-benchmark runs' records (``docs/benchmarks-load.md``, "Half-lives and the margin"),
-    3-17 % of admitted requests waited longer than predicted + this margin, against 7-27 % with
-    the quantile (half-life 8 answers), for a margin 0-58 % wider on average (most at 5 s)."""
+    the margin, and a run of late ones raises it at once (squared). Not the errors' empirical
+    quantile: with the ~20 answers that carry the weight, a 99th percentile is their largest error,
+    so one bad prediction set the margin alone until it aged out (docs/benchmarks-load.md,
+    "Half-lives and the margin")."""
     late_square = sum(w * max(0.0, e) ** 2 for e, w in zip(errors, weights)) / sum(weights)
     return _normal_quantile(q) * math.sqrt(2 * late_square)
 
@@ -318,7 +273,7 @@ def _normal_quantile(q: float) -> float:
 def fit_wait(answers: Sequence[dict], *, now: float, pending: Sequence[dict] = (),
              margin_quantile: float = MARGIN_QUANTILE, overhead_prior_s: float | None = None,
              half_life_answers: float = FIT_HALF_LIFE_ANSWERS, half_life_s: float = FIT_HALF_LIFE_S) -> WaitFit:
-    """Fit :class:`WaitFit` on answered requests (records of :func:`admission.interactive_answered`). Pure.
+    """Fit :class:`WaitFit` on answered requests (records of ``lane_control.interactive_answered``). Pure.
 
     Uses the answers of the last :data:`FIT_WINDOW_S` with a ``work_s``; ``y`` is the
     admitted→answered time (s), × :data:`CENSORED_FACTOR` for a 202 (it waited at least that long).
@@ -416,7 +371,8 @@ def drain_rate(tasks: Sequence[tuple[float, float, int]], *, now: float,
     return images / busy if busy >= 0.05 else None
 
 
-def update_batch_curve(curve: dict[int, float], records: Sequence, *, alpha: float = BATCH_EWMA_ALPHA) -> dict[int, float]:
+def update_batch_curve(curve: dict[int, float], records: Sequence, *,
+                       alpha: float = BATCH_EWMA_ALPHA) -> dict[int, float]:
     """Fold new batch records (``workers.batcher.BatchRecord``, oldest first) into a worker's
     per-batch-size service time: ``{size: EWMA of service_ms}``, one EWMA per size. Pure (returns
     a new dict)."""
@@ -463,9 +419,7 @@ def drain_s(curve: dict[int, float], images: float, max_batch: int, *, arrivals_
     ``arrivals_ips`` (images/s arriving behind the last of ``images``) × the seconds until it starts
     (``start_s``, what the running passes have left, plus the full passes), at most ``max_batch``.
     Where a pass costs about the same per image whatever its size, the images that join it are what
-    a request waits for behind itself: 2026-12-02, AVX2-only EPYC, passes of 1 / 2 / 3 / 4 / 6
-    images ran 297 / 528 / 677 / 927 / 1,220 ms (load benchmark at 2 s, 2 × capacity), so two
-    requests that joined a request's pass cost it ~0.4 s that the images ahead of it did not show.
+    a request waits for behind itself (docs/benchmarks-load.md, "Who joins the pass").
     """
     full, rest = divmod(max(0.0, images), max_batch)
     passes_ms = full * batch_ms(curve, max_batch)
@@ -496,7 +450,7 @@ class LaneLoad:
         recent_admitted_s: the predicted waits (s) of the requests admitted in the last
             :data:`RECENT_ADMISSIONS_S` s (the answered ones first, then the pending).
         lone_overhead_s: the mean ``wait − work_s`` (s, ≥ 0) of the last lone requests answered 200
-            (:data:`admission.LONE_KEY`); ``None``: none yet. Bounds the prediction for an empty
+            (``lane_control.keys.LONE_KEY``); ``None``: none yet. Bounds the prediction for an empty
             lane (:meth:`predicted_wait_s`).
         arrivals_ips: images/s admitted over the last :data:`RECENT_ADMISSIONS_S` s (the requests
             of ``recent_admitted_s`` × ``images_per_request``): what joins the last, partial pass
@@ -564,10 +518,9 @@ class LaneLoad:
         In an empty lane (nothing queued, in flight or running) at most ``work_s`` plus
         :attr:`lone_overhead_s`, what the last lone requests measured: the fit is learnt mostly where
         there is a backlog, and after a phase of long waits whose length did not follow their work
-        (a 5 s deadline's limit cycle) it kept an intercept of 1.33 s and its slope at the 0.25
-        floor, predicted 1.50 s for a request to an empty lane whose lone requests waited 0.7-0.9 s,
-        and refused all but the probes at a 1 s deadline for 40 s (docs/benchmarks-load.md, "A
-        slower machine"). ``work_s`` follows a slower machine at once (the workers' batch times).
+        it can keep a large intercept and a flat slope that refuse an empty lane's requests
+        (docs/benchmarks-load.md, "A slower machine"). ``work_s`` follows a slower machine at once (the
+        workers' batch times).
         """
         work = self.work_s(images)
         if work is None:
@@ -591,8 +544,8 @@ class Decision:
     ``retry_after_s``, the same plus ``retry_margin_s`` (its margin, :func:`margin_s`) rounded **up**
     to whole seconds (≥ 1), the ``Retry-After`` header (RFC 9110 delay-seconds): a client that
     waits it does not come back before a request admitted at this moment is answered. ``work_s``,
-    ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its :data:`admission.PENDING_KEY`
-    entry) are kept for :func:`admission.interactive_answered`;
+    ``ahead_images``, ``admitted_at`` (Unix s) and ``token`` (its ``lane_control.keys.PENDING_KEY``
+    entry) are kept for ``lane_control.interactive_answered``;
     ``margin_s`` (s) is the margin the refusal applied (:func:`margin_s`), for the 429's body;
     ``work_ahead_wait_s`` (s) the predicted wait of the work ahead (at least a lone request's), for
     the 429's body (what the work queued now needs; the next request admitted waits for more, the
@@ -600,7 +553,7 @@ class Decision:
     ``wait_ahead_samples``: set when ``wait_ahead_s`` was learnt from labelled refusals
     (:func:`wait_ahead.learnt`): the estimate above, and how many refusals the fit used.
     ``admitted_beside_bulk``: whether bulk chunks computed when it was admitted (set by
-    :func:`admission.interactive_admit`; the answer's ``bulk_at_admission``, :func:`fit_regime`)."""
+    ``lane_control.interactive_admit``; the answer's ``bulk_at_admission``, :func:`fit_regime`)."""
 
     admitted: bool
     predicted_wait_s: float | None
@@ -630,17 +583,12 @@ def margin_s(fit: WaitFit, wait_s: float, *, min_share: float, max_s: float = ma
     fit's learnt margin, at least ``min_share`` × the predicted wait (``ADMISSION_MIN_MARGIN_SHARE``)
     and at most ``max_s`` (``ADMISSION_MAX_MARGIN_SHARE`` × the deadline). Pure.
 
-    The floor is for long deadlines, where an answer arrives one long wait after its admission:
-    at a 5 s deadline the learnt margin had decayed to ~0.1 × the wait by the time the queue
-    reached the deadline, and the errors that said so came ~5 s later, after the 202s. Replayed on
-    four 5 s load-benchmark phases, a floor of 0.2 cut the admitted requests that waited longer
-    than predicted + margin from 12-15 % to 5-9 %, for a margin 0.01-0.03 × the deadline wider on
-    average; at 1 s and 2 s it moved that share by at most 1.3 points (docs/benchmarks-load.md,
-    "Half-lives and the margin"); in the load benchmark the 5 s phase then had 0.4 % 202s.
-
-    The cap is for the first seconds of an overload: the answers admitted before the model knew
-    it came late all at once, the learnt margin reached 0.8-1.0 × a 1 s deadline, only requests to
-    an empty lane were admitted, and the lane starved for 5-8 s ("Starved lanes" there)."""
+    The floor is for long deadlines, where an answer arrives one long wait after its admission: by
+    the time the queue reached the deadline the learnt margin had decayed, and the errors that said
+    so came a whole wait later, after the 202s (docs/benchmarks-load.md, "Half-lives and the
+    margin"). The cap is for the first seconds of an overload: the answers admitted before the
+    model knew it came late all at once, the learnt margin neared the deadline, only requests to an
+    empty lane were admitted and the lane starved ("Starved lanes" there)."""
     return min(max(fit.margin_s, min_share * wait_s), max_s)
 
 
@@ -654,20 +602,11 @@ def admission_edge_s(fit: WaitFit, deadline_s: float, *, min_share: float, max_s
     (``w = deadline − max_s``); the edge is the largest of those that fits.
 
     Under overload it is what a request admitted at the moment of a refusal is promised: the next
-    request admitted is the first whose predicted wait falls back to it. It is the first
-    ``wait_ahead_s`` of a refusal (:func:`decide`) since 2026-12-03; before, the mean predicted wait
-    of the requests admitted in the last :data:`RECENT_ADMISSIONS_S` s, the same number in a steady
-    overload, but it lagged when admission stopped: on the Intel Xeon of that day (load benchmark,
-    ``--deadline 1 2 5 --with-bulk 0 3000``), a 5 s phase admitted nothing for 2.0 s after its
-    passes slowed by a third, the margin grew from 0.9 to 2.0 s, its 429s kept saying 4.0 s from the
-    last admissions and the requests admitted next waited 2.2-2.8 s: 69 misses of ±30 %, 91.2 %
-    within. Replayed on that run and the next (``benchmarks/load_replay.py``; first estimate alone,
-    then learnt, :mod:`queueing.wait_ahead`), within ±30 % of the actual wait with the
-    edge against the mean: 2 s 98.7 / 98.9 % against 92.9 / 96.7 % (learnt 100.0 / 98.6 against
-    97.8 / 97.5), 5 s 95.2 / 99.1 against 91.1 / 96.3 (learnt 99.8 / 99.1 against 91.2 / 97.9), 1 s
-    98.5 / 97.8 against 98.8 / 99.3 (learnt 98.7 / 99.4 against 98.7 / 100.0); with a bulk job
-    (the first run) 1 s 70.2 against 79.5 (learnt 90.7 both), 2 s 95.9 against 97.9 (learnt 97.6
-    both), 5 s 100 both.
+    request admitted is the first whose predicted wait falls back to it: the first ``wait_ahead_s``
+    of a refusal (:func:`decide`). The mean predicted wait of the requests admitted in the last
+    :data:`RECENT_ADMISSIONS_S` s is the same number in a steady overload, but lags when admission
+    stops. Chosen by replay (``benchmarks/load_replay.py --wait-ahead --first-edge``;
+    docs/benchmarks-load.md, "The admission edge").
     """
     candidates = (deadline_s - min(fit.margin_s, max_s), deadline_s / (1 + min_share), deadline_s - max_s)
     return max((w for w in candidates
@@ -694,14 +633,10 @@ def parked_wait_ahead(fit: WaitFit, *, deadline_s: float, wait_s: float, alone_s
     backlog is deeper than that, which it needs ``wait_s`` − edge to drain to where longer
     (``"drain"``); at least ``alone_s`` (``"alone"``). Pure.
 
-    Why: on the Intel Xeon of 2026-12-04 (load benchmark, 5 s + bulk) 19, 21 and 14 refusals beside
-    bulk passes in the first 3 s of three runs' phases missed ±30 % (all of the third's misses,
-    with :func:`fit_regime`): they said the bulk regime's edge (5 − the margin's 2 s cap = 3.0 s)
-    and the requests admitted next, in the quiet lane a few hundred ms later, waited 1.8-2.1 s; the
-    quiet fit predicted the backlog of those moments at 1.9-2.2 s. With this, two runs: 9 of 34
-    and 3 of 8 ``parks`` refusals missed, the first of their phase, judged against requests
-    admitted just before them beside bulk passes (docs/benchmarks-load.md, "The switch out of
-    the bulk regime")."""
+    Why: the bulk regime's edge (the deadline less a margin at its cap) is far longer than what the
+    requests admitted next wait, in the quiet lane a few hundred ms later, and the quiet fit
+    predicts the backlog of that moment well (docs/benchmarks-load.md, "The switch out of the bulk
+    regime")."""
     edge = admission_edge_s(fit, deadline_s, min_share=min_share, max_s=max_s)
     return max((min(wait_s, edge), "edge" if edge < wait_s else "parks"), (wait_s - edge, "drain"),
                (alone_s, "alone"), key=lambda x: x[0])
@@ -723,14 +658,13 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
     of longer deadlines, or one that lost a worker), that time instead: no request of this deadline
     is admitted before, and Retry-After is when to come back. At least the
     predicted wait of a request of its size in an empty lane (a lone pass nearly done leaves little
-    work ahead, but the next request admitted still waits its own pass: replayed on a
-    load-benchmark run at deadline 1 s, the floor put 78 % of the 429s within ±30 % of the wait
-    admitted requests had, against 56 %). Beside bulk chunks that all yield to the lane
+    work ahead, but the next request admitted still waits its own pass). Beside bulk chunks that
+    all yield to the lane
     (``load.quiet``), what the quiet regime predicts for the moment they park instead
     (:func:`parked_wait_ahead`). And
     ``retry_after_s`` = :func:`retry_after` of it plus its margin (``retry_margin_s``): the header
-    promises "not before", and ``wait_ahead_s`` alone rounded up was early where the wait sat just
-    above a whole second (79-94 % not early at a 5 s deadline). Not
+    promises "not before", and ``wait_ahead_s`` alone rounded up is early where the wait sits just
+    above a whole second. Not
     "until it fits the deadline", which under sustained overload is a fraction of a second, always
     rounded up to 1 s.
     """
@@ -767,9 +701,9 @@ def decide(load: LaneLoad, *, deadline_s: float, images: int = 1, min_margin_sha
                     work_ahead_wait_s=max(load.predicted_wait_s(0), alone), wait_ahead_from=source)
 
 
-
-def running_passes(raw: dict[str, str], *, now: float, stale_s: float) -> tuple[tuple[tuple[int, float], ...], list[str]]:
-    """Parse :data:`admission.PASSES_KEY` (``{batcher: "images started expected_ms"}``). Pure.
+def running_passes(raw: dict[str, str], *, now: float,
+                   stale_s: float) -> tuple[tuple[tuple[int, float], ...], list[str]]:
+    """Parse ``lane_control.keys.PASSES_KEY`` (``{batcher: "images started expected_ms"}``). Pure.
 
     Returns:
         ``(passes, stale)``: ``(images, seconds left)`` of each pass younger than ``stale_s`` whose
@@ -802,15 +736,15 @@ def lane_load(*, queued_messages: int, inflight_images: int, workers: dict[str, 
     The wait is fitted on the answers of the regime the machine is in now: with a bulk chunk
     computing (``beside_bulk_now``, :func:`parse_bulk_activity`), on those that waited beside bulk work
     (:func:`beside_bulk`); otherwise on the others admitted in the quiet lane (:func:`fit_regime`).
-    ``lone`` must be the same regime's list (:data:`admission.LONE_BULK_KEY` or
-    :data:`admission.LONE_KEY`). A regime with no answer in the fit's window starts from the prior
+    ``lone`` must be the same regime's list (``lane_control.keys.LONE_BULK_KEY`` or
+    ``LONE_KEY``). A regime with no answer in the fit's window starts from the prior
     (the workers' own figures, scale 1). ``pending`` requests count in the regime they were
     admitted in (``bulk_at_admission``); their arrivals count in either. Beside bulk chunks that
     all yield to this lane (``bulk_yields``, :func:`parse_bulk_activity`), the load also carries
     the quiet regime's (``LaneLoad.quiet``, its lone overheads ``lone_quiet``:
-    :data:`admission.LONE_KEY`), for what a refusal says (:func:`decide`).
+    ``LONE_KEY``), for what a refusal says (:func:`decide`).
 
-    ``lone`` is :data:`admission.LONE_KEY`'s list (s): their mean, ≥ 0, is the overhead the fit's
+    ``lone`` is that list (s): their mean, ≥ 0, is the overhead the fit's
     intercept is pulled to (``fit_wait``'s ``overhead_prior_s``); none yet: no pull. The answers'
     and ``pending``'s predicted waits of requests admitted in the last :data:`RECENT_ADMISSIONS_S`
     s are ``recent_admitted_s``, and their count × images per request / that window is

@@ -1,6 +1,7 @@
 """The load benchmark's judgement of a 429 (``benchmarks.load.summarise``): each one's
 ``wait_ahead_s`` (and its first estimate, before it was learnt) against the median wait of the
-requests admitted within ±0.5 s of it, and the lane's own drift (that wait 1 s earlier)."""
+requests admitted within ±0.5 s of it, and the lane's own drift (that wait 1 s earlier); and its
+offline replay (``benchmarks.load_replay``, queueing alone, no Django)."""
 from __future__ import annotations
 
 import threading
@@ -58,7 +59,7 @@ def test_a_bulk_phase_reports_the_images_its_job_embedded_during_it():
 
 class JobApi:
     """The benchmark's client for ``POST /api/jobs/{id}/{action}/`` and ``GET /api/jobs/{id}/``,
-    with a bulk worker behind it: a chunk computing (``admission.BULK_ACTIVITY_KEY`` field)
+    with a bulk worker behind it: a chunk computing (``lane_control.keys.BULK_ACTIVITY_KEY`` field)
     finishes 0.3 s after the pause; after the resume the next starts at 0.3 s and is written (64
     images embedded) at 0.6 s."""
 
@@ -200,10 +201,57 @@ def test_the_replay_of_what_429s_say_starts_a_phase_from_what_the_web_learnt_bef
 
 def test_the_replay_can_say_the_admission_edge_for_runs_made_before_it():
     """``load_replay.edge_first`` (``--first-edge``): from a 429's body, the edge at its learnt margin
-    (2 − 0.5 = 1.5 s at a 2 s deadline, the margin's floor 0.2 and cap 0.4 of the settings), or the
-    drain to it where the predicted wait is more than twice that."""
+    (2 − 0.5 = 1.5 s at a 2 s deadline, the margin's floor 0.2 and cap 0.4: queueing's defaults), or
+    the drain to it where the predicted wait is more than twice that."""
     from benchmarks.load_replay import edge_first
 
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=2.2) == pytest.approx(1.5)
     assert edge_first({"learnt_margin_s": 0.5}, deadline_s=2.0, predicted_wait_s=4.0) == pytest.approx(2.5)
     assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None) == pytest.approx(2 / 1.2)
+    # another policy (``--min-margin-share 0.5 --max-margin-share 1``): the floor binds at 2 / 1.5
+    assert edge_first({"learnt_margin_s": 0.0}, deadline_s=2.0, predicted_wait_s=None, min_share=0.5,
+                      max_share=1.0) == pytest.approx(2 / 1.5)
+
+
+def test_the_load_replay_predicts_a_steady_lane_and_counts_what_the_margin_misses():
+    """``benchmarks.load_replay.replay`` on the web's records of a lane whose wait is exactly
+    0.2 s + its work: every request after the first few is predicted within ±30 %, none waits past
+    predicted + margin. Make one in ten 1 s late: those are outside ±30 %, and the first of them
+    are short of predicted + margin, but not all: the margin learns the lateness from them."""
+    from benchmarks.load_replay import replay
+
+    def records(late_every: int = 0) -> list[dict]:
+        out = []
+        for i in range(100):
+            work = 0.3 + 0.01 * (i % 40)
+            wait = 0.2 + work + (1.0 if late_every and i % late_every == late_every - 1 else 0.0)
+            out.append({"admitted": i * 0.2, "answered": i * 0.2 + wait, "work_s": work, "status": 200,
+                        "predicted_s": 0.2 + work})
+        return out
+
+    steady = replay(records(), half_life_answers=16, half_life_s=10)
+    assert steady["requests"] >= 90 and steady["within_30pct"] == 1.0 and steady["short"] == 0.0
+    assert abs(steady["error_s"][1]) < 0.01
+    late = replay(records(late_every=10), half_life_answers=16, half_life_s=10)
+    assert late["requests"] == steady["requests"]
+    # the late ones are 1 s over a wait of ~0.7 s: outside ±30 %; short until the margin has seen them
+    assert late["within_30pct"] <= 0.91 and 0.01 <= late["short"] < 0.09
+    assert replay(records()[:4], half_life_answers=16, half_life_s=10)["error_s"] is None  # too few
+
+
+def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(private_redis):
+    """``benchmarks.load.first_calibration`` watches the key under which the cutoff calibration keeps
+    its prompts' text vectors (``cutoff.PROMPT_VECTORS_KEY``): not there, it gives up after its
+    timeout (``None``); there, it answers at once."""
+    import fnmatch
+
+    from benchmarks import load
+    from embeddings.services.lifecycle import cutoff
+
+    url, client = private_redis
+    key = cutoff.PROMPT_VECTORS_KEY.format(model_id="ViT-B-32/random", prompts_sha256="ab" * 32)
+    assert fnmatch.fnmatchcase(key, load.PROMPT_VECTORS_PATTERN)
+    assert load.first_calibration(url, timeout_s=1.5, quiet_s=0) is None
+    client.set(key, "{}")
+    assert load.first_calibration(url, timeout_s=1.5, quiet_s=0) == 0.0
+

@@ -54,6 +54,7 @@ import threading
 
 import cv2
 import numpy as np
+import pillow_heif
 from PIL import Image, UnidentifiedImageError
 
 # MAX_* and sniff_format are re-exported: callers and tests import them from this module.
@@ -80,13 +81,8 @@ from workers.containers import (
 )
 from workers.errors import ImageRejected, Reason
 
-try:  # HEIC/HEIF decoding through libheif; without it such files are ``unsupported_format``.
-    import pillow_heif
-
-    pillow_heif.register_heif_opener()
-    _HAVE_HEIF = True
-except ImportError:  # pragma: no cover - pillow-heif is a pinned runtime dependency
-    _HAVE_HEIF = False
+# HEIC/HEIF decoding through libheif (pillow-heif: pinned in requirements.txt, wheels bundle libheif).
+pillow_heif.register_heif_opener()
 
 log = logging.getLogger(__name__)
 
@@ -366,8 +362,6 @@ def _cv_unchanged_to_rgb(arr: np.ndarray) -> np.ndarray:
 
 
 def _decode_pillow(data: bytes, fmt: str, max_pixels: int) -> DecodedImage:
-    if fmt == "heif" and not _HAVE_HEIF:  # pragma: no cover - pillow-heif is pinned
-        raise ImageRejected(Reason.UNSUPPORTED_FORMAT, "HEIF: pillow-heif is not installed")
     # Headers read here, before Pillow opens the file, because opening already allocates for these.
     if fmt == "webp":
         check_webp(data, max_pixels)

@@ -14,6 +14,7 @@ from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.api.serializers import JobProgressSerializer, JobSerializer
 from embeddings.models import EmbeddingSpace, SpaceState
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.lifecycle import gate
 from embeddings.services.lifecycle import model_migrations as migrations
 from embeddings.errors import ApplicationError
 
@@ -159,10 +160,6 @@ class MigrationActionView(APIView):
                                        code="not_active", status=409, extra={"state": space.state})
             space = migrations.rollback(by=request.user.get_username())
         else:
-            try:
-                from embeddings.services.lifecycle import gate
-            except ImportError as e:
-                raise ApplicationError("no quality gate is installed", code="gate_missing", status=409) from e
             gate.gate_start(space.id)
             return Response(migration_view(space), status=status.HTTP_202_ACCEPTED)
         return Response(migration_view(space))

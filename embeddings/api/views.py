@@ -41,6 +41,7 @@ from embeddings.api.serializers import (
 )
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services import search as search_services
 from embeddings.services import upload as request_services
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
@@ -283,7 +284,7 @@ class SearchView(APIView):
         from embeddings import spaces
 
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
-        results = request_services.search(
+        results = search_services.search(
             user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
             text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
         )

@@ -1,2 +1,45 @@
-"""Lane control: admission of interactive requests, the workers' reports it predicts from, and bulk
-work that yields to the interactive lane, over one Redis client and its key names."""
+"""Lane control: what may enter the interactive lane and when, and how bulk work gives way to it.
+
+The one door the rest of the app calls (``from embeddings import lane_control``). Inside, one
+Redis client and its key names (:mod:`.keys`), which the web side (:mod:`.admission`: admit or
+refuse with 429), the workers' side (:mod:`.reports`: what admission predicts from) and bulk work
+(:mod:`.bulk_yield`: turns, migration slots, yielding, the lane gate) share; none of those three
+imports another. The arithmetic they feed is ``queueing`` (no Django, no Redis).
+"""
+from embeddings.lane_control.admission import answer_records, interactive_admit, interactive_answered, interactive_load
+from embeddings.lane_control.bulk_yield import (
+    LaneGateCycle,
+    bulk_computing,
+    bulk_turn,
+    ingest_yielder,
+    interactive_busy,
+    migration_slot,
+    migration_yield,
+)
+from embeddings.lane_control.keys import queue_keys, redis_client, vectors_interactive_waiting
+from embeddings.lane_control.reports import batch_records, interactive_in_flight, interactive_pass, interactive_report
+
+__all__ = [
+    # the web: admission
+    "interactive_admit",
+    "interactive_answered",
+    "interactive_load",
+    "answer_records",
+    # the interactive workers: reports
+    "interactive_in_flight",
+    "interactive_pass",
+    "interactive_report",
+    "batch_records",
+    # bulk work
+    "bulk_turn",
+    "bulk_computing",
+    "migration_slot",
+    "migration_yield",
+    "ingest_yielder",
+    "interactive_busy",
+    "LaneGateCycle",
+    # the store
+    "redis_client",
+    "queue_keys",
+    "vectors_interactive_waiting",
+]

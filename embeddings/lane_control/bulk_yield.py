@@ -16,7 +16,7 @@ Every bulk chunk also marks when it computes (:class:`BulkActivity`, :func:`bulk
 interactive lane's wait model keeps one fit for waits beside bulk work and one for the others, and
 a parked chunk is not computing.
 
-The Redis keys and the client are admission's (:mod:`embeddings.lane_control.admission`).
+The Redis keys and the client are lane control's (:mod:`.keys`).
 """
 from __future__ import annotations
 
@@ -34,16 +34,17 @@ from typing import Callable, Iterator
 from django.conf import settings
 from kombu.utils.scheduling import priority_cycle
 
-from embeddings.lane_control.admission import (
+from embeddings.lane_control.keys import (
     BULK_ACTIVITY_KEY,
     BULK_RUNS_KEPT,
     BULK_RUNS_KEY,
     INFLIGHT_KEY,
+    MIGRATION_SLOT_KEY,
     PENDING_KEY,
     REFUSALS_KEY,
-    _stale_after_s,
     queue_keys,
     redis_client,
+    stale_after_s,
 )
 from project import lanes
 
@@ -90,12 +91,12 @@ def bulk_turn() -> Iterator[Turn]:
 class BulkActivity:
     """When one bulk chunk computes, as the interactive lane's wait model sees it.
 
-    :meth:`start` marks the chunk computing in :data:`admission.BULK_ACTIVITY_KEY` (``"since"``, Unix s,
+    :meth:`start` marks the chunk computing in :data:`BULK_ACTIVITY_KEY` (``"since"``, Unix s,
     and `` y`` when it ``yields``: its passes wait while the interactive lane refuses,
     :func:`ingest_yielder` or :func:`migration_yield`, so a refusal parks it within a pass and the
     web says what the quiet lane will then wait, ``wait_model.parked_wait_ahead``); :meth:`stop`
     (the chunk parks for the interactive lane, or ends) removes the mark and appends the interval to
-    :data:`admission.BULK_RUNS_KEY`. The web fits the interactive wait apart for requests that
+    :data:`BULK_RUNS_KEY`. The web fits the interactive wait apart for requests that
     waited beside bulk work and those that did not (``wait_model.lane_load``), and picks the fit by
     whether a chunk computes now: an overload parks the bulk job, and the waits learnt beside it no
     longer hold. One object per chunk, used from the chunk's thread; never raises (Redis errors are
@@ -145,8 +146,6 @@ def bulk_computing(*, yields: bool = False) -> Iterator[BulkActivity]:
         activity.stop()
 
 
-#: Redis key prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}``.
-MIGRATION_SLOT_KEY = "lanes:bulk:migration-slot:"
 #: How often (s) a migration chunk waiting for a slot looks again.
 MIGRATION_SLOT_POLL_S = 0.2
 
@@ -156,15 +155,13 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
     """Hold one of this host's ``slots`` migration slots while the block runs (yields the ms waited).
 
     A migration re-embeds the whole catalogue at background priority; on a host whose embedding
-    workers share cores, two bulk processes computing migration chunks at once doubled the
-    interactive p95 on 2 cores, one kept 90 % of the migration's speed at a third of that cost
-    (docs/benchmarks-migration.md). So at most ``MIGRATION_BULK_SLOTS`` (default 1) migration
-    chunks compute at once per host; ingest jobs are not limited. Slots are Redis locks that expire
+    workers share cores, two bulk processes computing migration chunks at once cost the interactive
+    lane far more than one, for little more migration speed (docs/benchmarks-migration.md). So at
+    most ``MIGRATION_BULK_SLOTS`` (default 1) migration chunks compute at once per host; ingest
+    jobs are not limited. Slots are Redis locks that expire
     after ``hold_s`` (the bulk task's time limit), so a process killed while holding one frees it.
     ``slots`` 0, or Redis unreachable: no limit (a migration must never stall on its own throttle).
     """
-    import socket
-
     import redis
 
     slots = settings.MIGRATION_BULK_SLOTS if slots is None else slots
@@ -201,11 +198,10 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
 #: each further look waits twice as long, up to :data:`YIELD_POLL_MAX_S`.
 YIELD_POLL_S = 0.02
 #: The longest wait (s) between two looks. Each look is one Redis pipeline and a JSON parse per
-#: pending request: at a fixed 20 ms, the two bulk processes of the load benchmark, waiting out
-#: whole overload phases, took 0.07-0.11 of a core between them doing nothing else (AVX2 EPYC,
-#: 2026-12-03, docs/benchmarks-load.md; 0.01-0.05 backing off). Up to 0.2 s late to resume is
-#: little beside an interactive pass of 8 (~1 s on those 2 cores), and a migration's waits between
-#: two requests (a few hundred ms) still end within 20-160 ms of the lane falling idle.
+#: pending request: polled every 20 ms through a whole overload, bulk processes that do nothing else
+#: burn a tenth of a core (docs/benchmarks-load.md). Up to 0.2 s late to resume is little beside an
+#: interactive pass of 8, and a migration's waits between two requests (a few hundred ms) still end
+#: within 20-160 ms of the lane falling idle.
 YIELD_POLL_MAX_S = 0.2
 
 
@@ -234,7 +230,7 @@ def interactive_busy(client=None, *, refused_within_s: float = 0.0) -> bool:
         return False
     if any(lengths):
         return True
-    stale = _stale_after_s()
+    stale = stale_after_s()
     return (any(now - float(v.split()[1]) <= stale for v in inflight)
             or any(now - json.loads(raw)["admitted"] <= stale for raw in pending))
 
@@ -250,9 +246,8 @@ def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0,
     ``BatchRunner.run``'s ``before_pass``) so that on cores shared with the interactive worker a
     person's request never computes beside more than the one micro-batch already running. Nice 19
     alone is not enough: a bulk forward pass still takes its share of the cores, caches and memory
-    bandwidth (docs/benchmarks-migration.md, runs 3 and 5: the interactive p95 doubled during a
-    migration; docs/benchmarks-load.md: beside an ingest job the interactive pass was slower and
-    less regular than alone, and what a 429 said missed the wait). The bound keeps bulk work moving
+    bandwidth, so the interactive pass beside it is slower and less regular than alone
+    (docs/benchmarks-migration.md, docs/benchmarks-load.md). The bound keeps bulk work moving
     under a lane that is never idle: after ``max_pause_s`` one micro-batch runs anyway.
     ``max_pause_s`` ≤ 0, or Redis unreachable: no wait. The chunk's ``activity`` (when given) is
     stopped while it waits and started again when it goes on.
@@ -296,10 +291,10 @@ def ingest_yielder(budget_s: float | None = None, *, activity: BulkActivity | No
     that gave way all the time must still finish before Celery kills it). Returns a callable that
     returns the ms it waited.
 
-    Why only at capacity: below it the lane has room and nice 19 keeps its latency (issue 4's
-    targets, docs/benchmarks.md "The two lanes under load", were met with bulk computing beside 2
-    requests/s); waiting there too would cost the bulk job every gap between requests. At capacity
-    every bulk pass is requests refused and waits told wrong (docs/benchmarks-load.md).
+    Why only at capacity: below it the lane has room and nice 19 keeps its latency (docs/benchmarks.md,
+    "The two lanes under load"); waiting there too would cost the bulk job every gap between
+    requests. At capacity every bulk pass is requests refused and waits told wrong
+    (docs/benchmarks-load.md).
 
     Who gets one is the chunk's business (``pipeline.chunk_embed``): a background job not at risk of
     missing its deadline; an urgent job's chunks never wait.

@@ -113,7 +113,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         interactive lane was at capacity: time given to the interactive lane).
     """
     from embeddings import dispatch
-    from embeddings.lane_control import bulk_yield
+    from embeddings import lane_control
     from embeddings import sink
 
     job = Job.objects.filter(id=job_id).first()
@@ -142,8 +142,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         job_services.job_refresh(job_id=job_id)
         return {"embedded": 0, "failed": len(rows), "skipped": len(image_ids) - len(rows), "stat_id": None}
     if exhausted:  # a poison chunk (its worker dies every time) must not be redelivered forever
-        image_services.images_mark_failed([(str(i), Reason.ATTEMPTS_EXHAUSTED.value, f"delivered {settings.BULK_MAX_ATTEMPTS} "
-                                            f"times without finishing") for i in exhausted])
+        detail = f"delivered {settings.BULK_MAX_ATTEMPTS} times without finishing"
+        image_services.images_mark_failed([(str(i), Reason.ATTEMPTS_EXHAUSTED.value, detail) for i in exhausted])
         rows = {k: v for k, v in rows.items() if uuid.UUID(k) not in exhausted}
         if not rows:
             job_services.job_refresh(job_id=job_id)
@@ -155,20 +155,20 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     slot = contextlib.nullcontext(0.0)
     migration = job.kind == JobKind.MIGRATION
     if migration:  # background priority: one chunk computing per host
-        slot = bulk_yield.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
+        slot = lane_control.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
     # waits while the interactive lane is at capacity: a migration, or a background job on time
     ingest_yields = (not migration and job.priority == JobPriority.BACKGROUND and settings.BULK_YIELD_MAX_S > 0
                      and not job_services.job_deadline_at_risk(job))
     # the interactive lane's wait model is told while the chunk computes, and whether it yields
-    # (bulk_yield.BulkActivity)
-    with slot, bulk_yield.bulk_computing(yields=migration or ingest_yields) as activity:
+    # (lane_control.bulk_yield.BulkActivity)
+    with slot, lane_control.bulk_computing(yields=migration or ingest_yields) as activity:
         passes = {}
         if migration:
             passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None,
-                      "before_pass": functools.partial(bulk_yield.migration_yield, activity=activity)}
+                      "before_pass": functools.partial(lane_control.migration_yield, activity=activity)}
         elif ingest_yields:
             passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
-                      "before_pass": bulk_yield.ingest_yielder(activity=activity)}
+                      "before_pass": lane_control.ingest_yielder(activity=activity)}
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
                             _thumbnailer({k: v[1] for k, v in rows.items()}), **passes)
@@ -185,7 +185,8 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         chunk_index(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)
     elif items:
         dispatch.send_index_chunk(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)
-        _images_wait_for_store([it["id"] for it in items], "vector computed; waiting for the vectors worker to write it")
+        _images_wait_for_store([it["id"] for it in items],
+                               "vector computed; waiting for the vectors worker to write it")
     else:
         BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
         job_services.job_refresh(job_id=job_id)
@@ -193,10 +194,16 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
             "stat_id": stat.id, "paused_ms": round(result.paused_ms, 1)}
 
 
+def _space(items: list[dict]) -> str:
+    """The embedding space of a call's ``items`` (one space per call: a chunk's job, a request's
+    rows): their ``model_id``, else the active space (items built without one: benchmarks)."""
+    return items[0].get("model_id") or runtime.model_id()
+
+
 def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:
     """Upsert ``items`` with ``payloads`` (by sha256; ``None``: recomputed from the database, counting
     the items' rows); returns the upsert wall time (ms)."""
-    model_id = items[0].get("model_id") or runtime.model_id()  # one space per call: a chunk's job, a request's rows
+    model_id = _space(items)
     if payloads is None:
         payloads = image_services.point_payloads(
             model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
@@ -217,7 +224,7 @@ def _queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
         return set(), {}
     queued: set[str] = set()
     payloads = image_services.point_payloads(
-        model_id=items[0].get("model_id") or runtime.model_id(), shas=[it["sha256"] for it in items],
+        model_id=_space(items), shas=[it["sha256"] for it in items],
         including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
     return queued, payloads
 
@@ -247,11 +254,11 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     marked = image_services.images_mark_embedded(live)
     for it in live:
         if it["id"] not in marked:
-            point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=it.get("model_id"))
+            point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=_space([it]))
     return [it for it in live if it["id"] in marked], upsert_ms
 
 
-def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str = "background",
+def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
                 upsert_ms: float = 0.0) -> dict:
     """Write a chunk's points slice by slice, marking each slice's images embedded once (and only
     once) its points are written; refresh the job when the chunk is written. Which images are still
@@ -265,12 +272,14 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     a new ``index_chunk`` at the chunk's bulk ``priority`` (``"urgent"``/``"background"``), behind
     the interactive messages, and this task ends. One process owns the embedded store and runs one
     task at a time, so this is what keeps an interactive request from waiting behind a whole
-    chunk's write (64 points: 60 ms quiet, up to 0.9 s measured under bulk load on this machine).
+    chunk's write (tens of ms for 64 points on a quiet store, most of a second under bulk load).
     Writes are idempotent (deterministic point ids), so a redelivery after a crash rewrites the
     same points.
 
     Args:
-        upsert_ms: upsert time already spent on this chunk by earlier parts (ms), for its BatchStat.
+        priority: the chunk's job priority (``"urgent"``/``"background"``), kept by a continuation.
+        upsert_ms: upsert time already spent on this chunk by earlier parts (ms; 0 for a first
+            part), for its BatchStat.
 
     Returns:
         ``{"written": n, "upsert_ms": ms, "yielded": n}``: items this part dealt with (written, or
@@ -283,7 +292,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     from qdrant_client.http.exceptions import UnexpectedResponse
 
     from embeddings import dispatch
-    from embeddings.lane_control import admission
+    from embeddings import lane_control
     from embeddings import sink
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
@@ -314,7 +323,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
             raise
         metrics.count_images(lane=Lane.BULK, status="embedded", n=len(marked))
         written += len(part)
-        if written < len(items) and not sink.is_direct() and admission.vectors_interactive_waiting():
+        if written < len(items) and not sink.is_direct() and lane_control.vectors_interactive_waiting():
             return send_rest()
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()
@@ -413,21 +422,20 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
 
 # --- queries -------------------------------------------------------------------------------------
 
-def _query_expired(deadline_ts: float | None) -> dict | None:
-    """The refusal of a query whose deadline (Unix s; ``None``: none) has passed, else ``None``."""
-    late = time.time() - deadline_ts if deadline_ts is not None else 0.0
+def _query_expired(deadline_ts: float) -> dict | None:
+    """The refusal of a query whose deadline (Unix s) has passed, else ``None``."""
+    late = time.time() - deadline_ts
     if late <= 0:
         return None
     return {"reason": Reason.EXPIRED.value, "detail": f"deadline passed {late:.3f} s before the model ran"}
 
 
-def query_embed(*, storage_key: str, sha256: str, deadline_ts: float | None = None,
-                model_id: str | None = None) -> dict:
+def query_embed(*, storage_key: str, sha256: str, deadline_ts: float, model_id: str) -> dict:
     """Embed a query image (not stored as an Image) through the process's dynamic batcher, shared
     with interactive uploads. A query whose deadline (Unix s) has passed before decoding, or before
     the batcher hands it to the model, is not computed: nobody waits for it any more.
 
-    ``model_id``: the space searched (the web sends the active one; None: this worker's configured model).
+    ``model_id``: the space searched (the web sends the active one).
 
     Returns:
         ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded, the
@@ -452,11 +460,10 @@ def query_embed(*, storage_key: str, sha256: str, deadline_ts: float | None = No
     return {"vector": encode_vector(vectors[0])}
 
 
-def text_embed(*, text: str, deadline_ts: float | None = None, model_id: str | None = None) -> dict:
-    """Embed a text query with space ``model_id``'s text tower (None: this worker's configured
-    model, as in messages sent before issue 13) → ``{"vector": base64}``; ``{"reason": "expired",
-    "detail"}`` without running the model when its deadline (Unix s) has passed;
-    ``model_not_configured`` when this worker may not load it."""
+def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
+    """Embed a text query with space ``model_id``'s text tower → ``{"vector": base64}``;
+    ``{"reason": "expired", "detail"}`` without running the model when its deadline (Unix s) has
+    passed; ``model_not_configured`` when this worker may not load it."""
     if (refused := _query_expired(deadline_ts)) is not None:
         return refused
     try:
@@ -466,10 +473,9 @@ def text_embed(*, text: str, deadline_ts: float | None = None, model_id: str | N
     return {"vector": encode_vector(holder.get().encode_texts([text])[0])}
 
 
-def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None,
-                  model_id: str | None = None) -> dict:
-    """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection (None: the
-    active space), restricted to ``owner_id`` (None: all) and a job. A refused query image
+def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str) -> dict:
+    """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection,
+    restricted to ``owner_id`` (None: all) and ``job_id`` (None: any job). A refused query image
     (``{"reason", "detail"}``) is passed through unchanged.
 
     Returns:
@@ -482,9 +488,9 @@ def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | No
 
 
 def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None,
-                 model_id: str | None = None) -> list[dict] | None:
-    """Top-k images similar to a stored point (itself included) of space ``model_id`` (None: the
-    active space); ``None`` if the point is missing."""
+                 model_id: str) -> list[dict] | None:
+    """Top-k images similar to a stored point (itself included) of space ``model_id``, restricted
+    to ``owner_id`` (None: all) and ``job_id`` (None: any job); ``None`` if the point is missing."""
     store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:
@@ -493,16 +499,15 @@ def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | N
     return hits_to_results(hits, owner_id=owner_id, model_id=model_id)
 
 
-def point_forget(*, point_id: str, sha256: str, model_id: str | None = None) -> str:
+def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:
     """After an image row is deleted: delete its point in space ``model_id``'s collection (the row's
-    space; None: this worker's configured model), or rewrite its payload if other rows share it. A dropped space's
-    points went with its collection: nothing to do.
+    space), or rewrite its payload if other rows share it. A dropped space's points went with its
+    collection: nothing to do.
 
     Returns ``"deleted"``, ``"kept"`` or ``"dropped"``.
     """
     from embeddings.models import EmbeddingSpace, SpaceState
 
-    model_id = model_id or runtime.configured_model_id()
     if EmbeddingSpace.objects.filter(model_id=model_id, state=SpaceState.DROPPED).exists():
         return "dropped"
     store = runtime.vector_store(model_id)
@@ -516,7 +521,7 @@ def point_forget(*, point_id: str, sha256: str, model_id: str | None = None) -> 
         return "deleted"
 
 
-def point_count(model_id: str | None = None) -> dict:
-    """``{"collection": name, "points": exact count}`` of space ``model_id`` (None: this worker's configured model)."""
+def point_count(*, model_id: str) -> dict:
+    """``{"collection": name, "points": exact count}`` of space ``model_id``."""
     store = runtime.vector_store(model_id)
     return {"collection": store.collection, "points": store.count()}

@@ -17,6 +17,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services import search as search_services
 from embeddings.services import upload as request_services
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
@@ -67,7 +68,7 @@ def search(request):
             from embeddings import spaces
 
             space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
-            found = request_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
+            found = search_services.search(user=request.user, k=SEARCH_K, job_id=job, **query)
             # ``all=1`` ("show the closest anyway"): min_score 0, the cutoff off
             ctx["cutoff"] = cutoff.apply_min_score(found, space=space, kind=cutoff.TEXT if q and "image" not in query
                                                    else cutoff.IMAGE, requested=0.0 if source.get("all") == "1" else None)
@@ -122,7 +123,7 @@ def image_detail(request, image_id):
     neighbours, error = None, None
     if image.status in ("embedded", "skipped"):
         try:
-            hits = request_services.search(user=request.user, k=NEIGHBOURS_K + 1, image_id=str(image.id))
+            hits = search_services.search(user=request.user, k=NEIGHBOURS_K + 1, image_id=str(image.id))
             neighbours = [h for h in hits if h["image_id"] != str(image.id)][:NEIGHBOURS_K]
         except ApplicationError as e:
             error = _error(e)

@@ -103,7 +103,7 @@ def test_calibration_takes_the_percentile_of_unrelated_pairs_in_the_store(servic
 def _queued(client, queue: str) -> list[dict]:
     """The task messages waiting in ``queue`` (every priority list kombu keeps for it), decoded:
     ``{"task", "args"}`` each."""
-    from embeddings.lane_control.admission import queue_keys
+    from embeddings.lane_control import queue_keys
 
     out = []
     for key in queue_keys(queue):
@@ -121,7 +121,7 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
     vectors are kept in Redis, the next one is ``cutoff_compute`` alone on the vectors queue,
     carrying them. Other prompts (or another model) never read them; a Redis that does not answer
     means encoding again, never an error. Real Celery messages on a private Redis, not run."""
-    from embeddings.lane_control import admission
+    from embeddings import lane_control
     from project import lanes
 
     url, client = private_redis
@@ -150,7 +150,7 @@ def test_a_recalibration_reuses_the_prompts_text_vectors_and_leaves_the_bulk_cor
         monkeypatch.setattr(cutoff, "prompts", lambda: ("justice", "theorem", "tuesday", "zzz"))
         assert cutoff.cached_prompt_vectors(space.model_id) is None
         # Redis gone: no cache, no error
-        monkeypatch.setattr(admission, "redis_client", lambda: admission._client("redis://127.0.0.1:1/0"))
+        monkeypatch.setattr(lane_control, "redis_client", lambda: lane_control.keys._client("redis://127.0.0.1:1/0"))
         assert cutoff.cached_prompt_vectors(space.model_id) is None
         assert not cutoff.remember_prompt_vectors(space.model_id, {"vectors": texts["vectors"]})
 

@@ -67,7 +67,8 @@ def chunk_queries(user, sent, *, padding: int, seed: int) -> tuple[list[str], li
     assert out["embedded"] == 4
     (args,) = sent["embeddings.tasks.index_chunk"]
     with CaptureQueriesContext(connection) as index:
-        assert pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])["written"] == 4
+        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
+    assert out["written"] == 4
     assert Image.objects.filter(id__in=chunk, status=ImageStatus.EMBEDDED).count() == 4
     assert Job.objects.get(id=job.id).status == JobStatus.RUNNING  # the padding's queued half remains
     return [q["sql"] for q in embed.captured_queries], [q["sql"] for q in index.captured_queries]
@@ -89,17 +90,17 @@ def test_a_chunk_reads_its_images_once_and_marks_each_slice_with_two_updates(ser
     """Issue 10: per chunk part one SELECT of the images (still queued? payloads), per slice one store
     call, one look at the vectors queue between slices, and two UPDATEs (the slice's rows, RETURNING
     the ones marked; their skipped copies); no ``SELECT ... FOR UPDATE``, no per-slice read."""
-    from embeddings.lane_control import admission
+    from embeddings import lane_control
 
     service.VECTORS_WRITE_SLICE = 2
     looks: list[int] = []
-    monkeypatch.setattr(admission, "vectors_interactive_waiting", lambda client=None: looks.append(1) or 0)
+    monkeypatch.setattr(lane_control, "vectors_interactive_waiting", lambda client=None: looks.append(1) or 0)
     job = job_services.job_create(owner=user, sources=sources(4, 7000))
     (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
     pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
     (args,) = sent["embeddings.tasks.index_chunk"]
     with CaptureQueriesContext(connection) as q:
-        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert (out["written"], out["yielded"], len(looks)) == (4, 0, 1)
     sql = [x["sql"].upper() for x in q.captured_queries]
     image_reads = [x for x in sql if x.startswith("SELECT") and 'FROM "EMBEDDINGS_IMAGE"' in x and "SELECT 1 AS" not in x]

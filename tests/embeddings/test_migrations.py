@@ -16,6 +16,7 @@ import pytest
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Job, JobKind, SpaceState
 from embeddings.services import pipeline
+from embeddings.services.lifecycle import gate
 from embeddings.services.lifecycle import model_migrations as migrations
 from embeddings.services.catalogue import copies as copies_services
 from embeddings import spaces
@@ -46,7 +47,7 @@ def two_models(service, settings, small_encoder, monkeypatch):
     spaces.forget_cache()
     runtime.encoder_holder(S)._encoder = small_encoder
     verdict = {"v": (True, "", "the probe passed")}
-    monkeypatch.setattr(migrations, "_gate_verdict", lambda space: verdict["v"])
+    monkeypatch.setattr(gate, "gate_verdict", lambda space: verdict["v"])
     started = []
     monkeypatch.setattr(migrations, "migration_job_done", lambda job: started.append(job.id))
     yield {"verdict": verdict, "gate_started": started}

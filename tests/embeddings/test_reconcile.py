@@ -232,7 +232,7 @@ def test_vector_writes_retry_with_backoff_and_images_wait_visibly(service, user,
 
     app.conf.task_eager_propagates = False  # eager: each Retry is then re-applied at once
     try:
-        result = tasks.index_chunk.apply(args=args)
+        result = tasks.index_chunk.apply(args=args, kwargs={"priority": "background"})
     finally:
         app.conf.task_eager_propagates = True
     assert result.successful(), result.traceback
@@ -258,29 +258,29 @@ def test_a_store_that_keeps_failing_leaves_images_queued_with_the_error(service,
                 UnexpectedResponse(503, "Service Unavailable", b"", {})):
         monkeypatch.setattr(store, "upsert", lambda points, exc=exc: (_ for _ in ()).throw(exc))
         with pytest.raises(pipeline.STORE_ERRORS):
-            pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+            pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
         rows = set(Image.objects.filter(job=job).values_list("status", "reason"))
         assert rows == {("queued", "waiting_for_store")}
     assert "503" in Image.objects.filter(job=job).first().reason_detail
     monkeypatch.setattr(store, "upsert", lambda points: (_ for _ in ()).throw(
         UnexpectedResponse(400, "Bad Request", b"", {})))
     with pytest.raises(UnexpectedResponse):  # a client error is a bug, not an outage: not retried
-        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert store.count() == 0
 
 
 def test_a_chunk_write_yields_to_waiting_interactive_work_and_its_rest_finishes_later(service, user, sent, monkeypatch):
     """Between slices the vectors worker looks at its queue; when interactive work waits, the rest of
     the chunk goes back to the queue at the job's bulk priority. Only written points are embedded."""
-    from embeddings.lane_control import admission
+    from embeddings import lane_control
 
     service.VECTORS_WRITE_SLICE = 8
     job, args = embedded_chunk(user, sent, n=20)
     waiting = iter([1])  # one interactive message waits after the first slice, then none
-    monkeypatch.setattr(admission, "vectors_interactive_waiting", lambda client=None: next(waiting, 0))
+    monkeypatch.setattr(lane_control, "vectors_interactive_waiting", lambda client=None: next(waiting, 0))
     rest: list = []
     monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append((args, kwargs, kw)))
-    first = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    first = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert (first["written"], first["yielded"]) == (8, 12)
     store = runtime.vector_store()
     assert store.count() == 8
@@ -317,7 +317,7 @@ def test_a_store_failure_mid_chunk_keeps_what_was_written_and_sends_the_rest_on(
     monkeypatch.setattr(store, "upsert", fails_second_time)
     rest: list = []
     monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append(args))
-    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert (out["written"], out["yielded"]) == (4, 6) and store.count() == 4
     assert rest == [(args[0], args[1], args[2][4:])]
     statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
@@ -330,7 +330,7 @@ def test_a_job_cancelled_while_its_chunk_waits_to_be_written_stays_cancelled(ser
     embedded afterwards, the job's counts keep saying cancelled."""
     job, args = embedded_chunk(user, sent, n=6)
     job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
-    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert (out["written"], out["yielded"]) == (6, 0)
     assert runtime.vector_store().count() == 0
     assert set(Image.objects.filter(job=job).values_list("status", flat=True)) == {ImageStatus.CANCELLED}
@@ -355,7 +355,7 @@ def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, 
         return ms
 
     monkeypatch.setattr(pipeline, "_write_points", write_then_cancel)
-    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert writes == [2, 2]
     statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
     assert statuses == [ImageStatus.EMBEDDED] * 2 + [ImageStatus.CANCELLED] * 2
@@ -377,7 +377,7 @@ def test_a_chunk_delivered_twice_before_its_points_are_written_writes_each_point
     writes = sent["embeddings.tasks.index_chunk"]
     assert len(writes) == 2
     for args in writes:
-        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2])
+        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert runtime.vector_store().count() == 4
     assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
     assert BatchStat.objects.filter(job=job).count() == 2

@@ -21,7 +21,8 @@ from embeddings import runtime, tasks
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services.catalogue import jobs as job_services
 from embeddings import sink
-from embeddings.services.upload import images_upload, search
+from embeddings.services.search import search
+from embeddings.services.upload import images_upload
 from tests.embeddings.test_reconcile import sources
 from workers.model_config import embed_dim
 
@@ -104,7 +105,8 @@ def test_server_mode_web_searches_counts_and_deletes_through_its_own_connection(
     by_id = search(user=user, k=4, image_id=str(first.id), job_id=str(job.id))
     assert (len(by_text), len(by_id)) == (3, 4)
     assert by_id[0]["image_id"] == str(first.id) and by_id[0]["score"] == pytest.approx(1.0, abs=1e-5)
-    assert sink.store_call("collection_stats") == {"collection": server_mode.collection, "points": 4}
+    stats = sink.store_call("collection_stats", runtime.model_id())
+    assert stats == {"collection": server_mode.collection, "points": 4}
 
     from embeddings.services.catalogue.images import image_delete
 

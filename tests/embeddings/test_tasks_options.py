@@ -19,7 +19,7 @@ from celery.app.task import Context
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.errors import ApplicationError
-from embeddings.services.upload import search
+from embeddings.services.search import search
 from project import lanes
 from project.celery import app
 
@@ -34,7 +34,7 @@ def jpeg_bytes(seed: int) -> bytes:
 
 def published_expires(options: dict) -> dt.datetime:
     """The ``expires`` header of the message Celery builds with ``options`` (what a worker reads)."""
-    msg = app.amqp.as_task_v2("id-1", "embeddings.tasks.encode_text", args=("a dog", DEADLINE),
+    msg = app.amqp.as_task_v2("id-1", "embeddings.tasks.encode_text", args=("a dog", DEADLINE, "a/space/fp32"),
                               expires=options["expires"])
     return dt.datetime.fromisoformat(msg.headers["expires"])
 
@@ -79,18 +79,18 @@ def spy(service, monkeypatch):
 @pytest.mark.django_db
 def test_text_and_image_queries_refuse_the_model_after_their_deadline(spy):
     key, sha, _ = runtime.blob_store().put([jpeg_bytes(7)])
+    space = runtime.model_id()
     late = time.time() - 0.5
-    text = tasks.encode_text.apply(args=("a dog", late)).get()
-    image = tasks.embed_query.apply(args=(key, sha, late)).get()
+    text = tasks.encode_text.apply(args=("a dog", late, space)).get()
+    image = tasks.embed_query.apply(args=(key, sha, late, space)).get()
     for out in (text, image):
         assert out["reason"] == "expired" and "vector" not in out and out["detail"].startswith("deadline passed")
     assert spy == {"texts": 0, "images": 0}
-    # The same tasks before their deadline (and old messages without one) do run the model.
+    # The same tasks before their deadline do run the model.
     soon = time.time() + 30
-    assert "vector" in tasks.encode_text.apply(args=("a dog", soon)).get()
-    assert "vector" in tasks.embed_query.apply(args=(key, sha, soon)).get()
-    assert "vector" in tasks.encode_text.apply(args=("a cat",)).get()
-    assert spy == {"texts": 2, "images": 1}
+    assert "vector" in tasks.encode_text.apply(args=("a dog", soon, space)).get()
+    assert "vector" in tasks.embed_query.apply(args=(key, sha, soon, space)).get()
+    assert spy == {"texts": 1, "images": 1}
 
 
 @pytest.mark.django_db
@@ -118,30 +118,6 @@ def test_an_upload_message_discarded_as_expired_marks_its_images_expired(service
     assert all(d.startswith("deadline passed 3.") and d.endswith("before a worker took it") for *_, d in got.values())
 
 
-def test_a_bulk_worker_warns_at_start_when_its_bf16_is_emulated(settings, monkeypatch, caplog):
-    """Issue 9 (6): the bulk worker's children load the model lazily, so its parent says it at start
-    (from /proc/cpuinfo, without torch); an interactive worker says it when it loads the model."""
-    from types import SimpleNamespace
-
-    from workers import config as config_module
-
-    def worker(*queues):
-        return SimpleNamespace(task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=q) for q in queues]))
-
-    monkeypatch.setattr(config_module, "detect_hardware", lambda cuda=False: config_module.Hardware(
-        cpu_model="AMD EPYC 7B13", cpu_flags=frozenset({"avx2"})))
-    settings.PIPELINE = config_module.PipelineConfig(pretrained="random", precision="bf16")
-    with caplog.at_level("WARNING", logger="embeddings.tasks"):
-        tasks.warn_emulated_precision(worker(lanes.BULK))
-        tasks.warn_emulated_precision(worker(lanes.VECTORS))
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
-    assert "CLIP_PRECISION=bf16" in caplog.records[0].getMessage() and "AMD EPYC 7B13" in caplog.text
-    caplog.clear()
-    settings.PIPELINE = settings.PIPELINE.replace(precision="fp32")
-    tasks.warn_emulated_precision(worker(lanes.BULK))
-    assert caplog.records == []
-
-
 CHAIN_PROBE = """
 import os, sys, time
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
@@ -152,30 +128,31 @@ from project.celery import app
 app.conf.broker_url, app.conf.result_backend = "memory://", "cache+memory://"  # kombu's in-memory transport
 from celery.app.trace import build_tracer
 from celery.signals import before_task_publish
-from embeddings import tasks
+from embeddings import runtime, tasks
 from embeddings.services import pipeline
 
 sent = []
 before_task_publish.connect(lambda sender=None, **kw: sent.append(sender), weak=False)
-search = dict(tasks.search_vector.s(None, 3, None).set(**tasks.vectors_options(interactive=True,
-                                                                              deadline_ts=time.time() + 600)))
+space = runtime.configured_model_id()
+search = dict(tasks.search_vector.s(None, 3, None, space).set(**tasks.vectors_options(interactive=True,
+                                                                                     deadline_ts=time.time() + 600)))
 real = pipeline.text_embed
 slow = {"s": 0.0}
 pipeline.text_embed = lambda **kw: (real(**kw), time.sleep(slow["s"]))[0]  # the real model, then a stall
-for case, in_s, stall in (("live", 600, 0.0), ("refused", -1, 0.0), ("late", 1.0, 1.5), ("no deadline", None, 0.0)):
+for case, in_s, stall in (("live", 600, 0.0), ("refused", -1, 0.0), ("late", 1.0, 1.5)):
     sent.clear()
     slow["s"] = stall
-    deadline = None if in_s is None else time.time() + in_s  # the model is loaded by the first case
+    deadline = time.time() + in_s  # the model is loaded by the first case
     trace = build_tracer(tasks.encode_text.name, tasks.encode_text, eager=False, propagate=True, app=app)
     request = {"id": "t-" + case, "chain": [search], "delivery_info": {}}
-    out = trace(request["id"], ("a dog",) if deadline is None else ("a dog", deadline), {}, request).retval
+    out = trace(request["id"], ("a dog", deadline, space), {}, request).retval
     print(case, sorted(out), ",".join(sent))
 """
 
 
 def test_a_query_refused_or_finished_after_its_deadline_sends_no_search(tmp_path):
     """Through Celery's own task tracer and an in-memory broker: the next link of the chain is
-    published only for a query that finished in time (or has no deadline: an old message)."""
+    published only for a query that finished in time."""
     import os
     import subprocess
     import sys
@@ -190,5 +167,4 @@ def test_a_query_refused_or_finished_after_its_deadline_sends_no_search(tmp_path
         "live ['vector'] embeddings.tasks.search_vector",
         "refused ['detail', 'reason'] ",
         "late ['vector'] ",
-        "no deadline ['vector'] embeddings.tasks.search_vector",
     ], out.stdout + out.stderr[-2000:]

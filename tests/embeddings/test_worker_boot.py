@@ -1,16 +1,25 @@
-"""Bulk yields at the CPU: a worker that consumes only the bulk queue lowers its priority at start
+"""A worker's boot-up (``embeddings/worker_boot.py``).
+
+Bulk yields at the CPU: a worker that consumes only the bulk queue lowers its priority at start
 (``BULK_WORKER_NICE``, default 19; with ``BULK_WORKER_SCHED_IDLE`` also Linux's ``SCHED_IDLE`` policy)
 so the kernel runs interactive work, the web and the vectors worker first; every other worker keeps
-its priority; ``WORKER_NICE`` overrides the niceness for any worker."""
+its priority; ``WORKER_NICE`` overrides the niceness for any worker. The ``celeryd_init`` handler is
+connected by ``django.setup()`` alone (``EmbeddingsConfig.ready``), as in a worker.
+
+At ``worker_ready``: a bulk worker warns about emulated bf16, an interactive worker with threads
+loads its model or refuses to start, the vectors worker starts the reconciler."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
 
+from types import SimpleNamespace
+
 import pytest
 
-from embeddings.tasks import worker_idle_policy, worker_niceness
+from embeddings import worker_boot
+from embeddings.worker_boot import worker_idle_policy, worker_niceness
 from project import lanes
 from tests.conftest import ROOT
 
@@ -47,7 +56,7 @@ def run_init(queues, **env_vars) -> tuple[int, list[int]]:
     """The process niceness and the scheduling policy of each of its threads after Celery's
     ``celeryd_init`` signal for a worker started with ``-Q queues`` (one thread started before it)."""
     code = ("import os, threading, django; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'project.settings');"
-            "django.setup(); from celery.signals import celeryd_init; import embeddings.tasks;"
+            "django.setup(); from celery.signals import celeryd_init;"
             "ev = threading.Event(); t = threading.Thread(target=ev.wait); t.start();"
             f"celeryd_init.send(sender='w@h', instance=None, conf=None, options={{'queues': {queues!r}}});"
             "print(os.nice(0), *(os.sched_getscheduler(int(tid)) for tid in os.listdir('/proc/self/task')));"
@@ -70,3 +79,76 @@ def test_the_signal_really_lowers_a_bulk_workers_priority():
     for queues in ([lanes.INTERACTIVE], [lanes.INTERACTIVE, lanes.BULK]):
         nice, policies = run_init(queues, BULK_WORKER_SCHED_IDLE="1")
         assert nice == base and os.SCHED_IDLE not in policies
+
+
+def worker(*queues, pool: str = "celery.concurrency.thread"):
+    """A started worker as ``worker_ready`` sends it: the queues it consumes and its pool's module."""
+    return SimpleNamespace(task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=q) for q in queues]),
+                           pool=type("TaskPool", (), {"__module__": pool})())
+
+
+def test_a_bulk_worker_warns_at_start_when_its_bf16_is_emulated(settings, monkeypatch, caplog):
+    """Issue 9 (6): the bulk worker's children load the model lazily, so its parent says it at start
+    (from /proc/cpuinfo, without torch); an interactive worker says it when it loads the model."""
+    from workers import config as config_module
+
+    monkeypatch.setattr(config_module, "detect_hardware", lambda cuda=False: config_module.Hardware(
+        cpu_model="AMD EPYC 7B13", cpu_flags=frozenset({"avx2"})))
+    settings.PIPELINE = config_module.PipelineConfig(pretrained="random", precision="bf16")
+    with caplog.at_level("WARNING", logger="embeddings.worker_boot"):
+        worker_boot.warn_emulated_precision(worker(lanes.BULK))
+        worker_boot.warn_emulated_precision(worker(lanes.VECTORS))
+        worker_boot.warn_emulated_precision(worker(lanes.INTERACTIVE, lanes.BULK))  # its model load says it
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert "CLIP_PRECISION=bf16" in caplog.records[0].getMessage() and "AMD EPYC 7B13" in caplog.text
+    caplog.clear()
+    settings.PIPELINE = settings.PIPELINE.replace(precision="fp32")
+    worker_boot.warn_emulated_precision(worker(lanes.BULK))
+    assert caplog.records == []
+
+
+@pytest.fixture
+def warmers(monkeypatch) -> list[int]:
+    """Counts the space-warmer threads started (none runs: its loop never ends)."""
+    started: list[int] = []
+    monkeypatch.setattr(worker_boot, "_start_space_warmer", lambda: started.append(1))
+    return started
+
+
+def test_an_interactive_worker_with_threads_loads_its_model_at_start(service, warmers):
+    from embeddings import runtime
+
+    worker_boot.warm_model(worker(lanes.BULK))
+    worker_boot.warm_model(worker(lanes.INTERACTIVE, pool="celery.concurrency.prefork"))  # children load lazily
+    assert (runtime.dynamic_batcher.cache_info().currsize, warmers) == (0, [])
+    worker_boot.warm_model(worker(lanes.INTERACTIVE, pool="celery.concurrency.solo"))
+    assert runtime.dynamic_batcher.cache_info().currsize == 1 and warmers == [1]
+
+
+def test_an_interactive_worker_that_cannot_load_its_model_refuses_to_start(service, warmers, monkeypatch):
+    from embeddings import runtime
+    from embeddings.checks import EX_CONFIG
+
+    def missing(model_id):
+        raise FileNotFoundError("/weights/ViT-B-32.pt")
+
+    monkeypatch.setattr(runtime.batch_runner, "_build", missing)  # the checkpoint file is gone
+    with pytest.raises(SystemExit) as e:
+        worker_boot.warm_model(worker(lanes.INTERACTIVE))
+    assert e.value.code == EX_CONFIG == 78 and warmers == []
+
+
+def test_only_the_vectors_worker_starts_the_reconciler(settings, monkeypatch):
+    from embeddings.services import reconcile
+
+    started: list[float] = []
+    monkeypatch.setattr(reconcile, "reconciler_start", lambda *, interval_s: started.append(interval_s))
+    settings.RECONCILE_INTERVAL_S = 30.0
+    for queues in ([lanes.INTERACTIVE], [lanes.BULK], [lanes.INTERACTIVE, lanes.BULK]):
+        worker_boot.start_reconciler(worker(*queues))
+    assert started == []
+    worker_boot.start_reconciler(worker(lanes.VECTORS))
+    assert started == [30.0]
+    settings.RECONCILE_INTERVAL_S = 0  # off
+    worker_boot.start_reconciler(worker(lanes.VECTORS))
+    assert started == [30.0]

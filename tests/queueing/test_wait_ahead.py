@@ -1,5 +1,5 @@
-"""What a 429 says, learnt from earlier refusals' outcomes (queueing/wait_ahead.py). Pure:
-injected clocks, refusal and answer records as admission writes them to Redis."""
+"""What a 429 says, learnt from earlier refusals' outcomes (queueing/wait_ahead.py). Pure: injected
+clocks, refusal and answer records as lane control writes them to Redis; no Django, no Redis."""
 from __future__ import annotations
 
 import math
@@ -77,7 +77,8 @@ def test_with_few_labels_the_first_estimate_stands():
     refusals, answers = lane(wait_ahead.MIN_LABELLED - 1, truth=lambda n: 0.1 * n)
     assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=30.0) is None
     refusals, answers = lane(wait_ahead.MIN_LABELLED, truth=lambda n: 0.1 * n)
-    assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=30.0).samples == wait_ahead.MIN_LABELLED
+    fit = wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=30.0)
+    assert fit.samples == wait_ahead.MIN_LABELLED
     # requests admitted around each refusal waited what it said: the fit says what it said
     refusals, answers = lane(48, truth=lambda n: 0.0)
     answers = [answer(a["admitted"], r["wait_ahead_s"]) for a, r in zip(answers, refusals)]
@@ -94,8 +95,8 @@ def test_the_learnt_estimate_stays_within_a_factor_of_the_first():
 
 def test_no_fit_moves_a_right_first_estimate_out_of_the_issue_s_30_percent():
     """At the shipped clamp (1.3: first / 1.3 is 23 % under it, first × 1.3 30 % over it) a fit
-    learnt on another regime's refusals (z14pg's 1 s phase: its capacity scan's) can cost no 429
-    whose first estimate was right; at 1.5 it could (first / 1.5 is 33 % under)."""
+    learnt on another regime's refusals (an overload's first seconds said by the capacity scan's
+    fit) can cost no 429 whose first estimate was right; at 1.5 it could (first / 1.5 is 33 % under)."""
     assert wait_ahead.CLAMP == 1.3
     for intercept in (-50.0, -0.3, 0.3, 50.0):
         fit = wait_ahead.WaitAheadFit(coef=(intercept, 0.0, 0.0, 0.0, 0.0, 0.0), samples=30)
@@ -154,3 +155,52 @@ def test_a_refusal_is_learnt_from_only_by_refusals_of_its_deadline_band():
     # no deadline asked: every band, as before deadlines were recorded; none recorded: no band
     assert wait_ahead.fit_wait_ahead(refusals, answers, pending_admitted=[], now=now).samples == 64
     assert wait_ahead.labels(two, two_answers, pending_admitted=[], now=now, deadline_s=2.0) == []
+
+
+def test_deadlines_within_a_quarter_share_a_band():
+    """``round(log(deadline) / log(1.25))``: 0.5 s, 1 s, 2 s and 5 s are bands −3, 0, 3 and 7."""
+    assert wait_ahead.DEADLINE_RATIO == 1.25
+    assert [wait_ahead.deadline_band(d) for d in (0.5, 1.0, 2.0, 5.0)] == [-3, 0, 3, 7]
+    assert wait_ahead.deadline_band(1.11) == 0 and wait_ahead.deadline_band(1.12) == 1  # the edge: 1.25 ** 0.5
+
+
+def test_a_refusals_features_are_its_first_estimate_and_the_lane_it_saw():
+    """``features``: the first estimate, images in flight, the longest running pass's time left, the
+    running passes' images, queued messages, as floats in :data:`FEATURES` order."""
+    load = wait_model.LaneLoad(queued_messages=3, inflight_images=5, capacity_ips=4.0, passes=((2, 0.25), (1, 0.4)))
+    refused = wait_model.Decision(False, 1.9, wait_ahead_s=1.2)
+    got = wait_ahead.features(refused, load)
+    assert list(got) == list(wait_ahead.FEATURES)
+    assert got == {"wait_ahead_s": 1.2, "inflight_images": 5.0, "running_pass_left_s": 0.4,
+                   "running_pass_images": 3.0, "queued_messages": 3.0}
+    assert wait_ahead.features(refused, wait_model.LaneLoad(0, 0, None))["running_pass_left_s"] == 0.0
+
+
+def test_a_label_counts_a_202_with_its_wait_and_is_complete_with_its_last_answer():
+    """A 202 waited at least its deadline: its wait counts as it is (the benchmark judges it so).
+    Two answers around a refusal at 10 s, 0.4 s (a 202) and 0.8 s: the median 0.6 s, complete when
+    the later was answered, 11.0 s. A refusal of another deadline band is not labelled for this
+    one; one recorded without a deadline is of no band."""
+    answers = [answer(9.8, 0.4, status=202), answer(10.2, 0.8)]
+    (r, label, complete), = wait_ahead.labels([refusal(10.0)], answers, pending_admitted=[], now=12.0)
+    assert label == pytest.approx(0.6) and complete == pytest.approx(11.0)
+    two = {**refusal(10.0), "deadline_s": 2.0}
+    assert len(wait_ahead.labels([two], answers, pending_admitted=[], now=12.0, deadline_s=2.1)) == 1
+    assert wait_ahead.labels([two], answers, pending_admitted=[], now=12.0, deadline_s=5.0) == []
+    assert wait_ahead.labels([refusal(10.0)], answers, pending_admitted=[], now=12.0, deadline_s=2.0) == []
+
+
+def test_an_admission_or_an_unestimated_refusal_is_said_as_decided():
+    """``learnt`` changes only a refusal with a first estimate: an admission, or a refusal without
+    ``wait_ahead_s``, is returned as is whatever the fit."""
+    load = wait_model.LaneLoad(queued_messages=0, inflight_images=0, capacity_ips=4.0)
+    fit = wait_ahead.WaitAheadFit(coef=(1.0, 0.0, 0.0, 0.0, 0.0, 0.0), samples=30)
+    admitted = wait_model.Decision(True, 0.4, work_s=0.25)
+    bare = wait_model.Decision(False, 3.0)
+    assert wait_ahead.learnt(admitted, load, fit, min_share=0.2, max_margin_s=0.8) is admitted
+    assert wait_ahead.learnt(bare, load, fit, min_share=0.2, max_margin_s=0.8) is bare
+
+
+def test_the_web_refits_what_a_429_says_at_most_once_a_second():
+    """``REFIT_S``: lane control and the load replay refit the learnt estimate this often (s)."""
+    assert wait_ahead.REFIT_S == 1.0

@@ -8,8 +8,8 @@ One ``EdgeShard`` folder per collection under the store's root (``<root>/<collec
 Durability (measured, docs/operations.md): ``EdgeShard.update`` returns after the WAL append, so a
 point survives a ``kill -9`` of this process once ``upsert`` returns (the default, and a Qdrant
 server's default too); with ``fsync`` ``upsert`` also calls ``flush()`` (WAL and segments to disk)
-before returning, so an acknowledged point survives a power loss too, at 5 to 200 ms per write on
-this machine's shared disk. A second process opening the same folder is refused (WAL lock).
+before returning, so an acknowledged point survives a power loss too, at 5 to 200 ms per write
+on a shared disk. A second process opening the same folder is refused (WAL lock).
 
 Optimisation (building HNSW, merging segments) is never on a request's path: :class:`BackgroundOptimizer`
 runs it in the owner process only after the store has been idle a while. qdrant-edge 0.9.0 holds
@@ -45,10 +45,9 @@ HNSW = dict(m=16, ef_construct=100, full_scan_threshold=10_000, max_indexing_thr
 
 #: A segment gets an HNSW graph only above this size (KB of vectors): 400,000 KB ≈ 200,000 points of
 #: 512 float32. Below it search is exact (recall 1.0; the owner filter goes through the payload
-#: index), optimisation only merges and vacuums, so it is short. Measured here on random unit 512-d
-#: vectors (the benchmark's data; real CLIP embeddings are easier): HNSW with Qdrant's defaults
-#: gave recall@10 0.70 at 6,000 points and 0.37 at 20,000 with the default search ef, 0.99 only at
-#: ef 512, and its build took 220 s for 20,000 points on one loaded core. Qdrant's default is 10,000.
+#: index), optimisation only merges and vacuums, so it is short. On random unit 512-d vectors HNSW
+#: with Qdrant's defaults gave recall@10 0.37 at 20,000 points and took 220 s to build on one core
+#: (measured: docs/benchmarks.md, "The embedded vector store"). Qdrant's default is 10,000.
 INDEXING_THRESHOLD_KB = 400_000
 
 

@@ -349,9 +349,9 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
     ``returning``: the same statement also names the rows it changed (``RETURNING id``: PostgreSQL,
     SQLite ≥ 3.35).
 
-    Written as SQL because the ORM's ``Case(When(...))`` resolves every branch as an expression:
-    measured here, that cost more than the statements it saves (0.45 s of Python per 64-image chunk
-    on a loaded 2-core machine). Values go through the fields' own ``get_db_prep_value`` (UUIDs are
+    Written as SQL because the ORM's ``Case(When(...))`` resolves every branch as an expression,
+    which costs more than the statements it saves (measured: 0.45 s of Python per 64-image chunk).
+    Values go through the fields' own ``get_db_prep_value`` (UUIDs are
     hex text on SQLite, ``uuid`` on PostgreSQL), so it runs on both backends.
 
     Returns:
@@ -389,9 +389,9 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
     its decision. Their skipped duplicates get the same width, height and format.
     ``items``: ``{"id", "width", "height", "format"}`` dicts.
 
-    Two statements per call whatever its length (issue 11: it was two UPDATEs per image; issue 10:
-    three), in one transaction: one ``UPDATE ... WHERE status = 'queued' RETURNING id`` of the rows
-    with per-row values (:func:`_update_per_row`), whose answer is exactly the rows it changed (on
+    Two statements per call whatever its length (issue 11), in one transaction: one ``UPDATE ...
+    WHERE status = 'queued' RETURNING id`` of the rows with per-row values (:func:`_update_per_row`),
+    whose answer is exactly the rows it changed (on
     PostgreSQL a concurrent writer's row is re-checked after its lock is released; SQLite's
     ``IMMEDIATE`` transactions hold the write lock from ``BEGIN``), then one UPDATE of their skipped
     copies. A database without ``RETURNING`` (SQLite < 3.35) reads the queued rows first, locking
@@ -432,7 +432,7 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     ``point_ids``: the points being written (every row of one model and bytes shares one). Give
     them on a hot path: the ``point_id`` index then finds the rows, where ``model_id`` + ``sha256``
     alone has no index of its own (the one on them starts with ``owner``) and scans the whole table
-    per call (issue 11: 2.2 s per chunk at 100,000 images on SQLite, measured).
+    per call (measured: 2.2 s per chunk at 100,000 images on SQLite, docs/scaling.md).
 
     ``queued``: a set to fill, for a writer about to write the points of ``including`` (one read
     where it took two, ``pipeline.chunk_index``): a row of ``including`` then counts only while it

@@ -132,7 +132,7 @@ def job_refresh(*, job_id) -> Job:
 
     Called once per written chunk, so its cost must not grow with the job: "is any image still
     queued?" is an ``EXISTS`` that the ``(job, status)`` index answers by one index seek (a count of
-    the job's images per chunk made a job's database work quadratic in its size: issue 11).
+    the job's images per chunk would make a job's database work quadratic in its size: issue 11).
     At most four queries, whatever the job's size.
     """
     job = Job.objects.get(id=job_id)

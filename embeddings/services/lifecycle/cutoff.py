@@ -13,8 +13,8 @@ score ~0.3, seeded random weights put any two photos near 0.7). Each space there
 
 A space with fewer than ``settings.CUTOFF_MIN_POINTS`` (100) points has no cutoff (nothing is cut):
 below that the top 1 % of its pairs are a few dozen pairs, set by whichever near-duplicates the first
-uploads happen to hold. The percentile is the nearest-rank one (:func:`percentile_score`): an actual score of the sample,
-the smallest that at least that share of the unrelated pairs do not exceed. ``space.calibration``
+uploads happen to hold. The percentile is the nearest-rank one (:func:`percentile_score`): an actual
+score of the sample, the smallest that at least that share of the unrelated pairs do not exceed. ``space.calibration``
 records the percentile, the pairs, the points in the collection at the time and when.
 
 Calibration runs in the workers as one chain: ``cutoff_encode_texts`` on the bulk queue
@@ -22,11 +22,11 @@ Calibration runs in the workers as one chain: ``cutoff_encode_texts`` on the bul
 owner). The prompts' text vectors depend only on the space's model and the prompts, so the first
 calibration keeps them in Redis (:func:`remember_prompt_vectors`) and the next ones send
 ``cutoff_compute`` alone with them (:func:`cached_prompt_vectors`): encoding the 63 prompts costs
-~5 s of CPU on the 2-core machine, ~10 s in a bulk child that must load the model first, and under
-the load benchmark each such burst slowed the interactive lane's forward passes by ~45 % for
-7-14 s (docs/benchmarks-load.md, "What a 429 says, learnt"). It is started by ``gate_start`` (a migration's end) and by the reconciler's rounds when the
-collection has grown by ≥ :data:`GROWTH_SHARE` or ≥ :data:`GROWTH_POINTS` points since the last one
-(:func:`calibrate_if_due`). Cutoffs belong to their space, so they survive a switch.
+~5 s of CPU, ~10 s in a bulk child that must load the model first, and each such burst slows the
+interactive lane's forward passes by ~45 % for 7-14 s (measured: docs/benchmarks-load-history.md,
+"What a 429 says, learnt"). It is started by ``gate_start`` (a migration's end) and by the
+reconciler's rounds when the collection has grown by ≥ :data:`GROWTH_SHARE` or ≥ :data:`GROWTH_POINTS`
+points since the last one (:func:`calibrate_if_due`). Cutoffs belong to their space, so they survive a switch.
 """
 from __future__ import annotations
 
@@ -159,9 +159,9 @@ def _redis():
 
     if app.conf.task_always_eager:
         return None
-    from embeddings.lane_control.admission import redis_client
+    from embeddings import lane_control
 
-    return redis_client()
+    return lane_control.redis_client()
 
 
 def cached_prompt_vectors(model_id: str) -> dict | None:

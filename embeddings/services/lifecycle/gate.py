@@ -258,7 +258,7 @@ def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
 
 #: Cosine slack of the twin judgement: the same bytes embedded in forward passes of different sizes
 #: differ by float rounding (first_vs_original 1e-7 below copy_vs_original for a copy that *is* the
-#: twin's bytes, seen on an AVX-512 AMD EPYC), which must not turn a twin into a failure of the model.
+#: twin's bytes, measured), which must not turn a twin into a failure of the model.
 TWIN_TOLERANCE = 1e-5
 
 

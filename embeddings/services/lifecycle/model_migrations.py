@@ -44,6 +44,7 @@ from embeddings.models import (
 )
 from embeddings import spaces
 from embeddings.services.catalogue import copies
+from embeddings.services.lifecycle import gate
 from embeddings.errors import ApplicationError
 from workers.ids import point_id
 
@@ -181,15 +182,6 @@ def migration_incomplete(space: EmbeddingSpace) -> dict | None:
     return None
 
 
-def _gate_verdict(space: EmbeddingSpace) -> tuple[bool, str, str]:
-    """13B's quality gate (``embeddings.services.lifecycle.gate.gate_verdict``); ``gate_missing`` without it."""
-    try:
-        from embeddings.services.lifecycle import gate
-    except ImportError:
-        return False, "gate_missing", "no quality gate is installed (embeddings/services/lifecycle/gate.py)"
-    return gate.gate_verdict(space)
-
-
 def promote(space: EmbeddingSpace, *, force: bool = False, by: str = "") -> EmbeddingSpace:
     """Make ``space`` the active one in one transaction: the current active space becomes
     ``standby`` (still receiving new uploads, kept for a rollback), ``space`` becomes ``active``
@@ -218,7 +210,7 @@ def promote(space: EmbeddingSpace, *, force: bool = False, by: str = "") -> Embe
             raise _error(f"the migration to {space.model_id} is not finished: {missing['queued']} copies queued, "
                          f"{missing['uncopied']} images without a copy (job {missing['job_status']})",
                          "migration_incomplete", model_id=space.model_id, **missing)
-        ok, code, detail = _gate_verdict(space)
+        ok, code, detail = gate.gate_verdict(space)
         if not ok and not force:
             raise _error(f"the quality gate refuses {space.model_id}: {detail}", code or "gate_failed",
                          model_id=space.model_id, gate_report=space.gate_report or None)
@@ -289,13 +281,9 @@ def space_drop(space: EmbeddingSpace) -> EmbeddingSpace:
 
 
 def migration_job_done(job: Job) -> None:
-    """A migration job finished: start the quality gate on its space (13B's
-    ``gate.gate_start(space_id)``, which also calibrates the cutoff), where installed."""
+    """A migration job finished: start the quality gate on its space (``gate.gate_start``, which
+    also calibrates the cutoff)."""
     space = EmbeddingSpace.objects.filter(job=job, state=SpaceState.CANDIDATE).first()
     if space is None:
-        return
-    try:
-        from embeddings.services.lifecycle import gate
-    except ImportError:
         return
     gate.gate_start(space.id)

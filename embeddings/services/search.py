@@ -1,0 +1,118 @@
+"""Searches: the top-k images similar to a text, an uploaded image, or a stored image.
+
+A text or image query is embedded on the ``interactive`` queue and searched on the ``vectors``
+queue (one chain sent through ``embeddings.dispatch``), or, with a Qdrant server (``embeddings.sink``:
+direct), searched here; the web waits for the answer until the search's deadline
+(``services.waiting``). A search by a stored image needs no model: its point is searched directly.
+"""
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+
+from embeddings import dispatch, lane_control, runtime, sink, spaces
+from embeddings.errors import ApplicationError
+from embeddings.models import Image, ImageStatus
+from embeddings.selectors import jobs_visible_to
+from embeddings.services.catalogue.images import quick_check
+from embeddings.services.catalogue.sources import SourceFile, iter_blocks
+from embeddings.services.waiting import REASON_STATUS, wait_for
+from workers.errors import Reason
+from workers.ids import point_id
+
+
+def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
+           image: SourceFile | None = None, image_id: str | None = None, deadline_s: float | None = None) -> list[dict]:
+    """Top-``k`` images similar to a text, an uploaded image, or a stored image (by id).
+
+    Only the caller's images are searched (all images for staff), enforced by a payload filter in
+    the vector store's query. A ``job_id`` must name one of the caller's jobs (any job for staff):
+    points are shared per sha256, so a filter on another user's job would reveal which of the
+    caller's images that job also holds.
+
+    Raises:
+        ApplicationError: ``invalid_query`` (400), ``not_found`` (404: an image or a job the caller
+            may not see, or none), a refused query image (400/413/415 with its reason code),
+            ``overloaded`` (429: a text or image query whose embedding would wait longer than the
+            deadline), ``not_embedded`` (409: an image, or the original of a skipped copy, with no
+            vector yet), ``vector_missing`` (409: its vector is not in the store), ``deadline_exceeded``
+            (504), ``worker_error`` (503).
+    """
+    given = [x is not None for x in (text, image, image_id)]
+    if sum(given) != 1:
+        raise ApplicationError("give exactly one of text, image or image_id", code="invalid_query")
+    if job_id is not None and not jobs_visible_to(user).filter(id=job_id).exists():  # before any query runs
+        raise ApplicationError("no such job", code="not_found", status=404)
+    owner_filter = None if user.is_staff else user.id
+    # One space for the whole search (embedding and look-up), read once: the active one
+    # (``spaces.active``, ≤ SPACE_CACHE_S old), so a promotion never mixes two models' vectors.
+    model_id = spaces.active().model_id
+    deadline_ts = time.time() + (deadline_s or settings.VECTORS_CALL_TIMEOUT_S)
+    # Every message of a search expires at its deadline: after it nobody waits for the answer.
+    def query(embed: str, *args) -> dict | None:
+        """The embedding on the interactive lane, then the search: chained on the vectors queue,
+        or here against a Qdrant server (the query vector comes back in the result)."""
+        if not sink.is_direct():
+            return wait_for(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts,
+                                                search=(owner_filter, k, job_id), model_id=model_id), deadline_ts)
+        vector = wait_for(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts, search=None,
+                                              model_id=model_id), deadline_ts)
+        return None if vector is None else sink.store_call("search_vector", vector, owner_filter, k, job_id, model_id)
+
+    if text is not None:
+        if not text.strip():
+            raise ApplicationError("text must not be empty", code="invalid_query")
+        admitted = lane_control.interactive_admit(deadline_s=deadline_ts - time.time())
+        answer = query("encode_text", text[:2000])
+        lane_control.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
+    elif image is not None:
+        f = image.open()
+        head = f.read(64)
+        f.seek(0)
+        refused = quick_check(head, image.size)
+        if refused is not None:
+            raise ApplicationError(str(refused), code=refused.reason.value, status=REASON_STATUS[refused.reason.value])
+        admitted = lane_control.interactive_admit(deadline_s=deadline_ts - time.time())
+        # a query image is not an Image: its own temporary key, gone when the search is answered
+        store = runtime.blob_store()
+        key, sha, _ = store.put_temporary(iter_blocks(f))
+        try:
+            answer = query("embed_query", key, sha)
+            lane_control.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
+        finally:
+            store.delete(key)
+    else:
+        im = Image.objects.filter(id=image_id, source__isnull=True).first()  # copies are not users' ids
+        if im is None or (not user.is_staff and im.owner_id != user.id):
+            raise ApplicationError("no such image", code="not_found", status=404)
+        if im.status not in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED):  # a skipped duplicate shares the point
+            raise ApplicationError(f"image {image_id} is {im.status}, not embedded", code="not_embedded", status=409)
+        original = im.duplicate_of if im.status == ImageStatus.SKIPPED else im
+        if original is None or original.status != ImageStatus.EMBEDDED:  # its original's vector is not written yet
+            raise ApplicationError(f"image {image_id} is a copy of an image that is "
+                                   f"{original.status if original else 'gone'}, not embedded yet",
+                                   code="not_embedded", status=409)
+        # the stored bytes' point in the active space: the row's own, or (a row from before a model
+        # switch) the one its re-embedded copy wrote there, uuid5(active model, sha256)
+        pid = point_id(im.sha256, model_id)
+        if im.model_id != model_id and not Image.objects.filter(
+                model_id=model_id, sha256=im.sha256, point_id=pid, status=ImageStatus.EMBEDDED).exists():
+            raise ApplicationError(f"image {image_id} is not embedded in the active space {model_id} yet",
+                                   code="not_embedded", status=409, extra={"model_id": model_id})
+        if sink.is_direct():  # a Qdrant server: asked here, an answer or an error, never a timeout
+            r = None
+            results = sink.store_call("search_point", str(pid), owner_filter, k, job_id, model_id)
+        else:
+            r = dispatch.send_search_point(point_id=str(pid), owner_id=owner_filter, k=k, job_id=job_id,
+                                           deadline_ts=deadline_ts, model_id=model_id)
+            results = wait_for(r, deadline_ts)
+        if results is None and (r is None or r.ready()):  # the store answered: no such point
+            raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)
+        answer = None if results is None else {"results": results or []}
+    if answer is None or answer.get("reason") == Reason.EXPIRED.value:  # a task refused it: too late
+        raise ApplicationError("the search did not finish in time", code="deadline_exceeded", status=504)
+    if "reason" in answer:
+        raise ApplicationError(f"{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
+                               status=REASON_STATUS.get(answer["reason"], 400))
+    return answer["results"]

@@ -1,0 +1,59 @@
+"""What the request-level services share while someone waits for an answer: the wait for a chain's
+last result until the request's deadline, with no database connection held meanwhile, and the HTTP
+status of a refused image (an upload of one image, a query image).
+"""
+from __future__ import annotations
+
+import time
+
+from celery.exceptions import TaskRevokedError
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from embeddings.errors import ApplicationError
+from embeddings.sink import RETRY_AFTER_S
+from workers.errors import Reason
+
+#: HTTP status for a refused image, by reason code: 400 bad bytes, 413 too large, 415 not an image we read.
+REASON_STATUS = {
+    Reason.EMPTY.value: 400,
+    Reason.TRUNCATED.value: 400,
+    Reason.CORRUPT.value: 400,
+    Reason.TOO_LARGE.value: 413,
+    Reason.TOO_MANY_PIXELS.value: 413,
+    Reason.NOT_AN_IMAGE.value: 415,
+    Reason.UNSUPPORTED_FORMAT.value: 415,
+    Reason.DECODE_TIMEOUT.value: 400,
+}
+
+
+def release_database() -> None:
+    """Close this thread's database connection before a long wait (outside a transaction): the
+    web's threads outnumber what PostgreSQL should hold open (``WEB_THREADS``,
+    ``project/processes.py``), and a waiting request needs no connection; the next query after the
+    wait opens one again (a few ms)."""
+    from django.db import connection
+
+    if not connection.in_atomic_block:
+        connection.close()
+
+
+def wait_for(result, deadline_ts: float):
+    """The chain's result, or ``None`` when the deadline passes first. The thread's database
+    connection is released for the wait (:func:`release_database`).
+
+    Raises:
+        ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
+    """
+    release_database()
+    try:
+        return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
+    except CeleryTimeout:
+        return None
+    except TaskRevokedError as e:
+        if "expired" in str(e):  # its message outlived the deadline in the broker: the deadline passed
+            return None
+        raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
+                               status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+    except Exception as e:  # a task raised: systemic, not the caller's fault
+        raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
+                               status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e

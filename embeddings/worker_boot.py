@@ -1,0 +1,191 @@
+"""Booting a Celery worker: the signal handlers that prepare each worker process before and as it
+starts taking tasks. Connected in every process that loads the app (``EmbeddingsConfig.ready``);
+the web process never receives these signals, and nothing here imports torch at import time.
+
+- ``celeryd_init`` (before the pool starts; children inherit it): :func:`lower_cpu_priority`, the
+  niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md).
+- ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
+  space warmer thread (interactive worker), :func:`warn_configured_model_not_active` (every
+  worker), :func:`start_reconciler` (the vectors worker).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+
+from celery.signals import celeryd_init, worker_ready
+from django.conf import settings
+
+from project import lanes
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks for spaces an interactive worker should hold loaded.
+WARM_SPACES_INTERVAL_S = 1.0
+#: Niceness of the thread that loads those models (the worker's request threads stay at 0).
+WARM_SPACES_NICE = 19
+
+
+def _queue_names(queues) -> set[str]:
+    """``-Q`` queues (a list or a comma-separated string) as a set of names."""
+    return {q.strip() for q in (queues.split(",") if isinstance(queues, str) else queues or ()) if q.strip()}
+
+
+def _consumed(sender) -> set[str]:
+    """The queue names a started worker (``worker_ready``'s sender) consumes; empty without a consumer."""
+    consumer = getattr(sender, "task_consumer", None)
+    return {q.name for q in consumer.queues} if consumer else set()
+
+
+# --- CPU priority (celeryd_init) -----------------------------------------------------------------
+
+def worker_niceness(queues) -> int:
+    """Niceness for a worker consuming ``queues`` (``-Q``: a list or a comma-separated string):
+    ``WORKER_NICE`` when set, else ``BULK_WORKER_NICE`` for a bulk-only worker, else 0."""
+    if settings.WORKER_NICE:
+        return settings.WORKER_NICE
+    return settings.BULK_WORKER_NICE if _queue_names(queues) == {lanes.BULK} else 0
+
+
+def worker_idle_policy(queues) -> bool:
+    """Whether a worker consuming ``queues`` runs under ``SCHED_IDLE``: a bulk-only worker when
+    ``BULK_WORKER_SCHED_IDLE`` is on (off by default)."""
+    return settings.BULK_WORKER_SCHED_IDLE and _queue_names(queues) == {lanes.BULK}
+
+
+def set_idle_policy() -> bool:
+    """Put every thread of this process under Linux's ``SCHED_IDLE`` scheduling policy (threads and
+    processes started later inherit it); returns whether it was set.
+
+    ``SCHED_IDLE`` (sched(7)): a thread runs only when no normal thread wants its core, and a normal
+    thread waking on that core preempts it at once; lowering a policy needs no privilege. Applied
+    to each thread of ``/proc/self/task`` because Linux sets the policy per thread. Where the OS has
+    no ``SCHED_IDLE`` (macOS) or refuses it, logs a warning and returns False: niceness still holds.
+    """
+    if not hasattr(os, "SCHED_IDLE"):
+        log.warning("SCHED_IDLE is not available here: the bulk worker keeps niceness only")
+        return False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            except ProcessLookupError:  # that thread ended meanwhile
+                pass
+    except OSError as e:
+        log.warning("SCHED_IDLE not set (%s): the bulk worker keeps niceness only", e)
+        return False
+    return True
+
+
+@celeryd_init.connect(dispatch_uid="embeddings.worker_boot.lower_cpu_priority")
+def lower_cpu_priority(options=None, **kwargs) -> None:
+    """Lower this worker's CPU priority before it starts its pool (children inherit it):
+    :func:`worker_niceness` of its ``-Q`` queues, and ``SCHED_IDLE`` for a bulk-only worker
+    (:func:`worker_idle_policy`, docs/lanes.md)."""
+    queues = (options or {}).get("queues")
+    nice = worker_niceness(queues)
+    if nice:
+        os.nice(nice)
+    if worker_idle_policy(queues):
+        set_idle_policy()
+
+
+# --- the model (worker_ready) --------------------------------------------------------------------
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.warn_emulated_precision")
+def warn_emulated_precision(sender, **kwargs) -> None:
+    """Warn loudly at the start of a bulk worker whose bf16 this hardware only emulates (up to 10x
+    slower than fp32: ``workers.config.emulated_precision_warning``). Its prefork children load the
+    model on their first chunk; an interactive worker gets the same warning from the model load in
+    :func:`warm_model`. Reads ``/proc/cpuinfo`` (and NVML): no torch, no CUDA in the parent."""
+    queues = _consumed(sender)
+    if lanes.BULK in queues and lanes.INTERACTIVE not in queues:
+        from workers.config import emulated_precision_warning
+
+        if (warning := emulated_precision_warning(settings.PIPELINE)) is not None:
+            log.warning("%s", warning)
+
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.warm_model")
+def warm_model(sender, **kwargs) -> None:
+    """Load the model as soon as an interactive worker is up, so no waiting person pays for it, then
+    keep the models of upcoming spaces loaded (:func:`_start_space_warmer`).
+
+    Only for the ``threads``/``solo`` pools, where this process is the one that runs tasks; a
+    prefork child loads lazily on its first chunk (never the parent: celery/celery#3402).
+
+    Raises:
+        SystemExit: status ``EX_CONFIG`` (78) when the model cannot be loaded (weights missing or
+            not downloadable, unknown tag): the worker stops instead of looking ready.
+    """
+    pool = type(sender.pool).__module__ if getattr(sender, "pool", None) else ""
+    if lanes.INTERACTIVE in _consumed(sender) and ("thread" in pool or "solo" in pool):
+        from embeddings import runtime
+        from embeddings.checks import EX_CONFIG
+
+        try:
+            runtime.dynamic_batcher()
+            runtime.batch_runner().preprocess_config  # noqa: B018 - loads the model
+        except Exception as e:  # noqa: BLE001 - weights unavailable, missing checkpoint, unknown tag
+            # A worker that cannot embed must not look ready: every request would wait for its
+            # deadline and expire. Stop (Celery's warm shutdown hands back what it fetched) with
+            # EX_CONFIG, so the process manager shows a configuration error.
+            log.critical("refusing to serve the interactive lane: %s", e)
+            raise SystemExit(EX_CONFIG) from e
+        _start_space_warmer()
+
+
+def _start_space_warmer() -> None:
+    """Start a daemon thread of an interactive worker that, every :data:`WARM_SPACES_INTERVAL_S`,
+    loads the model of each candidate / standby / active space this worker is configured for
+    (``runtime.warm_spaces``), so a promotion or a rollback never makes a waiting person pay for a
+    model load. A failed round is logged and retried. The thread runs at nice
+    :data:`WARM_SPACES_NICE` (Linux sets a thread's own niceness): loading a model when a migration
+    starts must not slow the requests this worker is answering."""
+    from embeddings import runtime
+
+    def loop() -> None:
+        with contextlib.suppress(AttributeError, OSError):  # os.setpriority: POSIX; per thread on Linux
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_SPACES_NICE)
+        failures = 0
+        while True:
+            try:
+                for model_id in runtime.warm_spaces():
+                    log.info("loaded the model of space %s ahead of a promotion", model_id)
+                failures = 0
+            except Exception:  # noqa: BLE001 - database down, weights missing: keep the worker serving
+                failures += 1
+                if failures in (1, 10) or failures % 100 == 0:
+                    log.exception("warming the embedding spaces' models failed (%d in a row)", failures)
+            time.sleep(WARM_SPACES_INTERVAL_S)
+
+    threading.Thread(target=loop, name="space-warmer", daemon=True).start()
+
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.warn_configured_model_not_active")
+def warn_configured_model_not_active(sender, **kwargs) -> None:
+    """At a worker's start: say so loudly when CLIP_MODEL is not the active space's model (the
+    active row decides; changing the variables is a migration: docs/operations.md)."""
+    from embeddings import runtime
+
+    try:
+        warning = runtime.configured_model_warning()
+    except Exception:  # noqa: BLE001 - no database yet: the first read creates the space
+        return
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+# --- the reconciler (worker_ready) ---------------------------------------------------------------
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.start_reconciler")
+def start_reconciler(sender, **kwargs) -> None:
+    """Run the reconciler in the worker that owns the vector store (one per deployment), every
+    ``RECONCILE_INTERVAL_S``; a Redis lock keeps rounds from overlapping wherever else it runs."""
+    if lanes.VECTORS in _consumed(sender) and settings.RECONCILE_INTERVAL_S > 0:
+        from embeddings.services.reconcile import reconciler_start
+
+        reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)

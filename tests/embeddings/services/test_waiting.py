@@ -1,0 +1,56 @@
+"""``embeddings/services/waiting.py``: the web's wait for a chain's last result, bounded by the
+request's deadline; what a failed or expired task means to the caller.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from celery.exceptions import TaskRevokedError
+from celery.exceptions import TimeoutError as CeleryTimeout
+
+from embeddings.errors import ApplicationError
+from embeddings.services import waiting
+
+pytestmark = pytest.mark.django_db  # the wait closes the thread's connection when outside a transaction
+
+
+class Result:
+    """A chain's ``AsyncResult`` as the web sees it: ``get`` returns ``value`` or raises ``error``."""
+
+    def __init__(self, value=None, error: BaseException | None = None) -> None:
+        self.value, self.error, self.timeout = value, error, None
+
+    def get(self, timeout: float, propagate: bool):
+        self.timeout = timeout
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def test_the_wait_ends_at_the_deadline_and_a_failed_task_is_a_503_to_retry():
+    ok = Result({"x": 1})
+    assert waiting.wait_for(ok, time.time() + 2.0) == {"x": 1} and 1.9 < ok.timeout <= 2.0
+    late = Result({"x": 1})
+    waiting.wait_for(late, time.time() - 5)
+    assert late.timeout == 0.01  # a passed deadline still asks once
+    assert waiting.wait_for(Result(error=CeleryTimeout("no answer")), time.time() + 1) is None
+    assert waiting.wait_for(Result(error=TaskRevokedError("expired")), time.time() + 1) is None  # in the broker
+    for error in (TaskRevokedError("revoked"), ConnectionError("store down")):
+        with pytest.raises(ApplicationError) as e:
+            waiting.wait_for(Result(error=error), time.time() + 1)
+        assert (e.value.code, e.value.status, e.value.headers) == ("worker_error", 503, {"Retry-After": "5"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_thread_holds_no_database_connection_outside_a_transaction(monkeypatch):
+    """Closes are counted: the test database is in-memory SQLite, whose ``close`` keeps it open."""
+    from django.db import connection, transaction
+
+    closed: list[bool] = []
+    monkeypatch.setattr(connection, "close", lambda: closed.append(connection.in_atomic_block))
+    assert waiting.wait_for(Result("done"), time.time() + 1) == "done"
+    assert closed == [False]  # closed for the wait
+    with transaction.atomic():  # a caller's transaction is never cut short
+        assert waiting.wait_for(Result("done"), time.time() + 1) == "done"
+    assert closed == [False]
