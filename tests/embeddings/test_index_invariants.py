@@ -258,7 +258,7 @@ def test_an_expired_original_takes_its_own_requests_copies_and_another_copy_take
     """The reconciler expires an interactive original that no worker holds: the copy uploaded in the
     same request expires with it; a copy uploaded later is queued again and becomes searchable."""
     from embeddings.services.catalogue import images as image_services
-    from tests.embeddings.test_services import src
+    from tests.embeddings.services.catalogue.test_images import src
 
     broker = Broker(monkeypatch)
     data = jpeg_bytes(860)

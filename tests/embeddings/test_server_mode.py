@@ -23,7 +23,7 @@ from embeddings.services.catalogue import jobs as job_services
 from embeddings import sink
 from embeddings.services.search import search
 from embeddings.services.upload import images_upload
-from tests.embeddings.test_reconcile import sources
+from tests.embeddings.services.test_reconcile import sources
 from workers.model_config import embed_dim
 
 pytestmark = pytest.mark.django_db(transaction=True)

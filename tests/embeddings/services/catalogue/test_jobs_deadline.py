@@ -13,7 +13,7 @@ from django.utils import timezone
 from embeddings.models import Image, ImageStatus, Job, JobStatus
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.sources import SourceFile
-from tests.embeddings.test_jobs_pause import jpeg_bytes
+from tests.embeddings.services.catalogue.test_jobs_pause import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
