@@ -63,6 +63,7 @@ from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
 
+from embeddings import lane_control
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from project import lanes
 from workers.errors import Reason
@@ -76,7 +77,6 @@ LOCK_KEY = "embeddings:reconcile:lock"
 
 _UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 # kombu's Redis transport (kombu/transport/redis.py, Channel): names of its keys.
-_SEP = "\x06\x16"
 _UNACKED = "unacked"
 _UNACKED_INDEX = "unacked_index"
 
@@ -139,9 +139,8 @@ LIVE_QUEUES = (lanes.BULK, lanes.VECTORS)
 
 
 def queue_keys(queues: Iterable[str] = LIVE_QUEUES) -> list[str]:
-    """Redis list names of ``queues`` at every priority step of the broker's transport options."""
-    steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0, 3, 6, 9])
-    return [q if not step else f"{q}{_SEP}{step}" for q in queues for step in steps]
+    """Redis list names of ``queues`` at every priority step (``lane_control.queue_keys`` of each)."""
+    return [key for q in queues for key in lane_control.queue_keys(q)]
 
 
 def workers_holding(task_ids: list[str], *, timeout: float = 1.0) -> set[str]:
