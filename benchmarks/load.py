@@ -83,6 +83,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, machine_line, pyplot, wait_for
+from benchmarks.load_judge import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
 from benchmarks.lanes import scratch_database
 from scripts.soak import make_jpeg, zip_of
 from scripts.stack import Stack
@@ -96,8 +97,6 @@ BATCHES_KEY = "lanes:interactive:batches"
 REFUSALS_KEY = "lanes:interactive:refusals"
 #: ``queueing.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
 WAIT_AHEAD_WINDOW_S = 60.0
-#: Share of 429s whose ``Retry-After`` must fall within ±30 % of the actual wait (see module docstring).
-RETRY_AFTER_TOLERANCE = 0.30
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -534,16 +533,6 @@ def open_loop(client: Client, *, rate: float, duration: float, deadline_s: float
         return [f.result() for f in futures]
 
 
-def actual_wait_near(answers: list[dict], t: float, *, window_s: float = 0.5) -> float | None:
-    """Median latency (s) of admitted requests (200/202) sent within ±``window_s`` of ``t`` (±2×
-    that when none were); ``None`` when none at all. A 202's latency is a lower bound of its wait."""
-    for w in (window_s, 2 * window_s):
-        near = [a["ms"] / 1000 for a in answers if a["status"] in (200, 202) and abs(a["sent"] - t) <= w]
-        if near:
-            return statistics.median(near)
-    return None
-
-
 def pct(xs: list[float], q: float) -> float | None:
     return round(sorted(xs)[min(len(xs) - 1, int(q * len(xs)))], 1) if xs else None
 
@@ -663,10 +652,6 @@ def info(phase: dict) -> dict[str, str]:
         n = b["counts_at_end"].get("embedded", 0) - b["counts_at_start"].get("embedded", 0)
         out[f"{phase_name(phase)}: bulk images embedded during the phase"] = f"{n} ({n / phase['duration_s']:.2f}/s)"
     return out
-
-
-def phase_name(phase: dict) -> str:
-    return f"{phase['deadline_s']:g} s{' + bulk' if phase.get('bulk') else ''}"
 
 
 def plot_waits(phase: dict, path: Path, *, title: str) -> None:

@@ -29,7 +29,7 @@ each 429 is a refusal at its send time with the lane state its body reported (th
 images in flight, the running pass, queued messages) and its phase's deadline, labelled from the
 web's answer records known by then, refitted at most once a second as the web does
 (``wait_ahead.REFIT_S``). Printed per phase, the share of 429s within ±30 % of the
-actual wait as the benchmark judges it (:func:`benchmarks.load.actual_wait_near`): the first
+actual wait as the benchmark judges it (:func:`benchmarks.load_judge.actual_wait_near`): the first
 estimate as is, the fit on every refusal (before deadline bands), the fit on the refusal's own
 deadline band alone, and what the run's 429s said. Each phase starts from the web's own refusal
 and answer records of the minute before it (mostly its capacity scan's; the result's ``before``),
@@ -107,7 +107,7 @@ def replay_wait_ahead(phases: list[dict], *, by_deadline: bool, first_edge: bool
     wait for the first estimate, the replayed estimate and what the run's 429s said. ``first_edge``:
     the first estimate is :func:`edge_first` (with ``min_share``, ``max_share``) instead of the one
     the 429 reported."""
-    from benchmarks.load import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
+    from benchmarks.load_judge import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
 
     refusals, answers, judged = [], [], []
     seen_t = seen_admitted = -math.inf  # the newest refusal and admission the phases before gave

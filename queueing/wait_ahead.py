@@ -44,7 +44,7 @@ from queueing.wait_model import Decision, LaneLoad, margin_s, retry_after
 #: messages.
 FEATURES = ("wait_ahead_s", "inflight_images", "running_pass_left_s", "running_pass_images", "queued_messages")
 #: A refusal's label is the median wait of the requests admitted within ± this (s) of it: the load
-#: benchmark's window (``benchmarks.load.actual_wait_near``).
+#: benchmark's window (``benchmarks.load_judge.actual_wait_near``).
 LABEL_WINDOW_S = 0.5
 #: Refusals labelled in the last this-many seconds are fitted, each weighted
 #: ``0.5 ** (age / HALF_LIFE_S)`` (age: since its label was complete).

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from benchmarks.load import (QueueSampler, actual_wait_near, bulk_chunks_computing, bulk_job_paused, info, phase_cpu,
+from benchmarks.load_judge import actual_wait_near
+from benchmarks.load import (QueueSampler, bulk_chunks_computing, bulk_job_paused, info, phase_cpu,
                              summarise, verdict)
 
 
@@ -255,3 +256,19 @@ def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(privat
     client.set(key, "{}")
     assert load.first_calibration(url, timeout_s=1.5, quiet_s=0) == 0.0
 
+
+
+def test_the_load_replay_runs_without_django_or_celery():
+    """The replay judges a recorded run with ``queueing`` and ``benchmarks.load_judge`` alone: in a
+    fresh interpreter with no settings module, neither Django nor Celery is imported."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    probe = ("import sys, benchmarks.load_replay, benchmarks.load_judge, queueing.wait_ahead\n"
+             "print(sorted(m for m in ('django', 'celery', 'kombu', 'redis', 'embeddings', 'project') if m in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
