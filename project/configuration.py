@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import os
 import sys
 from pathlib import Path
@@ -63,6 +62,10 @@ REQUIRED: Any = _Required()
 Derived = Callable[[Callable[[str], Any]], Any]
 
 
+#: The types each reading rule gives (see :class:`Var`'s ``rules``).
+TYPES = {"environ": (str, bool, int, float, Path, list), "pipeline": (str, int, float)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Var:
     """One environment variable.
@@ -93,6 +96,10 @@ class Var:
     meaning: str
     shown: str | None = None
     rules: Literal["environ", "pipeline"] = "environ"
+
+    def __post_init__(self) -> None:
+        if self.type not in TYPES[self.rules]:
+            raise TypeError(f"{self.name}: {self.rules!r} values cannot be read as {self.type.__name__}")
 
 
 _PIPELINE_DEFAULTS = {f.name: f.default for f in dataclasses.fields(PipelineConfig)}
@@ -300,16 +307,11 @@ BY_NAME: dict[str, Var] = {v.name: v for v in VARS}
 #: The variables :func:`pipeline_config` reads.
 PIPELINE_NAMES = tuple(v.name for v in VARS if v.rules == "pipeline")
 
-def _env_parse(raw: str, *, cast: type) -> Any:
-    return django_environ.Env.parse_value(raw, cast)
-
-
-_PARSE: dict[str, dict[type, Callable[[str], Any]]] = {
-    # django-environ's own parsing (bools as "1"/"yes"/"on"…, floats with a decimal comma, lists
-    # without empty items): the rules settings.py read by before this declaration existed.
-    "environ": {t: functools.partial(_env_parse, cast=t) for t in (str, bool, int, float, Path, list)},
-    "pipeline": {str: str, int: int, float: float},
-}
+def _parse(raw: str, var: Var) -> Any:
+    """A set value as ``var.type``: by django-environ's own rules (``"environ"``: bools as
+    ``1``/``yes``/``on``…, floats with a decimal comma, lists without empty items), the rules
+    settings.py read by before this declaration; the pipeline's plain ``int()``/``float()``."""
+    return django_environ.Env.parse_value(raw, var.type) if var.rules == "environ" else var.type(raw)
 
 
 def _raw(environ: Mapping[str, str], var: Var) -> tuple[str, str | None]:
@@ -348,7 +350,7 @@ def read(environ: Mapping[str, str] | None = None, names: Iterable[str] | None =
             read_from, raw = _raw(environ, var)
             if raw is not None:
                 try:
-                    values[name] = _PARSE[var.rules][var.type](raw)
+                    values[name] = _parse(raw, var)
                 except ValueError as e:
                     raise ConfigurationError(f"{name}={raw!r}: {e}") from e
             elif var.default is REQUIRED:

@@ -39,7 +39,7 @@ def test_every_variable_is_declared_once_with_a_group_a_type_and_a_one_line_mean
     for v in VARS:
         assert v.group in groups, v.name
         assert v.meaning and "\n" not in v.meaning and "|" not in v.meaning, v.name
-        assert v.type in configuration._PARSE[v.rules], v.name
+        assert v.type in configuration.TYPES[v.rules], v.name
         if callable(v.default) or v.default is configuration.REQUIRED:
             assert v.shown, f"{v.name}: a derived or required default says in words what it is"
     table = configuration.markdown()

@@ -164,7 +164,7 @@ def test_the_reader_sees_the_imports_that_matter():
     graph = import_graph()
     assert "embeddings.services.pipeline" in graph["embeddings.tasks"]        # module level
     assert "embeddings.services.reconcile" in graph["embeddings.tasks"]       # inside a function
-    assert "embeddings.dispatch" in graph["embeddings.services.catalogue.jobs"]  # inside job_dispatch
+    assert "embeddings.dispatch" in graph["embeddings.services.catalogue.jobs"]  # inside job_create
     assert "embeddings.sink" in graph["embeddings.services.pipeline"]
     assert "embeddings.services.lifecycle.model_migrations" in graph
     assert "embeddings.api.model_migrations" in graph

@@ -27,7 +27,7 @@ taken a moment apart (a message moving from a queue list to the unacked hash is 
 
 What happens to a lost image:
 
-- bulk, job running or queued: sent again in chunks of the job's chunk size (``job_dispatch``).
+- bulk, job running or queued: sent again in chunks of the job's chunk size (``dispatch.send_job_chunks``).
   Re-dispatch is idempotent: ``chunk_embed`` skips images no longer queued and point ids are
   deterministic, so a duplicate delivery rewrites the same point;
 - bulk, with ``BULK_MAX_ATTEMPTS`` attempts already (deliveries that started it plus re-dispatches
@@ -200,7 +200,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
     """
     from embeddings import dispatch
     from embeddings.services.catalogue.images import images_mark_failed
-    from embeddings.services.catalogue.jobs import job_dispatch, job_refresh
+    from embeddings.services.catalogue.jobs import job_refresh
 
     now = now or timezone.now()
     first = live_ids()
@@ -236,7 +236,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
         # A re-dispatch counts as an attempt: a chunk whose task fails before it starts (and is
         # acknowledged) must end as attempts_exhausted, not be sent again every round forever.
         Image.objects.filter(id__in=ids).update(attempts=F("attempts") + 1)
-        chunks += job_dispatch(job=job, image_ids=ids)
+        chunks += dispatch.send_job_chunks(job=job, image_ids=ids)
         redispatched += len(ids)
 
     if lost_interactive:

@@ -54,12 +54,13 @@ def png_zip(n: int) -> bytes:
 @pytest.mark.django_db(transaction=True)
 def test_chunks_leave_while_the_upload_is_stored(service, user, settings):
     from embeddings.models import Image, ImageStatus, Job, JobStatus
+    from embeddings import dispatch
     from embeddings.services.catalogue import jobs as job_services
     from embeddings.services.catalogue.sources import SourceFile
 
     settings.PIPELINE = settings.PIPELINE.replace(batch_size=4)
     statuses: list[tuple[int, str]] = []  # (rows stored so far, job status) whenever a chunk is sent
-    send = job_services.job_dispatch
+    send = dispatch.send_job_chunks
 
     def dispatch_and_look(*, job, image_ids):
         statuses.append((Image.objects.filter(job=job).count(), Job.objects.get(id=job.id).status))
@@ -67,13 +68,13 @@ def test_chunks_leave_while_the_upload_is_stored(service, user, settings):
         statuses.append((Image.objects.filter(job=job).count(), Job.objects.get(id=job.id).status))
         return n
 
-    job_services.job_dispatch = dispatch_and_look
+    dispatch.send_job_chunks = dispatch_and_look
     try:
         data = [tiny_png(i) for i in range(13)] + [tiny_png(0)]  # 13 distinct, one duplicate
         job = job_services.job_create(owner=user, sources=[
             SourceFile(name=f"{i}.png", size=len(d), open=lambda d=d: io.BytesIO(d)) for i, d in enumerate(data)])
     finally:
-        job_services.job_dispatch = send
+        dispatch.send_job_chunks = send
     # slices of 5, 4, 4, 1 sources: chunks of 4 leave after 5, 9 and 13 rows; the last queued image at the end
     assert [rows for rows, _ in statuses[::2]] == [5, 9, 13, 14]
     # between chunks the job runs; it is done only after the last one, once every source is stored

@@ -334,13 +334,6 @@ def _requeue(heir: Image) -> None:
     transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=[str(heir.id)]))
 
 
-def images_still_queued(image_ids: Iterable[str]) -> set[str]:
-    """The ids among ``image_ids`` whose images are still ``queued``: nothing has decided them since
-    their work was handed out (not cancelled, expired, failed, nor embedded by another delivery)."""
-    return {str(i) for i in Image.objects.filter(id__in=list(image_ids), status=ImageStatus.QUEUED)
-            .values_list("id", flat=True)}
-
-
 def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict[str, object] | None = None,
                     returning: bool = False) -> int | set[str]:
     """One ``UPDATE`` giving each row its own ``(width, height, format)``: ``SET width = CASE key

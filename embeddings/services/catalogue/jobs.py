@@ -14,7 +14,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from embeddings import runtime
+from embeddings import dispatch, runtime
 from embeddings.models import (
     LIVE_ORIGINAL_STATUSES,
     TERMINAL_IMAGE_STATUSES,
@@ -81,7 +81,7 @@ def job_create(
     made = 0
 
     def send(ids: list[str]) -> None:
-        transaction.on_commit(lambda: job_dispatch(job=job, image_ids=ids))
+        transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=ids))
 
     try:
         start = 0
@@ -110,13 +110,6 @@ def job_delete(*, job: Job) -> None:
     """Delete a job and its images (the admin's delete): each image goes through
     ``images.image_deleted`` (points, blobs and copies elsewhere settled), as for any deletion."""
     job.delete()
-
-
-def job_dispatch(*, job: Job, image_ids: list[str]) -> int:
-    """Send ``image_ids`` to the bulk queue in chunks of ``job.chunk_size``. Returns the chunk count."""
-    from embeddings import dispatch
-
-    return dispatch.send_job_chunks(job=job, image_ids=image_ids)
 
 
 def job_counts(job: Job) -> dict[str, int]:
@@ -150,8 +143,6 @@ def job_refresh(*, job_id) -> Job:
     if changed:
         job.refresh_from_db()
         if job.status == JobStatus.DONE and job.kind == JobKind.MIGRATION:  # the lifecycle gates the new space
-            from embeddings import dispatch
-
             transaction.on_commit(lambda: dispatch.send_job_done(job_id=str(job.id)))
     return job
 
@@ -222,7 +213,7 @@ def job_transition(*, job: Job, to: str) -> Job:
             ids = [str(i) for i in parked.order_by("created_at").values_list("id", flat=True)]
             parked.update(reason="", reason_detail="")
             if ids:
-                transaction.on_commit(lambda: job_dispatch(job=job, image_ids=ids))
+                transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=ids))
     job.refresh_from_db()
     return job
 
@@ -319,7 +310,8 @@ def images_retry(*, images) -> int:
             ids = [im.id for im in sorted(group, key=lambda im: im.sha256) if _requeue_failed(im, job)]
             if not ids:
                 job_refresh(job_id=job.id)
-        transaction.on_commit(lambda job=job, ids=ids: job_dispatch(job=job, image_ids=[str(i) for i in ids]))
+        transaction.on_commit(
+            lambda job=job, ids=ids: dispatch.send_job_chunks(job=job, image_ids=[str(i) for i in ids]))
         n += len(ids)
     return n
 

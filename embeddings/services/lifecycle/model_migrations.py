@@ -31,7 +31,6 @@ from django.db.models import F
 from django.utils import timezone
 
 from embeddings.models import (
-    LIVE_ORIGINAL_STATUSES,
     EmbeddingSpace,
     Image,
     ImageStatus,
@@ -39,14 +38,12 @@ from embeddings.models import (
     JobKind,
     JobPriority,
     JobStatus,
-    Lane,
     SpaceState,
 )
 from embeddings import spaces
 from embeddings.services.catalogue import copies
 from embeddings.services.lifecycle import gate
 from embeddings.errors import ApplicationError
-from workers.ids import point_id
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +120,7 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
 def migration_fill(*, space_id: int) -> int:
     """Create the copy rows of a candidate space's migration job a batch at a time
     (:data:`FILL_BATCH`), each batch committed on its own, and send each chunk of ``chunk_size``
-    ids to the bulk queue as soon as it is complete (``jobs.job_dispatch``). At least one queued
+    ids to the bulk queue as soon as it is complete (``dispatch.send_job_chunks``). At least one queued
     copy stays unsent until the end (as ``job_create`` does), so the job cannot be called done while
     copies are still being created. Idempotent: rows that have a copy already are skipped, so running
     it again (a worker died part way) completes the job. The job's ``total`` ends as the number of
@@ -132,7 +129,8 @@ def migration_fill(*, space_id: int) -> int:
     Returns:
         The number of copies created.
     """
-    from embeddings.services.catalogue.jobs import job_dispatch, job_refresh
+    from embeddings import dispatch
+    from embeddings.services.catalogue.jobs import job_refresh
 
     space = EmbeddingSpace.objects.select_related("job").get(pk=space_id)
     job = space.job
@@ -155,10 +153,10 @@ def migration_fill(*, space_id: int) -> int:
                 pending += ids
                 while len(pending) > size:
                     chunk, pending = pending[:size], pending[size:]
-                    transaction.on_commit(lambda chunk=chunk: job_dispatch(job=job, image_ids=chunk))
+                    transaction.on_commit(lambda chunk=chunk: dispatch.send_job_chunks(job=job, image_ids=chunk))
     Job.objects.filter(pk=job.pk).update(total=Image.objects.filter(job=job).count())
     if pending:
-        job_dispatch(job=job, image_ids=pending)
+        dispatch.send_job_chunks(job=job, image_ids=pending)
     else:
         job_refresh(job_id=job.id)
     log.info("migration to %s: %d copies created", space.model_id, made)
