@@ -49,11 +49,8 @@ def wait_for(result, deadline_ts: float):
         return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
     except CeleryTimeout:
         return None
-    except TaskRevokedError as e:
-        if "expired" in str(e):  # its message outlived the deadline in the broker: the deadline passed
+    except Exception as e:  # a task raised or was revoked: systemic, not the caller's fault...
+        if isinstance(e, TaskRevokedError) and "expired" in str(e):  # ...unless its message outlived the deadline
             return None
-        raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
-                               status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
-    except Exception as e:  # a task raised: systemic, not the caller's fault
         raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
                                status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
