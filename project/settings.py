@@ -153,7 +153,7 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "embeddings.api.errors.exception_handler",
     # No multipart part vanishes, and an unparseable Content-Type is a 400 (embeddings/api/parsers.py)
     "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
+        "embeddings.api.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
         "embeddings.api.parsers.DrfMultiPartParser",
     ],

@@ -6,10 +6,11 @@ from __future__ import annotations
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.api.serializers import JobProgressSerializer, JobSerializer
 from embeddings.models import EmbeddingSpace, SpaceState

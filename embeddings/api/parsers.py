@@ -45,6 +45,7 @@ from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 from rest_framework import parsers as drf_parsers
+from rest_framework.exceptions import ParseError
 from rest_framework.negotiation import DefaultContentNegotiation
 
 from embeddings.errors import ApplicationError
@@ -364,3 +365,19 @@ class DrfMultiPartParser(drf_parsers.BaseParser):
             raise ApplicationError(f"the multipart body cannot be parsed: {e}", code="malformed_multipart",
                                    extra={"parts": []}) from e
         return drf_parsers.DataAndFiles(data, files)
+
+
+class JSONParser(drf_parsers.JSONParser):
+    """DRF's JSON parser, with a body nested past Python's recursion limit refused as malformed.
+
+    Raises:
+        ParseError: ``parse_error`` (400), as for any malformed JSON: ``json`` raises
+            ``RecursionError`` (not a ``ValueError``, which DRF turns into a 400) on ``[[[…]]]``
+            nested deeper than the interpreter's recursion limit, a few KB of body.
+    """
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return super().parse(stream, media_type, parser_context)
+        except RecursionError as e:
+            raise ParseError("JSON parse error - nested too deeply") from e

@@ -14,12 +14,13 @@ from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.generics import GenericAPIView
 from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import FormParser, JSONParser
+from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api.errors import as_application_error
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
+from embeddings.api.parsers import JSONParser
 from embeddings.api.parsers import content_type_error
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
 from embeddings.api.serializers import (

@@ -163,6 +163,18 @@ def test_shared_case_bogus_content_type(wsgi):
     assert wsgi.request("GET", "/healthz", data, BOGUS_CT).status == 200
 
 
+@pytest.mark.parametrize("path", ["/api/search/", "/api/jobs/"])
+def test_json_nested_past_the_recursion_limit_is_a_400_in_the_error_shape(wsgi, path):
+    """``json`` raises RecursionError, not ValueError, on deep ``[[[…]]]``: a 400 ``parse_error``
+    as for any malformed JSON, never a 500 (the shared case p02, and one made here)."""
+    made = b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b', "k": 3}'
+    shared = CASES / "p02_nested_arrays_50000.json"
+    for data in [made, *([shared.read_bytes()] if shared.exists() else [])]:
+        r = wsgi.request("POST", path, data, "application/json")
+        assert r.status == 400 and r.error()["code"] == "parse_error", r.status
+    assert wsgi.request("POST", path, b'{"text": [1,', "application/json").error()["code"] == "parse_error"
+
+
 # --- file parts with unusable names ----------------------------------------------------------
 
 def test_every_file_part_is_an_entry_with_a_fallback_name_where_its_name_is_unusable(wsgi):
