@@ -6,6 +6,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -161,9 +162,13 @@ def test_oversized_search_image_is_refused(service, api, settings):
 # --- production settings -------------------------------------------------------------------------------
 
 def production_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST", "CELERY_"))}
+    """A production process's environment, with its own empty state folder: the checkout's ``var/``
+    (a ``make demo`` or ``make run`` before the tests) holds a database whose active space the
+    checks compare with ``CLIP_MODEL``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "PYTEST", "CELERY_", "VAR_DIR"))}
     env.update({"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50), "DJANGO_HTTPS": "1",
-                "DJANGO_ALLOWED_HOSTS": "clip.example.com", "DJANGO_SETTINGS_MODULE": "project.settings"})
+                "DJANGO_ALLOWED_HOSTS": "clip.example.com", "DJANGO_SETTINGS_MODULE": "project.settings",
+                "VAR_DIR": tempfile.mkdtemp(prefix="production-check-")})
     env.update(extra)
     return env
 
