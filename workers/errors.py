@@ -26,6 +26,14 @@ class Reason(enum.StrEnum):
     CANCELLED = "cancelled"  #: its job was cancelled before it ran
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"  #: delivered BULK_MAX_ATTEMPTS times without finishing
     MODEL_NOT_CONFIGURED = "model_not_configured"  #: work for a model this worker may not load (CLIP_MODELS)
+    FETCH_TIMEOUT = "fetch_timeout"  #: a URL's connect, read or total time limit passed (after retries)
+    FETCH_STATUS = "fetch_status"  #: a URL answered a non-2xx status (after retries for 429/5xx)
+    FETCH_TOO_LARGE = "fetch_too_large"  #: a URL's body is above the byte cap, or longer than its Content-Length
+    FETCH_REFUSED_ADDRESS = "fetch_refused_address"  #: a URL's host resolves to a loopback, private, link-local... address
+    FETCH_TLS = "fetch_tls"  #: a URL's TLS handshake failed (certificate not trusted, wrong host name)
+    FETCH_CONNECT = "fetch_connect"  #: DNS failure, connection refused/reset, or a body cut short
+    FETCH_REDIRECTS = "fetch_redirects"  #: too many redirects, or a redirect without a usable Location
+    FETCH_INVALID_URL = "fetch_invalid_url"  #: not an http/https URL with a host (other scheme, userinfo, bad port)
 
 
 class ImageRejected(Exception):
