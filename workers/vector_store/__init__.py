@@ -8,8 +8,9 @@ One interface, :class:`VectorStore`, three backends chosen by ``kind`` (``VECTOR
   pickled into SQLite. Kept for installations that have not moved yet (``manage.py store_migrate``).
 - ``server``: a Qdrant server through qdrant-client (``QDRANT_URL``).
 
-All three take the same point ids (UUIDs), payloads (``sha256``, ``owner_ids``, ``job_ids``, ...),
-filters (owner, job, excluded ids) and collection name (``PipelineConfig.collection_name``:
+All three take the same point ids (UUIDs), payloads (``sha256``, ``owner_ids``, ``job_ids``, ``items``:
+one per image the point stands for), filters (owner, job, excluded ids, and a metadata filter on
+the items, :mod:`.filters`, applied inside the vector query) and collection name (``PipelineConfig.collection_name``:
 model, weights and precision; cosine distance). An existing collection with another vector size or
 distance is a :class:`CollectionMismatch` naming both; nothing is ever recreated (recreate drops
 data: qdrant/qdrant#2312). The embedded backends lock their folder to one process
@@ -23,6 +24,8 @@ import uuid
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from workers.vector_store.filters import Where
 
 #: Points per write request: 256 × 512 float32 ≈ 0.5 MiB, far below the server's 32 MiB request
 #: limit (qdrant/qdrant#1822) while amortising the per-request overhead.
@@ -105,13 +108,20 @@ class VectorStore(abc.ABC):
 
     @abc.abstractmethod
     def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
-               exclude: Iterable[uuid.UUID] = ()) -> list[Hit]:
+               exclude: Iterable[uuid.UUID] = (), where: Where | None = None) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32``, best first.
 
+        Every condition is part of the vector query (a Qdrant payload filter), never applied to its
+        results: ``k`` hits whenever at least ``k`` points match (exact search; see the backend).
+
         Args:
-            owner_id: only points whose payload ``owner_ids`` contains it (None: all owners).
-            job_id: only points whose payload ``job_ids`` contains it.
+            owner_id: only points with an image of this owner (None: all owners).
+            job_id: only points with an image of this job.
             exclude: point ids to leave out (e.g. the query image itself).
+            where: a metadata filter (:mod:`.filters`). With it, a point matches when ONE of its
+                ``items`` has the owner (if given), the job (if given) and satisfies ``where``;
+                :func:`.filters.matching_items` tells which. Without it, the payload's top-level
+                ``owner_ids`` / ``job_ids`` decide.
         """
 
     @abc.abstractmethod
@@ -144,7 +154,7 @@ class VectorStore(abc.ABC):
 
 
 def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, path: str | None = None,
-               fsync: bool = False) -> VectorStore:
+               fsync: bool = False, indexed_fields: dict[str, str] | None = None) -> VectorStore:
     """The :class:`VectorStore` of backend ``kind``, not yet checked (call ``ensure_collection``).
 
     Args:
@@ -152,9 +162,13 @@ def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, 
             local mode in folder ``path``) or ``server`` (``url``).
         fsync: edge only: flush to disk before a write returns (survives a power loss, not only a
             killed process; docs/operations.md). Off: a write returns after the WAL append.
+        indexed_fields: metadata field → index type (:data:`.filters.INDEX_TYPES`; the
+            ``METADATA_INDEXES`` declaration, :func:`.filters.parse_indexed_fields`): ``edge`` and
+            ``server`` create a payload index on ``items[].m.<field>`` for each (local mode scans
+            and has none).
 
     Raises:
-        ValueError: an unknown ``kind``, or the folder / url it needs is missing.
+        ValueError: an unknown ``kind``, the folder / url it needs is missing, or a bad indexed field.
         StoreError: the embedded folder is already owned by another process.
     """
     if kind == "edge":
@@ -162,14 +176,14 @@ def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, 
             raise ValueError("the edge vector store needs a folder (QDRANT_PATH)")
         from workers.vector_store.edge import EdgeStore
 
-        return EdgeStore(path, collection, dim, fsync=fsync)
+        return EdgeStore(path, collection, dim, fsync=fsync, indexed_fields=indexed_fields)
     if kind in ("local", "server"):
         from workers.vector_store.client import QdrantClientStore, open_client
 
         if kind == "server" and not url:
             raise ValueError("VECTOR_STORE=server needs QDRANT_URL")
         client = open_client(url=url if kind == "server" else None, path=path)
-        return QdrantClientStore(client, collection, dim)
+        return QdrantClientStore(client, collection, dim, indexed_fields=indexed_fields)
     raise ValueError(f"unknown vector store {kind!r}: expected one of {', '.join(KINDS)}")
 
 

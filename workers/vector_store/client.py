@@ -14,6 +14,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 
 from workers.vector_store import UPSERT_BATCH, Hit, Point, VectorStore, mismatch
+from workers.vector_store.filters import Where, payload_indexes, to_client
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +40,25 @@ class QdrantClientStore(VectorStore):
         client: a :class:`QdrantClient` (:func:`open_client`).
         collection: collection name.
         dim: vector size D (512 for ViT-B-32).
+        indexed_fields: metadata field → index type (``filters.INDEX_TYPES``): server mode keeps a
+            payload index on ``items[].m.<field>`` for each (local mode scans and has none).
+
+    Raises:
+        ValueError: a bad field name or index type in ``indexed_fields``.
     """
 
-    def __init__(self, client: QdrantClient, collection: str, dim: int) -> None:
+    def __init__(self, client: QdrantClient, collection: str, dim: int, *,
+                 indexed_fields: dict[str, str] | None = None) -> None:
         self.client = client
         self.collection = collection
         self.dim = dim
         self.kind = "local" if client._client.__class__.__name__ == "QdrantLocal" else "server"
+        self.indexes = {"owner_ids": "integer", "job_ids": "keyword", **payload_indexes(indexed_fields)}
 
     def ensure_collection(self) -> None:
-        """Create the collection if missing; check size and distance if present.
+        """Create the collection if missing; check size and distance if present; in server mode,
+        create the payload indexes it lacks (``owner_ids``, ``job_ids``, ``items[].owner``, the
+        declared metadata fields) or whose declared type changed.
 
         Raises:
             CollectionMismatch: the collection exists with another size or distance.
@@ -58,14 +68,19 @@ class QdrantClientStore(VectorStore):
                 self.collection,
                 vectors_config=models.VectorParams(size=self.dim, distance=models.Distance.COSINE),
             )
-            if self.kind == "server":  # local mode has no payload indexes (it scans)
-                for field, schema in (("owner_ids", "integer"), ("job_ids", "keyword")):
-                    self.client.create_payload_index(self.collection, field, field_schema=schema)
             log.info("created collection %s (size %d, cosine)", self.collection, self.dim)
+            info = None
+        else:
+            info = self.client.get_collection(self.collection)
+            params = info.config.params.vectors
+            if params.size != self.dim or params.distance != models.Distance.COSINE:
+                raise mismatch(self.collection, params.size, params.distance.value, self.dim)
+        if self.kind != "server":  # local mode has no payload indexes (it scans)
             return
-        params = self.client.get_collection(self.collection).config.params.vectors
-        if params.size != self.dim or params.distance != models.Distance.COSINE:
-            raise mismatch(self.collection, params.size, params.distance.value, self.dim)
+        have = {path: schema.data_type.value for path, schema in (info.payload_schema if info else {}).items()}
+        for path, schema in self.indexes.items():
+            if have.get(path) != schema:  # creating over an existing index of another type replaces it
+                self.client.create_payload_index(self.collection, path, field_schema=schema, wait=True)
 
     def upsert(self, points: Sequence[Point]) -> None:
         """Write points (idempotent per id), in requests of at most :data:`UPSERT_BATCH`."""
@@ -88,21 +103,11 @@ class QdrantClientStore(VectorStore):
         owner_id: int | None = None,
         job_id: str | None = None,
         exclude: Iterable[uuid.UUID] = (),
+        where: Where | None = None,
     ) -> list[Hit]:
-        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32``.
-
-        Args:
-            owner_id: only points whose payload ``owner_ids`` contains it (None: all owners).
-            job_id: only points whose payload ``job_ids`` contains it.
-            exclude: point ids to leave out (e.g. the query image itself).
-        """
-        must = []
-        if owner_id is not None:
-            must.append(models.FieldCondition(key="owner_ids", match=models.MatchValue(value=owner_id)))
-        if job_id is not None:
-            must.append(models.FieldCondition(key="job_ids", match=models.MatchValue(value=str(job_id))))
-        must_not = [models.HasIdCondition(has_id=[str(i) for i in exclude])] if exclude else []
-        flt = models.Filter(must=must or None, must_not=must_not or None) if (must or must_not) else None
+        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see
+        :meth:`VectorStore.search`: owner, job, exclusions and ``where`` inside the query)."""
+        flt = to_client(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
         if k <= 0 or not self.client.collection_exists(self.collection):
             return []
         res = self.client.query_points(
