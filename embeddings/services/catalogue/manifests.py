@@ -1,0 +1,625 @@
+"""Catalogue manifests read as a stream (issue 41): CSV (or TSV), JSON Lines or Parquet, one image
+per row, each row checked on its own.
+
+A row names its image by ``url`` (http or https) or by ``key`` (an object in an allowed bucket:
+``s3://bucket/key``, or a key the job resolves against its own bucket), with an optional
+``external_id`` (the caller's id) and any other fields as metadata. Reading never holds more
+than a bounded part of the file: CSV and JSON Lines are read line by line from the binary stream
+with a hard cap per line (``max_line_bytes``), Parquet a batch of :data:`BATCH_ROWS` rows at a
+time (plus the row group pyarrow decodes them from).
+
+What is checked where:
+
+- the whole manifest (its format, its header, a CSV header's encoding) raises
+  :class:`ManifestError` before any row: ``manifest_format`` (415), ``manifest_header`` (400),
+  ``manifest_encoding`` (400). :func:`check_header` runs these checks alone, for the web request
+  to answer before it accepts the job;
+- each row yields a :class:`ManifestRow` or a :class:`RowError` with a stable code:
+  ``row_encoding``, ``row_too_long``, ``row_invalid``, ``url_invalid``, ``key_invalid``,
+  ``source_missing_column``, ``external_id_invalid``, ``metadata_invalid``, ``metadata_too_large``,
+  ``metadata_too_deep``; a bad row never stops the rows after it. ``manifest_too_many_rows`` is
+  the one error after the last row read, when the manifest has more than ``max_rows`` rows.
+
+CSV cells are text: a declared field (``types``) is read by its type, an undeclared one that is
+written as a JSON number or ``true``/``false`` becomes that (:func:`infer`), anything else stays text.
+
+Not checked here: an ``external_id`` repeated inside one manifest (the job service checks each
+slice of rows against the database, so no set of every id is held in memory); whether a URL's
+host resolves to an address the fetcher may reach (the fetcher checks every hop); whether a
+``key``'s bucket is allowed (``objects.Allowed``, with the job's configuration).
+"""
+from __future__ import annotations
+
+import codecs
+import csv
+import dataclasses
+import datetime as dt
+import decimal
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import PurePosixPath
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.metadata import (
+    KEY,
+    RESERVED_KEYS,
+    MetadataError,
+    check_declared,
+    check_types,
+    coerce,
+    validate_external_id,
+    validate_metadata,
+)
+from embeddings.objects import ObjectError, key_problem, parse_s3_uri
+
+#: Longest line (a CSV record, a JSON line), line break included: 1 MiB, far above any real row
+#: (a URL, an id and 4 KiB of metadata) and small enough to hold one in memory.
+MAX_LINE_BYTES = 1 << 20
+#: Parquet rows decoded per batch.
+BATCH_ROWS = 1024
+#: Longest URL, in characters: the sitemaps.org protocol's limit, which crawlers and CDNs share.
+MAX_URL_CHARS = 2048
+#: The fields that say which image a row is; every other field is metadata.
+SOURCE_FIELDS = ("url", "key", "external_id")
+#: Where JSON Lines and Parquet rows may also give metadata as one object.
+METADATA_FIELD = "metadata"
+#: Bytes read per call while skipping the rest of an over-long line.
+_SKIP_BYTES = 1 << 16
+_BOM = codecs.BOM_UTF8
+_FORMATS = ("csv", "jsonl", "parquet")
+_STATUS = {"manifest_format": 415}
+
+
+class ManifestError(ApplicationError, ValueError):
+    """The whole manifest refused before any row: a stable ``code`` (``manifest_format``,
+    ``manifest_header``, ``manifest_encoding``) and a ``message`` saying what to fix."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message, code=code, status=_STATUS.get(code, 400))
+
+
+@dataclasses.dataclass(frozen=True)
+class ManifestRow:
+    """One accepted row: its 1-based ``row`` number, exactly one of ``url`` and ``key``, the
+    caller's ``external_id`` (stripped; ``None`` when not given) and the checked ``metadata``."""
+
+    row: int
+    url: str | None
+    key: str | None
+    external_id: str | None
+    metadata: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class RowError:
+    """One refused row: its 1-based ``row`` number, a stable ``code``, a ``detail`` for people, and
+    the row's ``external_id`` when it was given and valid (``None`` otherwise)."""
+
+    row: int
+    code: str
+    detail: str
+    external_id: str | None
+
+
+def sniff_format(name: str, head: bytes) -> str:
+    """The manifest's format from its file name and first bytes.
+
+    Parquet by its ``PAR1`` magic whatever the name; else by extension (``.csv``, ``.tsv`` →
+    ``"csv"``; ``.jsonl``, ``.ndjson`` → ``"jsonl"``); else by content: a first non-blank byte
+    ``{`` is JSON Lines, a first line of UTF-8 text without NUL bytes is CSV.
+
+    Args:
+        name: the uploaded file's name or the object's key (may be empty).
+        head: the file's first bytes (a few KiB are plenty).
+
+    Returns:
+        ``"csv"``, ``"jsonl"`` or ``"parquet"``.
+
+    Raises:
+        ManifestError: ``manifest_format`` when none of these fits (a ``.parquet`` name without the
+            magic, gzip, images, empty content with no telling name).
+    """
+    if head[:4] == b"PAR1":
+        return "parquet"
+    suffix = PurePosixPath((name or "").replace("\\", "/")).suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".parquet":
+        raise ManifestError("manifest_format", f"{name!r} does not start with Parquet's PAR1 magic")
+    text = head.removeprefix(_BOM).lstrip(b" \t\r\n")
+    if text[:1] == b"{":
+        return "jsonl"
+    first = text.split(b"\n", 1)[0]
+    if first and b"\x00" not in first:
+        try:  # final=False: the head may end inside a multi-byte character
+            codecs.getincrementaldecoder("utf-8")().decode(first, final=False)
+            return "csv"
+        except UnicodeDecodeError:
+            pass
+    raise ManifestError("manifest_format", "not a CSV, JSON Lines or Parquet manifest")
+
+
+def check_header(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = None,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> list[str]:
+    """Run the whole-manifest checks of :func:`read_manifest` alone, reading only the header (CSV:
+    its first record; JSON Lines: its first line; Parquet: its footer), then put the stream back
+    where it was (``f`` must be seekable).
+
+    Returns:
+        The column names: the CSV header, the Parquet schema's names; ``[]`` for JSON Lines, which
+        has no header.
+
+    Raises:
+        ManifestError: ``manifest_format``, ``manifest_header`` or ``manifest_encoding``.
+        MetadataError: ``metadata_invalid`` for ``types`` naming an unknown type or a bad field.
+    """
+    position = f.tell()
+    try:
+        check_types(types)
+        return _open(f, fmt, max_line_bytes)[1]
+    finally:
+        f.seek(position)
+
+
+def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = None,
+                  max_line_bytes: int = MAX_LINE_BYTES, max_rows: int | None = None,
+                  max_metadata_bytes: int = 4096) -> Iterator[ManifestRow | RowError]:
+    """The manifest's rows, one at a time, each a :class:`ManifestRow` or a :class:`RowError`.
+
+    The header is read and checked when this is called (so whole-manifest errors raise here,
+    before any row); the rows are read as the iterator is consumed.
+
+    Rows are numbered from 1 over the data: the CSV header is not a row, so data row ``n`` is
+    line ``n + 1`` of a CSV file without multi-line cells (row ``n + 1`` in a spreadsheet), and line
+    ``n`` of a JSON Lines file. Blank lines keep their number and yield nothing.
+
+    Formats:
+        - CSV: UTF-8 (a BOM is accepted), comma-separated, or tab-separated when the header holds
+          tabs and no comma; RFC 4180 quoting, a quoted cell may span lines (the record's bytes
+          count against ``max_line_bytes`` together). Column names are case-sensitive: ``url``,
+          ``key``, ``external_id``, and every other column is a metadata field whose name must be
+          a metadata key. Empty (or all-blank) cells are absent; cells of fields in ``types`` are
+          converted by ``metadata.coerce``, others stay strings.
+        - JSON Lines: one object per line; ``url``, ``key``, ``external_id`` at the top level;
+          metadata as an object under ``"metadata"`` and/or as the other top-level keys, merged,
+          the ``"metadata"`` object winning where both give a key.
+        - Parquet: native types; dates, times and timestamps become ISO-8601 strings, decimals
+          floats; a ``metadata`` struct column merges as in JSON Lines.
+
+        In every format a string value of a field declared in ``types`` is converted by
+        ``metadata.coerce`` (``{"price": "float"}`` reads ``"12.50"`` as ``12.5``).
+
+    Args:
+        f: a binary stream with ``readline(size)`` (a file, ``BytesIO``, an uploaded file);
+            Parquet also needs ``seek``.
+        fmt: ``"csv"``, ``"jsonl"`` or ``"parquet"`` (:func:`sniff_format`).
+        types: declared metadata field types, ``{field: kind}`` (``metadata.KINDS``).
+        max_line_bytes: longest line or CSV record, line break included; a longer one is one
+            ``row_too_long`` error and the reader goes on after its next line break without
+            buffering it.
+        max_rows: most data rows read (``MANIFEST_MAX_ROWS``); when the manifest has more, one
+            ``RowError(max_rows + 1, "manifest_too_many_rows", ...)`` ends the iteration.
+        max_metadata_bytes: a row's metadata bound (``METADATA_MAX_BYTES``).
+
+    Raises:
+        ManifestError: ``manifest_format`` (unknown ``fmt``, an unreadable Parquet file, also when
+            a Parquet data page turns out unreadable during iteration), ``manifest_header`` (an
+            empty file; a CSV header without a ``url`` or ``key`` column, with duplicate, empty or
+            invalid column names; a Parquet schema with those faults or binary columns),
+            ``manifest_encoding`` (a CSV header that is not UTF-8). A JSON line that is not an
+            object, the first one included, is a row error, not a header error.
+        MetadataError: ``metadata_invalid`` for bad ``types``.
+
+    Not detected: an ``external_id`` repeated inside the manifest; the job service checks ids
+    against the database a slice of rows at a time, so memory stays bounded.
+    """
+    types = check_types(types)
+    source, _ = _open(f, fmt, max_line_bytes)
+    rows = _ROWS[fmt](source)
+    return _checked(rows, types, max_rows, max_metadata_bytes, nested=fmt != "csv")
+
+
+# --- reading lines ------------------------------------------------------------------------------
+
+
+class _LineProblem(Exception):
+    """A line that cannot be a row: ``code`` is ``row_encoding`` or ``row_too_long``."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+class _Lines:
+    """Decoded lines of a binary stream, each at most ``cap`` bytes: an iterator for ``csv.reader``.
+
+    ``record_bytes`` counts the bytes of the record being read (a CSV record may span lines); the
+    reader sets it to 0 before each record. A line over the cap raises ``_LineProblem`` after the
+    stream has been moved past its line break, reading at most ``_SKIP_BYTES`` at a time; a line
+    that is not UTF-8 raises it after being consumed. The iterator stays usable after either.
+    """
+
+    def __init__(self, f: BinaryIO, cap: int) -> None:
+        self.f = f
+        self.cap = cap
+        self.record_bytes = 0
+        self.first = True
+        self.pushed: str | _LineProblem | None = None
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        if self.pushed is not None:
+            item, self.pushed = self.pushed, None
+            if isinstance(item, _LineProblem):
+                raise item
+            return item
+        budget = self.cap - self.record_bytes
+        raw = self.f.readline(budget + 1)
+        if not raw:
+            raise StopIteration
+        if self.first:
+            self.first = False
+            raw = raw.removeprefix(_BOM)
+        if len(raw) > budget:
+            if not raw.endswith(b"\n"):
+                while chunk := self.f.readline(_SKIP_BYTES):
+                    if chunk.endswith(b"\n"):
+                        break
+            raise _LineProblem("row_too_long", f"longer than {self.cap} bytes")
+        self.record_bytes += len(raw)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _LineProblem("row_encoding", f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8 "
+                                               "(save the manifest as UTF-8)") from None
+
+    def pull(self) -> str | _LineProblem | None:
+        """The next line, or the problem with it, or ``None`` at the end (for header checks)."""
+        self.record_bytes = 0
+        try:
+            return next(self)
+        except StopIteration:
+            return None
+        except _LineProblem as problem:
+            return problem
+
+
+# --- opening each format: the whole-manifest checks ----------------------------------------------
+
+
+def _open(f: BinaryIO, fmt: str, cap: int) -> tuple[Any, list[str]]:
+    """``(what the format's row reader needs, the column names)``, after the whole-manifest checks."""
+    if fmt == "csv":
+        return _open_csv(f, cap)
+    if fmt == "jsonl":
+        return _open_jsonl(f, cap)
+    if fmt == "parquet":
+        return _open_parquet(f)
+    raise ManifestError("manifest_format", f"format {fmt!r} is not one of {', '.join(_FORMATS)}")
+
+
+def _open_csv(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
+    lines = _Lines(f, cap)
+    first = lines.pull()
+    if first is None:
+        raise ManifestError("manifest_header", "the manifest is empty")
+    if isinstance(first, _LineProblem):
+        if first.code == "row_encoding":
+            raise ManifestError("manifest_encoding", f"the CSV header is not UTF-8: {first.detail}")
+        raise ManifestError("manifest_header", f"the CSV header is {first.detail}")
+    if not first.strip():
+        raise ManifestError("manifest_header", "the CSV header (the first line) is blank")
+    delimiter = "\t" if "\t" in first and "," not in first else ","
+    lines.pushed = first  # read again by the csv reader; its bytes already count against the cap
+    reader = csv.reader(lines, delimiter=delimiter, strict=True)
+    try:
+        header = next(reader)
+    except _LineProblem as problem:  # a quoted header cell that runs on into bad lines
+        raise ManifestError("manifest_header", f"the CSV header is not readable: {problem.detail}") from None
+    except csv.Error as e:
+        raise ManifestError("manifest_header", f"the CSV header is not valid CSV: {e}") from None
+    columns = [c.strip() for c in header]
+    _check_columns(columns, "CSV header")
+    return (lines, reader, columns), columns
+
+
+def _open_jsonl(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
+    lines = _Lines(f, cap)
+    first = lines.pull()
+    if first is None:
+        raise ManifestError("manifest_header", "the manifest is empty")
+    lines.pushed = first  # whatever it holds, it is row 1's business
+    return lines, []
+
+
+def _open_parquet(f: BinaryIO) -> tuple[Any, list[str]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    position = f.tell()
+    empty = not f.read(1)
+    f.seek(position)
+    if empty:
+        raise ManifestError("manifest_header", "the manifest is empty")
+    try:
+        parquet = pq.ParquetFile(f)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise ManifestError("manifest_format", f"not a readable Parquet file: {e}") from e
+    schema = parquet.schema_arrow
+    _check_columns(schema.names, "Parquet schema")
+    for field in schema:
+        kind = field.type
+        if field.name in ("url", "key") and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                                                 or pa.types.is_null(kind)):
+            raise ManifestError("manifest_header", f"Parquet column {field.name!r} is {kind}, not a string")
+        if field.name == METADATA_FIELD and not (pa.types.is_struct(kind) or pa.types.is_null(kind)):
+            raise ManifestError("manifest_header", f"Parquet column 'metadata' is {kind}, not a struct")
+        if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
+            raise ManifestError("manifest_header", f"Parquet column {field.name!r} holds bytes; metadata is JSON")
+    return parquet, list(schema.names)
+
+
+def _check_columns(columns: list[str], where: str) -> None:
+    seen = set()
+    for i, name in enumerate(columns, 1):
+        if not name:
+            raise ManifestError("manifest_header", f"{where}: column {i} has no name")
+        if name in seen:
+            raise ManifestError("manifest_header", f"{where}: column {name!r} appears twice")
+        seen.add(name)
+        if name in SOURCE_FIELDS:
+            continue
+        if not KEY.match(name) or name in RESERVED_KEYS:
+            raise ManifestError("manifest_header", f"{where}: column {name[:80]!r} is not a metadata field name "
+                                                   "(letters, digits and _, not starting with a digit, at most 64)")
+    if "url" not in seen and "key" not in seen:
+        raise ManifestError("manifest_header", f"{where} has neither a 'url' nor a 'key' column")
+
+
+# --- raw rows per format: (row, fields) or (row, RowError) ----------------------------------------
+
+
+def _csv_rows(source) -> Iterator[tuple[int, dict | RowError | None]]:
+    lines, reader, columns = source
+    width = len(columns)
+    row = 0
+    while True:
+        lines.record_bytes = 0
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except _LineProblem as problem:
+            row += 1
+            yield row, RowError(row, problem.code, problem.detail, None)
+            continue
+        except csv.Error as e:
+            row += 1
+            yield row, RowError(row, "row_invalid", f"not valid CSV: {e}", None)
+            continue
+        row += 1
+        if len(cells) == width:
+            fields = {name: cell for name, cell in zip(columns, cells) if cell.strip()}
+            yield row, fields or None  # no cell with text: a blank line
+        elif not any(c.strip() for c in cells):
+            yield row, None
+        else:
+            yield row, RowError(row, "row_invalid", f"{len(cells)} cells; the header has {width} columns", None)
+
+
+def _jsonl_rows(lines: _Lines) -> Iterator[tuple[int, dict | RowError | None]]:
+    row = 0
+    while True:
+        lines.record_bytes = 0
+        try:
+            text = next(lines)
+        except StopIteration:
+            return
+        except _LineProblem as problem:
+            row += 1
+            yield row, RowError(row, problem.code, problem.detail, None)
+            continue
+        row += 1
+        if not text.strip():
+            yield row, None
+            continue
+        try:
+            obj = json.loads(text)
+        except (ValueError, RecursionError) as e:  # RecursionError: arrays nested thousands deep
+            yield row, RowError(row, "row_invalid", f"not valid JSON: {str(e)[:200]}", None)
+            continue
+        if not isinstance(obj, dict):
+            yield row, RowError(row, "row_invalid", f"a JSON line must be an object, not {type(obj).__name__}", None)
+            continue
+        yield row, obj
+
+
+def _parquet_rows(parquet) -> Iterator[tuple[int, dict | RowError | None]]:
+    import pyarrow as pa
+
+    # Python's datetime and time stop at microseconds: nanosecond columns are truncated to them
+    # (pyarrow refuses to convert nanoseconds it would lose without pandas).
+    schema = parquet.schema_arrow
+    micro = pa.schema([_microseconds(field) for field in schema])
+    row = 0
+    batches = parquet.iter_batches(batch_size=BATCH_ROWS)
+    while True:
+        try:
+            batch = next(batches)
+            if micro != schema:
+                batch = batch.cast(micro, safe=False)
+            records = batch.to_pylist()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}") from e
+        for record in records:
+            row += 1
+            yield row, {name: _native(value) for name, value in record.items() if value is not None}
+
+
+def _microseconds(field):
+    import pyarrow as pa
+
+    kind = field.type
+    if pa.types.is_timestamp(kind) and kind.unit == "ns":
+        return field.with_type(pa.timestamp("us", tz=kind.tz))
+    if pa.types.is_time64(kind) and kind.unit == "ns":
+        return field.with_type(pa.time64("us"))
+    return field
+
+
+def _native(value: Any) -> Any:
+    """A Parquet value as JSON: decimals as floats, dates and times as ISO-8601 strings."""
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {k: _native(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_native(v) for v in value]
+    return value
+
+
+_ROWS = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}
+
+
+# --- one row's checks -----------------------------------------------------------------------------
+
+
+def _checked(rows: Iterator[tuple[int, dict | RowError | None]], types: dict[str, str], max_rows: int | None,
+             max_metadata_bytes: int, *, nested: bool) -> Iterator[ManifestRow | RowError]:
+    for row, item in rows:
+        if item is None:  # a blank line keeps its number and yields nothing
+            continue
+        if max_rows is not None and row > max_rows:
+            yield RowError(row, "manifest_too_many_rows",
+                           f"the manifest has more than {max_rows} rows; rows from {row} on were not read", None)
+            return
+        yield item if isinstance(item, RowError) else _row(row, item, types, max_metadata_bytes, nested)
+
+
+def _row(row: int, fields: dict, types: dict[str, str], max_metadata_bytes: int,
+         nested: bool) -> ManifestRow | RowError:
+    """One row's fields checked (``nested``: JSON Lines and Parquet, where ``metadata`` is an
+    object to merge; in CSV it is an ordinary text column)."""
+    url = _present(fields.pop("url", None))
+    key = _present(fields.pop("key", None))
+    external_id = None
+    raw_id = fields.pop("external_id", None)
+    if raw_id is not None and raw_id != "":
+        try:
+            external_id = validate_external_id(raw_id)
+        except MetadataError as e:
+            return RowError(row, e.code, e.message, None)
+    if url is None and key is None:
+        return RowError(row, "source_missing_column", "the row has neither a url nor a key", external_id)
+    if url is not None and key is not None:
+        return RowError(row, "source_missing_column", "the row has both a url and a key; give one", external_id)
+    if url is not None:
+        problem = _url_problem(url)
+        if problem:
+            return RowError(row, "url_invalid", f"url {problem}", external_id)
+    else:
+        problem = _key_problem(key)
+        if problem:
+            return RowError(row, "key_invalid", f"key {problem}", external_id)
+    merged = fields
+    if nested and METADATA_FIELD in fields:
+        inner = fields.pop(METADATA_FIELD)
+        if inner is not None and not isinstance(inner, dict):
+            return RowError(row, "metadata_invalid", f"'metadata' must be an object, not {type(inner).__name__}",
+                            external_id)
+        merged = {**fields, **inner} if inner else fields
+    try:
+        for field, kind in types.items():
+            value = merged.get(field)
+            if isinstance(value, str):
+                try:
+                    merged[field] = coerce(value, kind)
+                except MetadataError as e:
+                    raise MetadataError(e.code, f"{field}: {e.message}") from None
+        if not nested:  # CSV cells are text: an undeclared one that is plainly a number or a boolean is one
+            merged = {k: v if k in types else infer(v) for k, v in merged.items()}
+        metadata = check_declared(validate_metadata(merged, max_bytes=max_metadata_bytes), types)
+    except MetadataError as e:
+        return RowError(row, e.code, e.message, external_id)
+    return ManifestRow(row, url.strip() if url is not None else None, key.strip() if key is not None else None,
+                       external_id, metadata)
+
+
+#: A CSV cell read as a number when undeclared: JSON's own number syntax, so ``00123`` (an id with
+#: leading zeros), ``1,5``, ``1e`` or ``+3`` stay text.
+_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def infer(value: Any) -> Any:
+    """The value of an undeclared CSV cell: an int or a float when it is written as a JSON number
+    (a float only when finite; ints beyond ±2**53 stay text, as JSON readers would round them),
+    ``True``/``False`` for ``true``/``false``, else the text unchanged. Declared fields
+    (``METADATA_INDEXES``) are read by their type instead (:func:`metadata.coerce`)."""
+    if not isinstance(value, str):
+        return value
+    if value in ("true", "false"):
+        return value == "true"
+    if _NUMBER.fullmatch(value):
+        if "." not in value and "e" not in value.lower():
+            n = int(value)
+            return n if abs(n) <= 2 ** 53 else value
+        f = float(value)
+        return f if f not in (float("inf"), float("-inf")) else value
+    return value
+
+
+def _present(value: Any) -> Any:
+    """``None`` for an absent value: ``None``, or a string that is empty once stripped."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    return value
+
+
+def _url_problem(url: Any) -> str | None:
+    """Why ``url`` cannot be fetched, or ``None``: http or https with a host, at most
+    :data:`MAX_URL_CHARS`, no spaces or control characters. Where its host points is the
+    fetcher's check (it resolves each hop)."""
+    if not isinstance(url, str):
+        return f"must be a string, not {type(url).__name__}"
+    url = url.strip()
+    if len(url) > MAX_URL_CHARS:
+        return f"has {len(url)} characters; at most {MAX_URL_CHARS}"
+    if not url.isprintable() or " " in url:
+        return "holds spaces or control characters (percent-encode them)"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as e:
+        return f"is not a valid URL: {e}"
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        return f"scheme {scheme + ':' if scheme else '(none)'} is not http or https"
+    if not parts.hostname:
+        return "has no host"
+    return None
+
+
+def _key_problem(key: Any) -> str | None:
+    """Why ``key`` cannot name an object, or ``None``: ``s3://bucket/key`` with a valid bucket, or
+    a bare key, either one passing ``objects.key_problem``."""
+    if not isinstance(key, str):
+        return f"must be a string, not {type(key).__name__}"
+    key = key.strip()
+    if key[:5].lower() == "s3://":
+        try:
+            _, key = parse_s3_uri(key)
+        except ObjectError as e:
+            return e.message
+    return key_problem(key)

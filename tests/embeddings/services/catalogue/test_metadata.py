@@ -1,0 +1,134 @@
+"""A caller's metadata, external ids and typed text cells (embeddings/services/catalogue/metadata.py)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from embeddings.errors import ApplicationError
+from embeddings.services.catalogue.metadata import (
+    MetadataError,
+    check_types,
+    coerce,
+    validate_external_id,
+    validate_metadata,
+)
+
+
+def code_of(call, *args, **kwargs) -> str:
+    with pytest.raises(MetadataError) as e:
+        call(*args, **kwargs)
+    assert isinstance(e.value, ApplicationError) and isinstance(e.value, ValueError) and e.value.status == 400
+    return e.value.code
+
+
+def test_metadata_kept_cleaned_and_not_mutated():
+    given = {"category": "shoes", "price": 12.5, "stock": 3, "sale": False, "tags": ["red", None, "leather"],
+             "released": dt.date(2024, 5, 1), "seen": dt.datetime(2024, 5, 1, 10, 30, tzinfo=dt.UTC),
+             "day": "2024-05-01", "gone": None, "size": {"eu": 42, "us": None, "fit": {"width": "wide"}}}
+    copy = json.loads(json.dumps(given, default=str))
+    out = validate_metadata(given)
+    assert out == {"category": "shoes", "price": 12.5, "stock": 3, "sale": False, "tags": ["red", "leather"],
+                   "released": "2024-05-01", "seen": "2024-05-01T10:30:00+00:00", "day": "2024-05-01",
+                   "size": {"eu": 42, "fit": {"width": "wide"}}}
+    assert given["tags"] == ["red", None, "leather"] and "gone" in given  # the input is left as it was
+    assert json.loads(json.dumps(given, default=str)) == copy
+    assert validate_metadata({}) == {} and validate_metadata({"a": None}) == {}
+
+
+@pytest.mark.parametrize("obj", [None, [], "text", 3, [("a", 1)]])
+def test_metadata_must_be_an_object(obj):
+    assert code_of(validate_metadata, obj) == "metadata_invalid"
+
+
+@pytest.mark.parametrize("obj", [
+    {"1st": 1}, {"has space": 1}, {"": 1}, {"a" * 65: 1}, {"ünicode": 1}, {"a-b": 1}, {3: "x"},
+    {"external_id": "x"},  # reserved at the top level
+    {"big": 2**53 + 1}, {"small": -(2**53) - 1}, {"nan": float("nan")}, {"inf": float("inf")},
+    {"bytes": b"abc"}, {"set": {1, 2}}, {"nul": "a\x00b"}, {"surrogate": "\ud800"},
+    {"objects_in_list": [{"a": 1}]}, {"lists_in_list": [[1]]},
+])
+def test_metadata_invalid(obj):
+    assert code_of(validate_metadata, obj) == "metadata_invalid"
+
+
+def test_metadata_limits_are_inclusive():
+    assert validate_metadata({"n": 2**53, "m": -(2**53)}) == {"n": 2**53, "m": -(2**53)}
+    assert validate_metadata({"a" * 64: "x" * 1024})  # longest key, longest string
+    assert validate_metadata({"tags": list(range(64))})["tags"][-1] == 63
+    assert validate_metadata({"nested": {"inner": {"leaf": 1}}}) == {"nested": {"inner": {"leaf": 1}}}  # depth 3
+    assert validate_metadata({"o": {"external_id": "x"}}) == {"o": {"external_id": "x"}}  # reserved only at the top
+    assert validate_metadata({f"k{i}": i for i in range(64)})  # 64 keys
+
+
+def test_metadata_too_large_by_bytes_counts_utf8_of_compact_json():
+    # {"a":"…"} is 8 bytes of JSON around the value; "é" is 2 bytes in UTF-8.
+    assert validate_metadata({"a": "x" * 92}, max_bytes=100) == {"a": "x" * 92}  # exactly 100 bytes
+    assert code_of(validate_metadata, {"a": "x" * 93}, max_bytes=100) == "metadata_too_large"
+    assert validate_metadata({"a": "é" * 46}, max_bytes=100)  # 8 + 92 = 100 bytes
+    assert code_of(validate_metadata, {"a": "é" * 47}, max_bytes=100) == "metadata_too_large"
+
+
+def test_metadata_too_large_by_keys_strings_and_lists():
+    assert code_of(validate_metadata, {f"k{i}": i for i in range(65)}, max_bytes=10**6) == "metadata_too_large"
+    # keys of nested objects count too
+    assert code_of(validate_metadata, {"a": {f"k{i}": i for i in range(64)}}, max_bytes=10**6) == "metadata_too_large"
+    assert code_of(validate_metadata, {"s": "x" * 1025}, max_bytes=10**6) == "metadata_too_large"
+    assert code_of(validate_metadata, {"tags": list(range(65))}, max_bytes=10**6) == "metadata_too_large"
+
+
+def test_metadata_too_deep():
+    assert code_of(validate_metadata, {"a": {"b": {"c": {"d": 1}}}}) == "metadata_too_deep"
+    assert validate_metadata({"a": {"b": 1}}, max_depth=2) == {"a": {"b": 1}}
+    assert code_of(validate_metadata, {"a": {"b": {}}}, max_depth=2) == "metadata_too_deep"
+    deep: dict = {}
+    cursor = deep
+    for _ in range(5000):  # far deeper than Python's recursion limit: refused at level 4, not a crash
+        cursor["x"] = {}
+        cursor = cursor["x"]
+    assert code_of(validate_metadata, deep) == "metadata_too_deep"
+
+
+@pytest.mark.parametrize("given, expected", [("sku-1", "sku-1"), ("  sku 1\t", "sku 1"), (12345, "12345"),
+                                             ("x" * 256, "x" * 256), ("日本-7", "日本-7")])
+def test_external_id_valid(given, expected):
+    assert validate_external_id(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", "   ", "x" * 257, "a\nb", "a\x00", "a\u202eb", True, 1.5, None, ["a"]])
+def test_external_id_invalid(given):
+    assert code_of(validate_external_id, given) == "external_id_invalid"
+
+
+@pytest.mark.parametrize("value, kind, expected", [
+    (" Shoes ", "keyword", " Shoes "),
+    ("42", "integer", 42), (" -7 ", "integer", -7), ("+3", "integer", 3),
+    ("12.50", "float", 12.5), ("1e3", "float", 1000.0), ("-.5", "float", -0.5), ("7", "float", 7.0),
+    ("true", "bool", True), ("YES", "bool", True), ("1", "bool", True),
+    ("False", "bool", False), ("no", "bool", False), ("0", "bool", False),
+    ("2024-05-01", "datetime", "2024-05-01"),
+    ("2024-05-01T10:30:00Z", "datetime", "2024-05-01T10:30:00+00:00"),
+    ("2024-05-01 10:30", "datetime", "2024-05-01T10:30:00"),
+    ("2024-05-01T10:30:00.250+02:00", "datetime", "2024-05-01T10:30:00.250000+02:00"),
+])
+def test_coerce(value, kind, expected):
+    out = coerce(value, kind)
+    assert out == expected and type(out) is type(expected)
+
+
+@pytest.mark.parametrize("value, kind", [
+    ("4.2", "integer"), ("1_000", "integer"), ("", "integer"), ("twelve", "integer"),
+    ("nan", "float"), ("inf", "float"), ("1_0.5", "float"), ("1,5", "float"),
+    ("maybe", "bool"), ("", "bool"), ("2024-13-01", "datetime"), ("yesterday", "datetime"),
+    ("x", "colour"),
+])
+def test_coerce_refuses(value, kind):
+    assert code_of(coerce, value, kind) == "metadata_invalid"
+
+
+def test_check_types():
+    assert check_types(None) == {} and check_types({"price": "float"}) == {"price": "float"}
+    assert code_of(check_types, {"price": "money"}) == "metadata_invalid"
+    assert code_of(check_types, {"bad key": "float"}) == "metadata_invalid"
+    assert code_of(check_types, {"external_id": "keyword"}) == "metadata_invalid"
