@@ -34,7 +34,8 @@ class ImageInline(admin.TabularInline):
 class JobAdmin(admin.ModelAdmin):
     list_display = ("__str__", "owner", "kind", "status", "priority", "progress", "total", "created_at", "finished_at")
     list_filter = ("kind", "status", "priority")
-    readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings")
+    readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings",
+                       "source", "reading")
     inlines = (ImageInline,)
     actions = ("pause", "resume", "cancel")
 
@@ -84,9 +85,11 @@ class JobAdmin(admin.ModelAdmin):
 
 @admin.register(Image)
 class ImageAdmin(admin.ModelAdmin):
-    list_display = ("thumbnail", "original_name", "owner", "status", "reason", "lane", "width", "height", "created_at")
+    list_display = ("thumbnail", "original_name", "external_id", "owner", "status", "reason", "lane", "width", "height",
+                    "created_at")
     list_filter = ("status", "reason", "lane")
-    search_fields = ("original_name", "sha256", "id")
+    # the caller's id and the URL or object it came from find an image too (issue 41)
+    search_fields = ("original_name", "sha256", "id", "external_id", "origin")
     readonly_fields = [f.name for f in Image._meta.fields] + ["thumbnail"]
     actions = ("retry_failed",)
 

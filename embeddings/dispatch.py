@@ -116,6 +116,24 @@ def send_job_chunks(*, job, image_ids: list[str]) -> int:
     return len(chunks)
 
 
+def fetch_options(priority: str) -> dict:
+    """Options for catalogue-source work (reading a manifest or prefix, fetching a chunk's URLs and
+    objects): the ``fetch`` queue, at the job's bulk priority."""
+    return {**bulk_options(priority), "queue": lanes.FETCH}
+
+
+def send_fetch_chunk(*, job_id: str, image_ids: list[str], priority: str):
+    """Queue one chunk of unfetched rows (``fetch_chunk``) of a job on the fetch queue; once fetched,
+    its rows go on as an ``embed_chunk`` of the same ids."""
+    return send("fetch_chunk", (job_id, image_ids), **fetch_options(priority))
+
+
+def send_job_read(*, job_id: str, priority: str):
+    """Queue ``job_read``: read the job's manifest or prefix into rows, page by page, on the fetch
+    queue (never inside the web request that made the job)."""
+    return send("job_read", (job_id,), **fetch_options(priority))
+
+
 def send_job_done(*, job_id: str):
     """Queue ``job_done`` for a job that has just finished (the model lifecycle gates a finished
     migration job's space) on the vectors queue at background bulk priority."""
@@ -161,22 +179,24 @@ def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int
                 **interactive_options(deadline_ts)).apply_async()
 
 
-def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str):
+def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str,
+               where: dict | None = None):
     """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
     deadline and the space ``model_id``, interactive queue) and, when ``search`` =
     ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
-    vectors queue; every message expires at ``deadline_ts``. Returns the last task's
-    ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
+    vectors queue, with the metadata filter ``where`` (its JSON); every message expires at
+    ``deadline_ts``. Returns the last task's ``AsyncResult`` (the embedding alone, a ``{"vector"}``
+    answer, when ``search`` is None)."""
     sig = task(embed, *args, deadline_ts, model_id, immutable=True, **interactive_options(deadline_ts))
     if search is None:
         return sig.apply_async()
-    return chain(sig, task("search_vector", *search, model_id,
+    return chain(sig, task("search_vector", *search, model_id, where,
                            **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 
 
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float,
-                      model_id: str):
-    """Queue ``search_point`` (top-k by a stored point of space ``model_id``) on the vectors queue,
-    expiring at ``deadline_ts``."""
-    return send("search_point", (point_id, owner_id, k, job_id, model_id),
+                      model_id: str, where: dict | None = None):
+    """Queue ``search_point`` (top-k by a stored point of space ``model_id``, metadata filter
+    ``where``) on the vectors queue, expiring at ``deadline_ts``."""
+    return send("search_point", (point_id, owner_id, k, job_id, model_id, where),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))

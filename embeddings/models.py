@@ -160,6 +160,13 @@ class Job(models.Model):
     #: The settings the bulk workers ran the job with: precision, device, preprocess, batch size,
     #: thread counts, processes (the collection name already carries the precision).
     pipeline = models.JSONField(default=dict, blank=True)
+    #: Where a catalogue job's images come from when they are not in the request (issue 41):
+    #: ``{"kind": "manifest", "format", "key" (blob key or ``s3://bucket/key``), "name"}`` or
+    #: ``{"kind": "prefix", "uri": "s3://bucket/prefix", "extensions": [...]}``; ``{}`` otherwise.
+    source = models.JSONField(default=dict, blank=True)
+    #: True while the fetch worker is still reading the source (making rows, sending chunks): the job
+    #: is not ``done`` before the last row exists, however fast the first chunks finish.
+    reading = models.BooleanField(default=False)
 
     class Meta:
         ordering = ("-created_at",)
@@ -171,9 +178,18 @@ class Job(models.Model):
 class Image(models.Model):
     """One uploaded image and its embedding state.
 
-    ``storage_key`` names the bytes (``blob/…`` in our store, or ``file:/abs/path`` for staff
-    folder ingestion); messages carry image ids, never bytes. ``point_id`` = uuid5(model_id,
-    sha256), so the same bytes under the same model share one Qdrant point.
+    ``storage_key`` names the bytes (``blob/…`` in our store, ``file:/abs/path`` for staff
+    folder ingestion, ``s3://bucket/key`` for an object read where it lives); messages carry image
+    ids, never bytes. ``point_id`` = uuid5(model_id, sha256), so the same bytes under the same model
+    share one Qdrant point.
+
+    A row of a catalogue job made from a manifest or a prefix (issue 41) starts *unfetched*:
+    ``origin`` holds its URL or ``s3://`` object, ``sha256`` is ``""`` and ``point_id`` null until
+    the fetch worker has its bytes (``services.catalogue.fetching``). ``external_id`` is the
+    caller's id (unique per owner among the users' rows); a row that will take an id some other
+    row holds waits with it in ``claimed_external_id`` until its bytes are known: the same bytes
+    leave the holder in place, new bytes replace it. ``metadata`` is the caller's JSON object
+    (``services.catalogue.metadata``), also in the point's payload.
 
     A ``skipped`` row is another upload of its ``duplicate_of``'s bytes (same owner and model): it
     carries the original's width, height and format (filled when the original is embedded) and is
@@ -194,7 +210,14 @@ class Image(models.Model):
     storage_key = models.CharField(max_length=1024)
     original_name = models.CharField(max_length=255, blank=True)
     model_id = models.CharField(max_length=200)
-    point_id = models.UUIDField()
+    point_id = models.UUIDField(null=True, blank=True)
+    external_id = models.CharField(max_length=256, blank=True, default="")
+    claimed_external_id = models.CharField(max_length=256, blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    #: Where the bytes were fetched from: an http(s) URL or ``s3://bucket/key`` ("" for uploads).
+    origin = models.TextField(blank=True, default="")
+    #: The 1-based data row of the job's manifest that made this row (None otherwise).
+    row = models.PositiveIntegerField(null=True, blank=True)
     duplicate_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     #: Set on a row that re-embeds a user's upload under another space (a migration, or dual
     #: embedding of a new upload): the user's row. Such rows are internal: lists and search results
@@ -214,14 +237,21 @@ class Image(models.Model):
             models.Index(fields=["owner", "model_id", "sha256"]),
             models.Index(fields=["job", "status"]),
             models.Index(fields=["point_id"]),
+            models.Index(fields=["owner", "external_id"]),
+            models.Index(fields=["job", "claimed_external_id"]),
         ]
         constraints = [
             # One original per owner, model and bytes (a check-then-insert would let concurrent
             # uploads both be embedded: issue 9). Partial unique indexes work on SQLite and PostgreSQL.
             models.UniqueConstraint(
                 fields=["owner", "model_id", "sha256"],
-                condition=models.Q(duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES),
+                condition=models.Q(duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES) & ~models.Q(sha256=""),
                 name="image_one_original",
+            ),
+            # The caller's id names one of their images (issue 41); copies in other spaces carry none.
+            models.UniqueConstraint(
+                fields=["owner", "external_id"], condition=models.Q(source__isnull=True) & ~models.Q(external_id=""),
+                name="image_one_external_id",
             ),
         ]
 

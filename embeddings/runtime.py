@@ -46,7 +46,48 @@ def blob_store() -> BlobStore:
     options = dict(config.get("OPTIONS", {}))
     if issubclass(backend, FileSystemStorage):
         options.setdefault("location", str(settings.BLOB_ROOT))
-    return BlobStore(backend(**options))
+    return BlobStore(backend(**options), objects=source_object)
+
+
+@functools.cache
+def source_client():
+    """The boto3 S3 client of the catalogue buckets (``SOURCE_BUCKETS``), built on first use with
+    the blob store's endpoint and credentials (``settings.SOURCE_S3``)."""
+    from embeddings.objects import make_client
+
+    return make_client(**settings.SOURCE_S3)
+
+
+def source_object(bucket: str, key: str) -> bytes:
+    """The bytes of object ``key`` of a catalogue bucket, at most ``max_image_bytes``.
+
+    Raises:
+        ImageRejected: ``source_missing`` (no such object), ``too_large``.
+    """
+    from embeddings.objects import ObjectError, open_object
+    from workers.errors import ImageRejected, Reason
+
+    try:
+        return open_object(source_client(), bucket, key, max_bytes=settings.PIPELINE.max_image_bytes)
+    except ObjectError as e:
+        reason = Reason.TOO_LARGE if e.code == "too_large" else Reason.SOURCE_MISSING
+        raise ImageRejected(reason, f"s3://{bucket}/{key}: {e}") from e
+
+
+@functools.cache
+def fetcher():
+    """This process's URL fetcher (``workers.fetch.Fetcher``) under the ``FETCH_*`` settings: one
+    per process, so its per-host bound and pooled connections span every thread."""
+    import ipaddress
+
+    from workers.fetch import Fetcher, FetchPolicy
+
+    return Fetcher(FetchPolicy(
+        connect_timeout_s=settings.FETCH_CONNECT_TIMEOUT_S, read_timeout_s=settings.FETCH_READ_TIMEOUT_S,
+        total_timeout_s=settings.FETCH_TOTAL_TIMEOUT_S, max_bytes=settings.PIPELINE.max_image_bytes,
+        max_redirects=settings.FETCH_MAX_REDIRECTS, retries=settings.FETCH_RETRIES, per_host=settings.FETCH_PER_HOST,
+        allow_networks=tuple(ipaddress.ip_network(n, strict=False) for n in settings.FETCH_ALLOW_NETWORKS),
+    ))
 
 
 class _PerModel:
@@ -166,6 +207,9 @@ def _vector_store(model_id: str):
     the edge backend this also starts the store's background optimizer
     (``VECTOR_STORE_OPTIMIZE_IDLE_S`` > 0), which optimises only while the store is idle.
 
+    Every collection gets the payload indexes of the metadata fields ``METADATA_INDEXES`` declares
+    (built when missing, also on an existing collection).
+
     The collection and size come from the space's row (any space, configured or not: the vectors
     worker loads no model), else from the configured model (a process before the first space row).
 
@@ -188,8 +232,12 @@ def _vector_store(model_id: str):
             cfg = _config(model_id)
     if collection is None:
         collection, dim = cfg.collection_name, embed_dim(cfg.model_name)
+    from workers.vector_store.filters import parse_indexed_fields
+
+    indexed = parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}
     store = open_store(settings.VECTOR_STORE, collection=collection, dim=dim,
-                       url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC)
+                       url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC,
+                       indexed_fields=indexed)
     store.ensure_collection()
     old_folder = Path(settings.VAR_DIR) / "qdrant"
     if store.kind == "edge" and (old_folder / "meta.json").exists() and store.count() == 0:

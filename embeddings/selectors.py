@@ -8,6 +8,7 @@ from django.db.models import QuerySet
 
 from embeddings.models import Image, ImageStatus, Job, JobKind
 from workers.timing import STAGES
+from workers.vector_store import filters
 
 
 def images_visible_to(user) -> QuerySet[Image]:
@@ -25,33 +26,49 @@ def jobs_visible_to(user) -> QuerySet[Job]:
     return qs if user.is_staff else qs.filter(owner=user).exclude(kind=JobKind.MIGRATION)
 
 
-def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str) -> list[dict]:
-    """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id", "thumbnail_url"}]``,
-    best first.
+def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str, where=None,
+                    job_id: str | None = None) -> list[dict]:
+    """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id", "thumbnail_url",
+    "external_id", "metadata"}]``, best first.
 
     A hit maps to the embedded image row with its sha256 that the owner may see (any owner when
     ``owner_id`` is None): the *user's* row (``source`` null), in whichever embedding space it was
     uploaded, never a copy made by a migration (issue 13), so the ids a user holds never change
     across a model switch. A point whose rows were all deleted meanwhile is left out.
 
+    With a metadata filter ``where`` (``workers.vector_store.filters``) the row is the one whose
+    payload item passed it (with the owner and the job): a point shared by several images stands
+    for the one the filter chose.
+
     Args:
         model_id: the space searched (the hits' collection); the rows may be of any space.
     """
-    shas = [h.payload.get("sha256") for h in hits]
-    rows = Image.objects.filter(source__isnull=True, sha256__in=shas, status=ImageStatus.EMBEDDED)
-    if owner_id is not None:
-        rows = rows.filter(owner_id=owner_id)
-    by_sha: dict[str, Image] = {}
-    for im in rows.order_by("created_at"):
-        by_sha.setdefault(im.sha256, im)
+    if where is not None:
+        chosen = {}
+        for h in hits:
+            items = filters.matching_items(h.payload, where, owner_id=owner_id, job_id=job_id)
+            if items:
+                chosen[h.id] = items[0]["image"]
+        by_id = {str(im.id): im for im in Image.objects.filter(id__in=list(chosen.values()), source__isnull=True,
+                                                                  status=ImageStatus.EMBEDDED)}
+        picked = [(h, by_id.get(chosen.get(h.id))) for h in hits]
+    else:
+        shas = [h.payload.get("sha256") for h in hits]
+        rows = Image.objects.filter(source__isnull=True, sha256__in=shas, status=ImageStatus.EMBEDDED)
+        if owner_id is not None:
+            rows = rows.filter(owner_id=owner_id)
+        by_sha: dict[str, Image] = {}
+        for im in rows.order_by("created_at"):
+            by_sha.setdefault(im.sha256, im)
+        picked = [(h, by_sha.get(h.payload.get("sha256"))) for h in hits]
     out = []
-    for h in hits:
-        im = by_sha.get(h.payload.get("sha256"))
+    for h, im in picked:
         if im is not None:
             out.append({
                 "image_id": str(im.id), "score": round(h.score, 6), "sha256": im.sha256,
                 "original_name": im.original_name, "job_id": str(im.job_id) if im.job_id else None,
                 "thumbnail_url": f"/api/images/{im.id}/thumbnail/",
+                "external_id": im.external_id or None, "metadata": im.metadata or {},
             })
     return out
 

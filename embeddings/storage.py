@@ -13,6 +13,8 @@ Keys are what messages and the database carry, never the bytes; each maps to one
   (``put_temporary``), never shared.
 - ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only); it is
   read from the local filesystem, so every worker host must see that folder at the same path.
+- ``s3://<bucket>/<key>``: an object of a catalogue bucket read where it lives (issue 41,
+  ``SOURCE_BUCKETS``), through the ``objects`` reader the store was given; never written or deleted.
 Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.webp``.
 
 ``read`` checks the sha256 again, so bytes changed after ingestion are refused (``source_changed``)
@@ -34,6 +36,7 @@ from django.core.files.storage import FileSystemStorage, Storage
 from workers.errors import ImageRejected, Reason
 
 _FILE_PREFIX = "file:"
+_OBJECT_PREFIX = "s3://"
 _BLOB_PREFIX = "blob/"
 _TMP_PREFIX = "tmp/"
 _HEX = frozenset("0123456789abcdef")
@@ -91,15 +94,18 @@ class BlobStore:
     Args:
         storage: the storage backend, or a folder (then a :class:`ContentFileSystemStorage` there,
             created on first write).
+        objects: ``(bucket, key) -> bytes`` reading catalogue objects for ``s3://`` keys (raises
+            ``ImageRejected``); None: such keys are ``source_missing``.
 
     Attributes:
         root: the folder of a filesystem storage, ``None`` for object storage.
     """
 
-    def __init__(self, storage: Storage | str | os.PathLike) -> None:
+    def __init__(self, storage: Storage | str | os.PathLike, *, objects=None) -> None:
         if isinstance(storage, (str, os.PathLike)):
             storage = ContentFileSystemStorage(location=str(storage))
         self.storage = storage
+        self.objects = objects
         self.root = Path(storage.location) if isinstance(storage, FileSystemStorage) else None
 
     def put(self, chunks: Iterable[bytes]) -> tuple[str, str, int]:
@@ -159,6 +165,8 @@ class BlobStore:
         ``ValueError`` for a malformed key."""
         if key.startswith(_FILE_PREFIX):
             return Path(key[len(_FILE_PREFIX):]).is_file()
+        if key.startswith(_OBJECT_PREFIX):
+            return True  # read where it lives: its absence shows as source_missing when read
         return self.storage.exists(self._name(key))
 
     def read(self, key: str, sha256: str) -> bytes:
@@ -169,7 +177,12 @@ class BlobStore:
                 (different bytes). Errors of the storage itself (network, credentials) propagate.
         """
         try:
-            if key.startswith(_FILE_PREFIX):
+            if key.startswith(_OBJECT_PREFIX):
+                if self.objects is None:
+                    raise ValueError("no reader of catalogue objects is configured")
+                bucket, _, name = key[len(_OBJECT_PREFIX):].partition("/")
+                data = self.objects(bucket, name)
+            elif key.startswith(_FILE_PREFIX):
                 data = Path(key[len(_FILE_PREFIX):]).read_bytes()
             else:
                 with self.storage.open(self._name(key), "rb") as f:

@@ -12,6 +12,7 @@ worker's boot-up (niceness, model warm-up, reconciler) is ``embeddings.worker_bo
   ``gate_embed``, ``cutoff_encode_texts``.
 - ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``forget_point``,
   ``collection_stats``, ``drop_collection``, ``job_done``, ``gate_check``, ``cutoff_compute``.
+- ``fetch`` queue (the fetch worker, threads, no model): ``job_read``, ``fetch_chunk``.
 """
 from __future__ import annotations
 
@@ -51,6 +52,25 @@ def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
     with lane_control.bulk_turn() as turn:
         out = pipeline.chunk_embed(job_id=job_id, image_ids=image_ids)
     return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def job_read(job_id: str) -> dict:
+    """Read a catalogue job's manifest or prefix into rows, slice by slice, each slice's rows sent
+    to ``fetch_chunk`` (``services.catalogue.reading.job_read``; a redelivery continues after the
+    rows already made)."""
+    from embeddings.services.catalogue import reading
+
+    return reading.job_read(job_id=job_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def fetch_chunk(job_id: str, image_ids: list[str]) -> dict:
+    """Fetch one chunk of a catalogue job's URLs and objects, then send its originals on as an
+    ``embed_chunk`` (``services.catalogue.fetching.chunk_fetch``)."""
+    from embeddings.services.catalogue import fetching
+
+    return fetching.chunk_fetch(job_id=job_id, image_ids=image_ids)
 
 
 def _in_flight(task, images: int):
@@ -169,16 +189,21 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
 
 
 @shared_task
-def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str) -> dict:
+def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
+                  where: dict | None = None) -> dict:
     """Top-k by a query ``{"vector": base64}`` in space ``model_id``, restricted to ``owner_id``
-    (None: all owners) and ``job_id`` (None: any job) → ``{"results": [...]}`` (refusals pass through)."""
-    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id)
+    (None: all owners), ``job_id`` (None: any job) and the metadata filter ``where`` (its JSON; None:
+    none) → ``{"results": [...]}`` (refusals pass through)."""
+    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id, where=where)
 
 
 @shared_task
-def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None, model_id: str) -> list[dict] | None:
-    """Top-k by a stored point's vector in space ``model_id`` (None when the point does not exist)."""
-    return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id)
+def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None, model_id: str,
+                 where: dict | None = None) -> list[dict] | None:
+    """Top-k by a stored point's vector in space ``model_id``, metadata filter ``where`` (its JSON;
+    None: none); None when the point does not exist."""
+    return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
+                                 where=where)
 
 
 @shared_task

@@ -42,6 +42,7 @@ GROUPS = (
     ("bulk", "Bulk lane: chunks, processes and yielding"),
     ("store", "Vector store"),
     ("storage", "Image storage"),
+    ("catalogue", "Catalogues: manifests, object-storage prefixes, URL fetching and metadata"),
     ("limits", "Limits"),
 )
 
@@ -282,6 +283,31 @@ VARS: tuple[Var, ...] = (
     Var("AWS_S3_REGION_NAME", str, "", "storage", "S3 region", shown="unset: boto3's own chain"),
     Var("AWS_S3_ADDRESSING_STYLE", str, "", "storage", "`path` for servers without per-bucket host names",
         shown="unset: boto3's choice"),
+    # --- catalogues (issue 41) ---------------------------------------------------------------------
+    Var("SOURCE_BUCKETS", list, [], "catalogue",
+        "object-storage buckets (`bucket` or `bucket/prefix`) that manifests and prefix jobs may read, "
+        "comma-separated; empty: none (reached with the `AWS_*` credentials and `S3_ENDPOINT_URL`)"),
+    Var("SOURCE_COPY", bool, False, "catalogue",
+        "copy objects of a prefix or `key` manifest into the blob store (off: read where they are, "
+        "their sha256 checked on every read)"),
+    Var("FETCH_CONNECT_TIMEOUT_S", float, 5.0, "catalogue", "seconds to connect to an image URL's host"),
+    Var("FETCH_READ_TIMEOUT_S", float, 20.0, "catalogue", "seconds one read of an image URL's body may wait"),
+    Var("FETCH_TOTAL_TIMEOUT_S", float, 60.0, "catalogue",
+        "seconds one URL may take, redirects and retries included"),
+    Var("FETCH_MAX_REDIRECTS", int, 5, "catalogue", "redirects followed per URL (each hop's address checked)"),
+    Var("FETCH_RETRIES", int, 3, "catalogue",
+        "retries of a URL on 429, 5xx, timeouts and connection errors (backoff, `Retry-After` honoured)"),
+    Var("FETCH_PER_HOST", int, 8, "catalogue", "concurrent requests to one host per fetch worker process"),
+    Var("FETCH_THREADS", int, 16, "catalogue", "URLs of one chunk fetched at once"),
+    Var("FETCH_WORKER_THREADS", int, 4, "catalogue", "chunks the fetch worker handles at once (its threads)"),
+    Var("FETCH_ALLOW_NETWORKS", list, [], "catalogue",
+        "networks (CIDR) that image URLs may resolve to although private, loopback or link-local, "
+        "comma-separated; empty: only public addresses (server-side request forgery refused)"),
+    Var("MANIFEST_MAX_ROWS", int, 10_000_000, "catalogue", "data rows of one manifest"),
+    Var("METADATA_MAX_BYTES", int, 4096, "catalogue", "an image's metadata as compact JSON (UTF-8 bytes)"),
+    Var("METADATA_INDEXES", str, "", "catalogue",
+        "metadata fields searches filter on often, with their types, e.g. `category:keyword,price:float,"
+        "date:datetime`: each gets a payload index in every collection"),
     # --- limits ------------------------------------------------------------------------------------
     _pipeline("MAX_IMAGE_BYTES", "max_image_bytes", int, "limits", "largest accepted image file (bytes)",
               shown="`52428800` (50 MiB)"),

@@ -17,9 +17,12 @@ INTERACTIVE = "interactive"
 BULK = "bulk"
 #: The single owner of the vector store (embedded Qdrant allows one process): upserts, searches.
 VECTORS = "vectors"
+#: Catalogue sources (issue 41): reading manifests and prefixes into rows, fetching image URLs and
+#: objects. Network-bound, no model: its own threads worker, so a slow host never holds a model.
+FETCH = "fetch"
 
 EMBED_QUEUES = (INTERACTIVE, BULK)
-ALL_QUEUES = (INTERACTIVE, BULK, VECTORS)
+ALL_QUEUES = (INTERACTIVE, BULK, VECTORS, FETCH)
 
 PRIORITY_INTERACTIVE = 0
 PRIORITY_BULK_URGENT = 6

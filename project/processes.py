@@ -46,7 +46,8 @@ def worker(queues: tuple[str, ...] | str, *, pool: str, concurrency: int, name: 
 def commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{process name: command line}`` of the default deployment (one worker per queue), sized from
     ``env`` (default: the environment) through ``project.configuration``."""
-    v = configuration.read(env, ("INTERACTIVE_THREADS", "BULK_PROCESSES", "WEB_PORT", "WEB_THREADS", "WEB_BIND"))
+    v = configuration.read(env, ("INTERACTIVE_THREADS", "BULK_PROCESSES", "WEB_PORT", "WEB_THREADS", "WEB_BIND",
+                                 "FETCH_WORKER_THREADS"))
     return {
         "web": (f"gunicorn project.wsgi -b {v['WEB_BIND']}:{v['WEB_PORT']} -k gthread --workers 2 "
                 f"--threads {v['WEB_THREADS']} --timeout 120 --keep-alive 75 --access-logfile -"),
@@ -55,6 +56,8 @@ def commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
         # BULK_PROCESSES also sizes each child's threads (PipelineConfig.threads)
         "worker-bulk": worker(lanes.BULK, pool="prefork", concurrency=v["BULK_PROCESSES"], name="bulk"),
         "worker-vectors": worker(lanes.VECTORS, pool="solo", concurrency=1, name="vectors"),
+        # network-bound (manifests, prefixes, URLs), no model: threads, each handling one chunk
+        "worker-fetch": worker(lanes.FETCH, pool="threads", concurrency=v["FETCH_WORKER_THREADS"], name="fetch"),
     }
 
 
@@ -73,9 +76,10 @@ def shared_worker_command(env: Mapping[str, str] | None = None) -> str:
 
 def shared_commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{process name: command line}`` of deployment (b): web, one ``worker-shared`` for both
-    embedding lanes, and the vectors worker."""
+    embedding lanes, the vectors worker and the fetch worker."""
     cmds = commands(env)
-    return {"web": cmds["web"], "worker-shared": shared_worker_command(env), "worker-vectors": cmds["worker-vectors"]}
+    return {"web": cmds["web"], "worker-shared": shared_worker_command(env), "worker-vectors": cmds["worker-vectors"],
+            "worker-fetch": cmds["worker-fetch"]}
 
 
 def main() -> None:

@@ -143,6 +143,22 @@ ZIP_MAX_UNCOMPRESSED_BYTES = config["ZIP_MAX_UNCOMPRESSED_BYTES"]
 #: Server-side folders staff may ingest from (path traversal and symlinks out are refused).
 INGEST_ROOTS = [Path(p).resolve() for p in config["INGEST_ROOTS"]]
 
+# Catalogues from where they live (issue 41): object storage read with the AWS_* credentials,
+# image URLs fetched by the fetch worker under these bounds (embeddings.services.catalogue.fetching).
+SOURCE_BUCKETS = config["SOURCE_BUCKETS"]
+SOURCE_COPY = config["SOURCE_COPY"]
+FETCH_CONNECT_TIMEOUT_S = config["FETCH_CONNECT_TIMEOUT_S"]
+FETCH_READ_TIMEOUT_S = config["FETCH_READ_TIMEOUT_S"]
+FETCH_TOTAL_TIMEOUT_S = config["FETCH_TOTAL_TIMEOUT_S"]
+FETCH_MAX_REDIRECTS = config["FETCH_MAX_REDIRECTS"]
+FETCH_RETRIES = config["FETCH_RETRIES"]
+FETCH_PER_HOST = config["FETCH_PER_HOST"]
+FETCH_THREADS = config["FETCH_THREADS"]
+FETCH_ALLOW_NETWORKS = config["FETCH_ALLOW_NETWORKS"]
+MANIFEST_MAX_ROWS = config["MANIFEST_MAX_ROWS"]
+METADATA_MAX_BYTES = config["METADATA_MAX_BYTES"]
+METADATA_INDEXES = config["METADATA_INDEXES"]
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
@@ -223,6 +239,12 @@ elif STORAGE_URL.startswith("s3://"):
 else:
     raise ImproperlyConfigured(
         f"STORAGE_URL must be empty, file:///folder or s3://bucket[/prefix], not {STORAGE_URL!r}")
+#: How the fetch worker reaches the buckets of SOURCE_BUCKETS (the blob store's endpoint and keys).
+SOURCE_S3 = {
+    "endpoint_url": config["S3_ENDPOINT_URL"] or None, "region": config["AWS_S3_REGION_NAME"] or None,
+    "access_key": config["AWS_ACCESS_KEY_ID"] or None, "secret_key": config["AWS_SECRET_ACCESS_KEY"] or None,
+    "addressing_style": config["AWS_S3_ADDRESSING_STYLE"] or None,
+}
 QDRANT_URL = config["QDRANT_URL"]
 #: Vector store backend (workers/vector_store): ``edge`` (Qdrant's engine in-process, the default),
 #: ``local`` (qdrant-client local mode, for installations not yet moved: ``manage.py store_migrate``)

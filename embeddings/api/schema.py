@@ -70,7 +70,8 @@ def _error_ref() -> dict:
 
 def postprocess(result: dict, generator, request, public) -> dict:
     """drf-spectacular postprocessing hook: 401 on every secured operation and 404 on every
-    operation with a path parameter, in the ``Error`` shape, where the view did not say."""
+    operation with a path parameter, in the ``Error`` shape, where the view did not say; the
+    ``MetadataFilter`` components of the search filter."""
     for path, item in result.get("paths", {}).items():
         for op in item.values():
             if not isinstance(op, dict) or "responses" not in op:
@@ -82,4 +83,9 @@ def postprocess(result: dict, generator, request, public) -> dict:
                 responses["401"] = {"description": ERROR_STATUS[401], **_error_ref()}
             if "{" in path and "404" not in responses:
                 responses["404"] = {"description": ERROR_STATUS[404], **_error_ref()}
+    # the search's metadata filter: a recursive grammar, one component per rule (workers/vector_store/filters.py)
+    from workers.vector_store import filters
+
+    result.setdefault("components", {}).setdefault("schemas", {}).update(
+        filters.json_schema(ref="#/components/schemas/"))
     return result

@@ -5,7 +5,7 @@ import uuid
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import PolymorphicProxySerializer
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
 from embeddings.models import Image, ImageStatus, Job, JobPriority
@@ -38,16 +38,30 @@ class UploadQuerySerializer(FormSerializer):
 
 
 class JobCreateSerializer(FormSerializer):
-    """Fields of ``POST /api/jobs/`` besides the files / zip."""
+    """Fields of ``POST /api/jobs/`` besides the files / zip / manifest file."""
 
     name = serializers.CharField(required=False, allow_blank=True, max_length=200, default="")
     priority = serializers.ChoiceField(choices=JobPriority.choices, default=JobPriority.BACKGROUND)
     deadline = serializers.DateTimeField(required=False, allow_null=True, default=None)
     folder = serializers.CharField(required=False, help_text="server-side folder (staff only)")
+    manifest_key = serializers.CharField(
+        required=False, max_length=2048,
+        help_text="a manifest (CSV, JSON Lines or Parquet) in object storage: s3://bucket/key of a bucket in "
+                  "SOURCE_BUCKETS; one row per image: url or key, optional external_id, other columns metadata")
+    prefix = serializers.CharField(required=False, max_length=2048,
+                                   help_text="every object under s3://bucket/prefix (a bucket in SOURCE_BUCKETS)")
+    extensions = serializers.CharField(required=False, max_length=256,
+                                       help_text="with prefix: only these name endings, comma-separated (jpg,png)")
+    bucket = serializers.CharField(required=False, max_length=2048,
+                                   help_text="s3://bucket that a manifest's bare `key` values name objects of "
+                                             "(default: the manifest's own bucket)")
 
 
 class SearchSerializer(FormSerializer):
-    """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``."""
+    """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``; ``filter``
+    (an object in JSON, its JSON text in a form) is validated by the view (``invalid_filter``)."""
+
+    filter = serializers.JSONField(required=False)
 
     text = serializers.CharField(required=False, max_length=2000)
     image = serializers.FileField(required=False)
@@ -70,11 +84,24 @@ class ImageSerializer(serializers.ModelSerializer):
     duplicate_of = serializers.SerializerMethodField(
         help_text="a skipped upload: the id of the caller's image with the same bytes, whose vector it shares")
 
+    pending_external_id = serializers.SerializerMethodField(
+        help_text="an external_id another of your images holds, which this one takes once its bytes are "
+                  "fetched (the same bytes leave it where it is); null when none")
+
     class Meta:
         model = Image
         fields = ("id", "status", "reason", "reason_detail", "sha256", "size_bytes", "width", "height", "format",
-                  "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at", "thumbnail_url")
+                  "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at", "thumbnail_url",
+                  "external_id", "pending_external_id", "metadata", "origin", "row")
         read_only_fields = fields
+        extra_kwargs = {"external_id": {"help_text": "your id for this image (unique among your images); \"\" when none"},
+                        "metadata": {"help_text": "your attributes: a JSON object (string, number, boolean, date values)"},
+                        "origin": {"help_text": "the URL or s3:// object its bytes were fetched from; \"\" for uploads"},
+                        "row": {"help_text": "the manifest row (1-based, header not counted) that made it"}}
+
+    def get_pending_external_id(self, im: Image) -> str | None:
+        """The id this row claims (``Image.claimed_external_id``), None when none."""
+        return im.claimed_external_id or None
 
     def get_duplicate_of(self, im: Image) -> uuid.UUID | None:
         """The user's row of the original: a skipped upload made after a model switch can share the
@@ -95,8 +122,19 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = ("id", "name", "kind", "status", "priority", "deadline", "model_id", "chunk_size", "total",
-                  "created_at", "started_at", "finished_at")
+                  "created_at", "started_at", "finished_at", "source", "reading")
         read_only_fields = fields
+        extra_kwargs = {"source": {"help_text": "a manifest or prefix job's source: kind, format, key or uri, "
+                                                "rows_read, and error (code, message) when it could not be read"},
+                        "reading": {"help_text": "its manifest or prefix is still being read: total still grows"}}
+
+
+class ImagePatchSerializer(serializers.Serializer):
+    """``PATCH /api/images/{id}/``: the caller's id and metadata, changed without re-embedding."""
+
+    external_id = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256,
+                                        help_text="your id; \"\" or null removes it")
+    metadata = serializers.JSONField(required=False, help_text="replaces the whole metadata object")
 
 
 # --- Request bodies as the schema shows them (the views read the multipart parts themselves) -------
@@ -111,6 +149,10 @@ class ImageUploadSerializer(UploadQuerySerializer):
     # not positive: 400 invalid_deadline (services.requests.deadline_for); longer than the default: the default
     deadline = serializers.FloatField(required=False, min_value=0.001,
                                       help_text="seconds; may shorten the default, not lengthen it")
+    external_id = serializers.ListField(child=serializers.CharField(max_length=256), required=False,
+                                        help_text="one id per file, in order (unique among your images)")
+    metadata = serializers.ListField(child=serializers.CharField(), required=False,
+                                     help_text="a JSON object for every file, or one per file in order")
 
 
 class JobSubmitSerializer(JobCreateSerializer):
@@ -123,10 +165,30 @@ class JobSubmitSerializer(JobCreateSerializer):
     zip = serializers.ListField(
         child=serializers.FileField(), required=False, max_length=settings.DATA_UPLOAD_MAX_NUMBER_FILES,
         help_text=f"zip archives of images (at most ZIP_MAX_ENTRIES = {settings.ZIP_MAX_ENTRIES} entries each)")
+    manifest = serializers.FileField(required=False, help_text="a manifest (CSV, JSON Lines or Parquet): one row "
+                                     "per image, url or key, optional external_id, other columns metadata")
+    external_id = serializers.ListField(child=serializers.CharField(max_length=256), required=False,
+                                        help_text="with files: one id per file, in order")
+    metadata = serializers.ListField(child=serializers.CharField(), required=False,
+                                     help_text="with files: a JSON object for every file, or one per file in order")
 
 
 #: A text query: not blank, no NUL character (a CharField refuses both).
 TEXT_QUERY = RegexValidator(r"^[^\x00]*[^\s\x00][^\x00]*$", "text must not be blank or hold NUL characters")
+
+
+#: The metadata filter of a search (``workers.vector_store.filters``), applied inside the vector query.
+FILTER_HELP = ('metadata filter: {"field": "category", "eq": "shoes"}, {"field": f, "in": [...]}, '
+               '{"field": "price", "gte": 10, "lt": 50} (numbers or ISO dates), {"field": f, "exists": true}, '
+               'combined with {"and": [...]}, {"or": [...]}, {"not": {...}}; field "external_id" is your id. '
+               'In a multipart search: its JSON text. Applied inside the vector query: k results whenever k '
+               'images match')
+
+
+@extend_schema_field({"$ref": "#/components/schemas/MetadataFilter"})
+class MetadataFilterField(serializers.JSONField):
+    """A search's metadata filter (``workers.vector_store.filters``): typed in the schema as the
+    ``MetadataFilter`` component (added by ``embeddings.api.schema.postprocess``)."""
 
 
 class _SearchScope(serializers.Serializer):
@@ -135,6 +197,7 @@ class _SearchScope(serializers.Serializer):
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
     min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0, help_text=MIN_SCORE_HELP)
+    filter = MetadataFilterField(required=False, help_text=FILTER_HELP)
 
 
 class SearchTextSerializer(_SearchScope):
@@ -180,6 +243,8 @@ class NeighbourSerializer(serializers.Serializer):
     original_name = serializers.CharField(allow_blank=True)
     job_id = serializers.UUIDField(allow_null=True)
     thumbnail_url = serializers.CharField(allow_null=True)
+    external_id = serializers.CharField(allow_null=True, required=False, help_text="your id for it")
+    metadata = serializers.DictField(required=False, help_text="your attributes")
 
 
 class UploadedImageSerializer(serializers.Serializer):
@@ -219,9 +284,11 @@ class JobCreatedSerializer(serializers.Serializer):
     """``POST /api/jobs/`` (202): follow ``url``."""
 
     id = serializers.UUIDField()
-    total = serializers.IntegerField(min_value=1)
+    total = serializers.IntegerField(min_value=0, help_text="images so far (0 for a manifest or prefix: it grows "
+                                                             "while `reading`)")
     url = serializers.CharField()
     renamed = RenamedSerializer(many=True, help_text="files whose name was replaced")
+    reading = serializers.BooleanField(required=False, help_text="a manifest or prefix job: read by the fetch worker")
 
 
 class FailureSerializer(serializers.Serializer):
@@ -231,6 +298,8 @@ class FailureSerializer(serializers.Serializer):
     original_name = serializers.CharField(allow_blank=True)
     reason = serializers.CharField(allow_blank=True)
     reason_detail = serializers.CharField(allow_blank=True)
+    row = serializers.IntegerField(allow_null=True, help_text="its manifest row, when a manifest made it")
+    origin = serializers.CharField(allow_blank=True, help_text="the URL or object it was fetched from")
 
 
 class JobProgressSerializer(JobSerializer):
@@ -246,6 +315,8 @@ class JobProgressSerializer(JobSerializer):
     eta = serializers.DateTimeField(allow_null=True)
     at_risk = serializers.BooleanField(help_text="the ETA is past the deadline")
     failures = FailureSerializer(many=True)
+    failure_reasons = serializers.DictField(child=serializers.IntegerField(),
+                                            help_text="failed images per reason code (fetch_timeout, not_an_image, ...)")
     timings_ms = serializers.DictField(help_text="per stage: min / avg / max / p95 / per_image_avg, ms")
     batches = serializers.IntegerField()
     utilisation = serializers.DictField(help_text="CPU % / GPU % / GPU MiB while its chunks ran")
@@ -254,7 +325,7 @@ class JobProgressSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + (
             "counts", "embedded", "skipped", "failed", "finished", "elapsed_s", "throughput_images_per_s", "eta",
-            "at_risk", "failures", "timings_ms", "batches", "utilisation", "pipeline")
+            "at_risk", "failures", "failure_reasons", "timings_ms", "batches", "utilisation", "pipeline")
         read_only_fields = fields
 
 

@@ -18,6 +18,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.catalogue_fields import search_filter, with_identities
 from embeddings.api.errors import as_application_error
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
@@ -25,6 +26,7 @@ from embeddings.api.parsers import content_type_error
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
 from embeddings.api.serializers import (
     ErrorSerializer,
+    ImagePatchSerializer,
     ImageSerializer,
     ImageUploadSerializer,
     JobCreatedSerializer,
@@ -166,7 +168,7 @@ class ImageUploadView(GenericAPIView):
         q = UploadQuerySerializer(data=data)
         q.is_valid(raise_exception=True)
         deadline_s = request_services.deadline_for(q.validated_data.get("deadline"))
-        sources = from_uploads(uploads)
+        sources = with_identities(data, from_uploads(uploads))
         outcome = request_services.images_upload(
             owner=request.user, sources=sources, deadline_s=deadline_s, k=q.validated_data["k"]
         )
@@ -176,14 +178,38 @@ class ImageUploadView(GenericAPIView):
         return Response({"images": images, "deadline_s": deadline_s}, status=outcome.status)
 
     @extend_schema(operation_id="images_list", responses={200: ImageSerializer(many=True), **errors(404)},
+                   parameters=[OpenApiParameter("external_id", str, OpenApiParameter.QUERY,
+                                                description="only the image with this id of yours")],
                    description="The caller's images (staff: all), newest first, a page at a time.")
     def get(self, request):
-        page = self.paginate_queryset(images_visible_to(request.user).select_related("duplicate_of"))
+        images = images_visible_to(request.user).select_related("duplicate_of")
+        if "external_id" in request.query_params:
+            images = images.filter(external_id=request.query_params["external_id"][:256] or "\x00")
+        page = self.paginate_queryset(images)
         return self.get_paginated_response(ImageSerializer(page, many=True).data)
 
 
 class ImageDetailView(APIView):
-    """``GET`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
+    """``GET`` / ``PATCH`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
+
+    parser_classes = (JSONParser,)
+
+    @extend_schema(operation_id="images_partial_update", request=ImagePatchSerializer,
+                   responses={200: ImageSerializer, **errors(400, 404, 409, 415, 503)}, parameters=[RETRY_AFTER],
+                   description="Change your external_id and/or metadata (replaced whole) without re-embedding; the "
+                               "vector's payload follows before the answer, so the next search filters by it.")
+    def patch(self, request, image_id):
+        from embeddings.services.catalogue.identity import image_update
+
+        im = get_object_or_404(images_visible_to(request.user), id=image_id)
+        s = ImagePatchSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
+        unknown = sorted(set(request.data) - set(s.fields)) if isinstance(request.data, dict) else []
+        if unknown:
+            raise ApplicationError(f"fields that cannot be changed: {', '.join(unknown)}", code="invalid",
+                                   extra={"fields": unknown})
+        im = image_update(image=im, fields={k: request.data[k] for k in s.validated_data})
+        return Response(ImageSerializer(im).data)
 
     @extend_schema(operation_id="images_retrieve", responses={200: ImageSerializer, **errors(404)})
     def get(self, request, image_id):
@@ -207,16 +233,26 @@ class JobListView(GenericAPIView):
     @extend_schema(
         operation_id="jobs_create",
         request={"multipart/form-data": JobSubmitSerializer, "application/json": JobCreateSerializer},
-        description="A bulk job from image files, zip archives and (staff only) a server folder under "
-                    "INGEST_ROOTS; never refused for load. Follow `url` for progress.",
+        description="A bulk job from image files, zip archives, (staff only) a server folder under "
+                    "INGEST_ROOTS, or a catalogue where it lives: a manifest (uploaded, or `manifest_key` in an "
+                    "allowed bucket) of image URLs or object keys with your ids and metadata, or every object "
+                    "under a `prefix`. A manifest or prefix is read by the fetch worker: the job answers at once "
+                    "and its `total` grows while `reading`. Never refused for load. Follow `url` for progress.",
         responses={202: JobCreatedSerializer, **errors(400, 403, 413, 415)})
     def post(self, request):
         data, files = _parsed(request)
-        _check_parts(data, files, file_fields=("files", "file", "zip"))
+        _check_parts(data, files, file_fields=("files", "file", "zip", "manifest"))
         s = JobCreateSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data
-        sources = from_uploads(_files(files, "files", "file"))
+        manifests = _files(files, "manifest")
+        remote = len(manifests) + bool(v.get("manifest_key")) + bool(v.get("prefix"))
+        if remote:
+            if remote > 1 or _files(files, "files", "file", "zip") or v.get("folder"):
+                raise ApplicationError("a job reads one source: files and zips, a folder, a manifest, a manifest_key "
+                                       "or a prefix", code="mixed_sources")
+            return self._remote(request.user, v, manifests[0] if manifests else None)
+        sources = with_identities(data, from_uploads(_files(files, "files", "file")))
         for archive in _files(files, "zip"):
             sources += from_zip(archive, max_entries=settings.ZIP_MAX_ENTRIES,
                                 max_uncompressed=settings.ZIP_MAX_UNCOMPRESSED_BYTES)
@@ -230,6 +266,21 @@ class JobListView(GenericAPIView):
                                       deadline=v["deadline"])
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
                          "renamed": _renamed(sources)}, status=status.HTTP_202_ACCEPTED)
+
+    @staticmethod
+    def _remote(user, v: dict, manifest) -> Response:
+        """A job read by the fetch worker: from an uploaded manifest, a bucket manifest or a prefix."""
+        from embeddings.services.catalogue import reading
+
+        common = {"owner": user, "name": v["name"], "priority": v["priority"], "deadline": v["deadline"]}
+        if v.get("prefix"):
+            exts = [e.strip() for e in (v.get("extensions") or "").split(",") if e.strip()]
+            job = reading.job_create_from_prefix(uri=v["prefix"], extensions=exts, **common)
+        else:
+            job = reading.job_create_from_manifest(upload=manifest, key=v.get("manifest_key"), bucket=v.get("bucket"),
+                                                   **common)
+        return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/", "renamed": [],
+                         "reading": True}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(operation_id="jobs_list", responses={200: JobSerializer(many=True), **errors(404)},
                    description="The caller's jobs (staff: all), newest first, a page at a time.")
@@ -281,6 +332,7 @@ class SearchView(APIView):
         s.is_valid(raise_exception=True)
         v = s.validated_data
         image = from_uploads([v["image"]])[0] if v.get("image") else None
+        where = search_filter(data.get("filter") if hasattr(data, "get") else None)
         from embeddings.services.lifecycle import cutoff
         from embeddings import spaces
 
@@ -288,6 +340,7 @@ class SearchView(APIView):
         results = search_services.search(
             user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
             text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
+            where=where,
         )
         answer = cutoff.apply_min_score(results, space=space, kind=cutoff.TEXT if v.get("text") is not None
                                         else cutoff.IMAGE, requested=v.get("min_score"))

@@ -26,7 +26,7 @@ from embeddings.services.catalogue import jobs as job_services
 from embeddings.spaces import ModelNotConfigured
 from workers.errors import Reason
 from workers.timing import StageTimings
-from workers.vector_store import Point
+from workers.vector_store import Point, filters
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +131,14 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         rows[str(i)] = (key, sha, str(pid))
         if attempts >= settings.BULK_MAX_ATTEMPTS:
             exhausted.add(i)
+    unfetched = [i for i, (_, sha, _) in rows.items() if not sha]
+    if unfetched:  # a catalogue row without its bytes yet (a resumed job): the fetch worker first
+        dispatch.send_fetch_chunk(job_id=job_id, image_ids=unfetched, priority=job.priority)
+        rows = {i: v for i, v in rows.items() if v[1]}
     if not rows:
-        job_services.job_refresh(job_id=job_id)
-        return {"embedded": 0, "failed": 0, "skipped": len(image_ids), "stat_id": None}
+        if not unfetched:
+            job_services.job_refresh(job_id=job_id)
+        return {"embedded": 0, "failed": 0, "skipped": len(image_ids) - len(unfetched), "stat_id": None}
     job_services.job_mark_started(job_id=job_id, status=job.status)
     try:  # the chunk's model is its job's (a migration job: the space it fills)
         runner = runtime.batch_runner(job.model_id)
@@ -473,30 +478,37 @@ def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
     return {"vector": encode_vector(holder.get().encode_texts([text])[0])}
 
 
-def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str) -> dict:
+def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
+                  where: dict | None = None) -> dict:
     """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection,
-    restricted to ``owner_id`` (None: all) and ``job_id`` (None: any job). A refused query image
-    (``{"reason", "detail"}``) is passed through unchanged.
+    restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the metadata filter
+    ``where`` (the API's JSON, ``workers.vector_store.filters``; applied inside the vector query,
+    so k results come back whenever k images match). A refused query image (``{"reason",
+    "detail"}``) is passed through unchanged.
 
     Returns:
         ``{"results": [...]}`` or the refusal.
     """
     if "vector" not in query:
         return query
-    hits = runtime.vector_store(model_id).search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id)
-    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
+    flt = filters.parse(where) if where is not None else None
+    hits = runtime.vector_store(model_id).search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id,
+                                                 where=flt)
+    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)}
 
 
 def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None,
-                 model_id: str) -> list[dict] | None:
-    """Top-k images similar to a stored point (itself included) of space ``model_id``, restricted
-    to ``owner_id`` (None: all) and ``job_id`` (None: any job); ``None`` if the point is missing."""
+                 model_id: str, where: dict | None = None) -> list[dict] | None:
+    """Top-k images similar to a stored point (itself included, when it passes the filter) of space
+    ``model_id``, restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the
+    metadata filter ``where`` (JSON); ``None`` if the point is missing."""
     store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:
         return None
-    hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id)
-    return hits_to_results(hits, owner_id=owner_id, model_id=model_id)
+    flt = filters.parse(where) if where is not None else None
+    hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id, where=flt)
+    return hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)
 
 
 def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:

@@ -39,6 +39,9 @@ What happens to a lost image:
   payload rewritten from the database) in case it was written before the worker died. Before the
   deadline nothing is done: the embed task refuses work after the deadline anyway.
 
+A catalogue job still ``reading`` its manifest or prefix whose id no live message names (its
+``job_read`` was lost with its worker) is read again: the read continues after the rows it made.
+
 Jobs left ``running`` with no queued image (a crash between the last write and the job refresh)
 are refreshed to ``done``.
 
@@ -110,10 +113,13 @@ class ReconcileReport:
     jobs_refreshed: int = 0
     live: int = 0
     orphaned_messages: int = 0
+    #: catalogue jobs still ``reading`` whose ``job_read`` no live message names: read again (each
+    #: read continues after the rows already made)
+    reads_resent: int = 0
 
     @property
     def acted(self) -> bool:
-        return bool(self.redispatched or self.expired or self.exhausted or self.jobs_refreshed)
+        return bool(self.redispatched or self.expired or self.exhausted or self.jobs_refreshed or self.reads_resent)
 
 
 def _message_ids(raw: bytes | str) -> tuple[str | None, set[str]]:
@@ -135,7 +141,7 @@ def _message_ids(raw: bytes | str) -> tuple[str | None, set[str]]:
 
 #: Queues whose waiting messages keep an image live. Not ``interactive``: a waiting interactive
 #: message whose deadline has passed will be refused unseen when it runs, so it saves nothing.
-LIVE_QUEUES = (lanes.BULK, lanes.VECTORS)
+LIVE_QUEUES = (lanes.BULK, lanes.VECTORS, lanes.FETCH)
 
 
 def queue_keys(queues: Iterable[str] = LIVE_QUEUES) -> list[str]:
@@ -250,6 +256,16 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
             if (sha, model_id) not in busy:
                 dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True, model_id=model_id)
 
+    # A catalogue job's read whose message was lost (its fetch worker killed, Redis restarted):
+    # read again, after the rows it made. Chunk messages name the job too, so it waits for them.
+    reading = {str(j): p for j, p in Job.objects.filter(reading=True, created_at__lt=now - dt.timedelta(
+        seconds=grace_s)).exclude(status=JobStatus.CANCELLED).values_list("id", "priority")}
+    stalled = set(reading) - first
+    if stalled:
+        stalled -= live_ids()
+    for job_id in sorted(stalled):
+        dispatch.send_job_read(job_id=job_id, priority=reading[job_id])
+
     refreshed = 0
     active_jobs = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exclude(
         images__status=ImageStatus.QUEUED).filter(created_at__lt=now - dt.timedelta(seconds=grace_s))
@@ -258,7 +274,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
             refreshed += 1
     return ReconcileReport(lost=len(lost_bulk) + len(lost_interactive), redispatched=redispatched, chunks=chunks,
                            expired=len(lost_interactive), exhausted=len(exhausted), jobs_refreshed=refreshed,
-                           live=len(first))
+                           live=len(first), reads_resent=len(stalled))
 
 
 def redis_client():

@@ -54,6 +54,7 @@ def image_view(im: Image, neighbours: list | None = None) -> dict:
         # drawn by the worker that decoded it: there once the image is embedded (or shares those bytes)
         "thumbnail_url": (f"/api/images/{im.id}/thumbnail/"
                           if im.status in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED) else None),
+        "external_id": im.external_id or None, "metadata": im.metadata or {},
     }
     if neighbours is not None:
         out["neighbours"] = neighbours

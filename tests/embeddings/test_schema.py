@@ -37,9 +37,9 @@ def test_the_served_schema_is_the_versioned_file(served):
 
 
 def test_lists_are_cursor_paginated_objects(served):
-    for path, item in (("/api/images/", "Image"), ("/api/jobs/", "Job")):
+    for path, item, params in (("/api/images/", "Image", ["cursor", "external_id"]), ("/api/jobs/", "Job", ["cursor"])):
         op = _op(served, path, "get")
-        assert [p["name"] for p in op["parameters"]] == ["cursor"]
+        assert [p["name"] for p in op["parameters"]] == params
         page = _ref(served, op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"])
         assert page["type"] == "object" and page["required"] == ["results"]
         assert set(page["properties"]) == {"next", "previous", "results"}

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from embeddings import runtime
 from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
 from embeddings.storage import file_key, thumbnail_delete
 from workers.decode import sniff_format
@@ -100,7 +101,6 @@ def images_create(
     becomes a ``skipped`` duplicate of the winner (:func:`_insert_originals`).
     """
     model_id = runtime.model_id()
-    rows: list[Image] = []
     stored, unreadable = [], {}
     for src in sources:
         try:
@@ -109,6 +109,25 @@ def images_create(
             sha = hashlib.sha256(f"unreadable:{src.name}".encode()).hexdigest()
             unreadable[len(stored)] = e
             stored.append((src, "", sha, src.size, b""))
+    for attempt in range(3):
+        try:
+            rows, changed = _create_rows(owner=owner, job=job, lane=lane, deadline=deadline, model_id=model_id,
+                                         stored=stored, unreadable=unreadable)
+            break
+        except IntegrityError as e:
+            # another request took one of these external ids between our look-up and our insert:
+            # made again, the id is then a claim on that holder (identity.claims_settle)
+            if "external_id" not in str(e) or attempt == 2:
+                raise
+    if changed:
+        transaction.on_commit(lambda: payloads_refresh(changed, wait=False))
+    return rows
+
+
+def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) -> tuple[list[Image], list[Image]]:
+    """The rows of :func:`images_create` for its stored sources, decided and written in one
+    transaction → ``(rows, holders of an external id whose metadata changed)``."""
+    rows: list[Image] = []
     with transaction.atomic():
         # A deletion may have removed a blob we found already stored, before our rows name it:
         # under the bytes' lock (the one _forget deletes under) store it again where it is missing.
@@ -129,7 +148,7 @@ def images_create(
             im = Image(
                 owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
                 original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id),
-                deadline=deadline,
+                deadline=deadline, claimed_external_id=src.external_id or "", metadata=src.metadata or {},
             )
             rejected = unreadable.get(n) or quick_check(head, size)
             original = seen.get(sha) or existing.get(sha)
@@ -140,6 +159,7 @@ def images_create(
             else:
                 seen[sha] = im
             rows.append(im)
+        changed = claims_settle(rows)  # the caller's ids: kept by the same bytes, replaced by others
         _insert_originals(list(seen.values()))
         for im in rows:  # in-request duplicates of a row that lost its insert follow it to the winner
             if im.status == ImageStatus.SKIPPED and im.duplicate_of.duplicate_of_id is not None:
@@ -147,7 +167,7 @@ def images_create(
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
         _dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
-    return rows
+    return rows, changed
 
 
 def _dual_copies(originals: list[Image]) -> None:
@@ -204,7 +224,9 @@ def _insert_originals(candidates: list[Image]) -> None:
                 with transaction.atomic():
                     im.save(force_insert=True)
                 break
-            except IntegrityError:
+            except IntegrityError as e:
+                if "external_id" in str(e):  # another request took the id: images_create makes the rows again
+                    raise
                 winner = Image.objects.select_for_update().filter(
                     owner_id=im.owner_id, model_id=im.model_id, sha256=im.sha256,
                     status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True,
@@ -415,12 +437,19 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
 
 def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = (),
                    point_ids: Iterable[str] | None = None, queued: set[str] | None = None) -> dict[str, dict]:
-    """Qdrant payload per sha256, recomputed from the database: ``{"sha256", "owner_ids", "job_ids"}``.
+    """Qdrant payload per sha256, recomputed from the database: ``{"sha256", "owner_ids", "job_ids",
+    "items"}``.
 
     Owners and jobs come from every embedded row with those bytes under ``model_id``, plus the rows
     in ``including`` (being embedded now), so a shared point lists every owner that may see it. A
     row re-embedded for another space (``source`` set: a migration or dual-embedding copy) lists
     its user row's job, so a ``job_id`` filter finds the user's images after a model switch.
+
+    ``items`` holds one entry per such row, as its user row: ``{"image": user row id, "owner",
+    "job" (absent when none), "external_id" (absent when none), "m": metadata}`` — what a metadata
+    filter reads inside the vector query (``workers.vector_store.filters``: one item must satisfy
+    owner, job and filter together), so a point shared by two owners never lets one owner's
+    metadata match the other's search (issue 41).
 
     ``point_ids``: the points being written (every row of one model and bytes shares one). Give
     them on a hot path: the ``point_id`` index then finds the rows, where ``model_id`` + ``sha256``
@@ -434,22 +463,33 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     and ``point_ids``, as every row being written does.
     """
     shas = set(shas)
-    payloads = {s: {"sha256": s, "owner_ids": set(), "job_ids": set()} for s in shas}
+    payloads = {s: {"sha256": s, "owner_ids": set(), "job_ids": set(), "items": {}} for s in shas}
     rows = Image.objects.filter(model_id=model_id, sha256__in=shas)
     if point_ids is not None:
         rows = rows.filter(point_id__in=list(point_ids))
     rows = rows.filter(
         Q(status=ImageStatus.EMBEDDED) | Q(id__in=list(including))
-    ).values_list("sha256", "owner_id", Coalesce("source__job_id", "job_id"), "id", "status")  # a copy: its user row's job
-    for sha, owner_id, job_id, image_id, status in rows:
+    ).values_list("sha256", "owner_id", Coalesce("source__job_id", "job_id"), "id", "status",  # a copy: its user row's
+                  Coalesce("source_id", "id"), "external_id", "metadata", "source__external_id", "source__metadata")
+    for sha, owner_id, job_id, image_id, status, user_id, ext, meta, source_ext, source_meta in rows:
         if queued is not None and status != ImageStatus.EMBEDDED:
             if status != ImageStatus.QUEUED:  # a row of ``including`` decided meanwhile
                 continue
             queued.add(str(image_id))
-        payloads[sha]["owner_ids"].add(owner_id)
+        p = payloads[sha]
+        p["owner_ids"].add(owner_id)
         if job_id:
-            payloads[sha]["job_ids"].add(str(job_id))
-    return {s: {"sha256": s, "owner_ids": sorted(p["owner_ids"]), "job_ids": sorted(p["job_ids"])}
+            p["job_ids"].add(str(job_id))
+        if user_id != image_id:  # a copy in another space speaks for its user row
+            ext, meta = source_ext, source_meta
+        item = {"image": str(user_id), "owner": owner_id, "m": meta or {}}
+        if job_id:
+            item["job"] = str(job_id)
+        if ext:
+            item["external_id"] = ext
+        p["items"][str(user_id)] = item
+    return {s: {"sha256": s, "owner_ids": sorted(p["owner_ids"]), "job_ids": sorted(p["job_ids"]),
+                "items": [p["items"][k] for k in sorted(p["items"])]}
             for s, p in payloads.items()}
 
 
@@ -491,10 +531,10 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
     """
     if image.model_id in DROPPING:  # a dropped space's copies: their points went with its collection
         return
-    if image.duplicate_of_id is None and image.status in LIVE_ORIGINAL_STATUSES:
+    if image.duplicate_of_id is None and image.status in LIVE_ORIGINAL_STATUSES and image.sha256:
         _settle(owner_id=image.owner_id, model_id=image.model_id, sha256=image.sha256, gone=image)
     # a queued row's point may have been written a moment ago (its vectors were on their way)
-    has_point = image.status in LIVE_ORIGINAL_STATUSES
+    has_point = image.status in LIVE_ORIGINAL_STATUSES and image.point_id is not None  # not an unfetched row
     transaction.on_commit(lambda: _forget(image, has_point=has_point, single=single))
 
 
@@ -510,10 +550,10 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     finally:
         key, store = image.storage_key, runtime.blob_store()
         with transaction.atomic():
-            _lock_bytes([image.sha256])
+            _lock_bytes([image.sha256] if image.sha256 else [])
             if key and not Image.objects.filter(storage_key=key).exists():
                 store.delete(key)
-            if not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes, any owner
+            if image.sha256 and not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes
                 thumbnail_delete(store, image.sha256)
 
 

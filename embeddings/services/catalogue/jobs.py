@@ -123,7 +123,8 @@ def job_counts(job: Job) -> dict[str, int]:
 def job_refresh(*, job_id) -> Job:
     """Move the job to ``running`` on its first result and to ``done`` when no image is queued.
 
-    Called once per written chunk, so its cost must not grow with the job: "is any image still
+    A job whose manifest or prefix is still being read (``reading``) is never ``done``: its later
+    rows do not exist yet. Called once per written chunk, so its cost must not grow with the job: "is any image still
     queued?" is an ``EXISTS`` that the ``(job, status)`` index answers by one index seek (a count of
     the job's images per chunk would make a job's database work quadratic in its size: issue 11).
     At most four queries, whatever the job's size.
@@ -132,7 +133,7 @@ def job_refresh(*, job_id) -> Job:
     if job.status in (JobStatus.DONE, JobStatus.CANCELLED):
         return job
     now = timezone.now()
-    if not Image.objects.filter(job_id=job_id, status=ImageStatus.QUEUED).exists():
+    if not job.reading and not Image.objects.filter(job_id=job_id, status=ImageStatus.QUEUED).exists():
         changed = Job.objects.filter(id=job.id).exclude(status__in=(JobStatus.DONE, JobStatus.CANCELLED)).update(
             status=JobStatus.DONE, finished_at=now, started_at=job.started_at or now
         )
@@ -267,9 +268,10 @@ def job_progress(job: Job) -> dict:
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
     throughput, eta, at_risk = _pace(job, counts)
     batches = BatchStat.objects.filter(job=job)
-    failures = list(
-        Image.objects.filter(job=job, status=ImageStatus.FAILED).values("id", "original_name", "reason", "reason_detail")[:1000]
-    )
+    failed = Image.objects.filter(job=job, status=ImageStatus.FAILED)
+    failures = list(failed.order_by("row", "created_at").values("id", "original_name", "reason", "reason_detail", "row",
+                                                                 "origin")[:1000])
+    reasons = dict(failed.order_by().values("reason").annotate(n=Count("id")).values_list("reason", "n"))
     return {
         "counts": counts,
         "total": job.total,
@@ -282,6 +284,7 @@ def job_progress(job: Job) -> dict:
         "eta": eta,
         "at_risk": at_risk,
         "failures": failures,
+        "failure_reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "timings_ms": stage_summary(batches),
         "batches": batches.count(),
         # CPU % / GPU % / GPU MiB once a second while its chunks ran: min/avg/p95/max + the samples

@@ -28,7 +28,9 @@ class SourceFile:
     """One file to ingest: a display ``name``, its ``size`` in bytes, and how to ``open`` it.
 
     ``in_place`` is set for server-side files that are embedded where they are (not copied);
-    ``raw_name`` is the name as sent when ``name`` differs from it (see :func:`safe_name`).
+    ``raw_name`` is the name as sent when ``name`` differs from it (see :func:`safe_name`);
+    ``external_id`` and ``metadata`` are the caller's id and attributes for it, validated
+    (``services.catalogue.metadata``).
     """
 
     name: str
@@ -36,6 +38,8 @@ class SourceFile:
     open: Callable[[], BinaryIO]
     in_place: Path | None = None
     raw_name: str | None = None
+    external_id: str | None = None
+    metadata: dict | None = None
 
 
 #: Longest display name, in characters (``Image.original_name`` is a ``CharField(max_length=255)``).

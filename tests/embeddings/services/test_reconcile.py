@@ -158,6 +158,20 @@ def test_a_running_job_with_nothing_left_queued_is_finished(service, user, sent)
     assert Job.objects.get(id=job.id).status == JobStatus.DONE
 
 
+def test_a_catalogue_job_whose_read_was_lost_is_read_again(service, user, sent, monkeypatch):
+    """Issue 41: a job still ``reading`` that no live message names (its ``job_read`` died with the
+    fetch worker) is sent to be read again; one a live message names, or a young one, is not."""
+    reads = []
+    monkeypatch.setattr(tasks.job_read, "apply_async", lambda args=(), **kw: reads.append(args))
+    old = Job.objects.create(owner=user, model_id="m", reading=True, source={"kind": "prefix", "rows_read": 128})
+    live = Job.objects.create(owner=user, model_id="m", reading=True)
+    young = Job.objects.create(owner=user, model_id="m", reading=True)
+    Job.objects.filter(id__in=(old.id, live.id)).update(created_at=timezone.now() - dt.timedelta(seconds=2 * GRACE))
+    report = run(live={str(live.id)})
+    assert report.reads_resent == 1 and reads == [(str(old.id),)]
+    assert Job.objects.get(id=young.id).reading
+
+
 # --- the broker snapshot, on a private redis-server ---------------------------------------------
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import uuid
 
 import numpy as np
 import pytest
@@ -47,9 +48,16 @@ def test_point_payloads_list_every_owner_and_job(service, user, other_user):
     b = image_services.images_create(owner=other_user, lane=Lane.INTERACTIVE, sources=[src("a.png", PNG)])[0]
     Image.objects.filter(id=a.id).update(status=ImageStatus.EMBEDDED)
     p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256])[a.sha256]
-    assert p == {"sha256": a.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)]}
+    assert p == {"sha256": a.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)],
+                 "items": [{"image": str(a.id), "owner": user.id, "job": str(job.id), "m": {}}]}
     p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
     assert p["owner_ids"] == sorted([user.id, other_user.id])
+    # one item per image the point stands for, each with its owner's id and metadata (issue 41)
+    Image.objects.filter(id=b.id).update(external_id="B-1", metadata={"category": "shoes"})
+    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
+    assert sorted(p["items"], key=lambda it: it["owner"]) == [
+        {"image": str(a.id), "owner": user.id, "job": str(job.id), "m": {}},
+        {"image": str(b.id), "owner": other_user.id, "external_id": "B-1", "m": {"category": "shoes"}}]
 
 
 def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, other_user):
@@ -69,9 +77,11 @@ def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, 
                                       including=[str(r.id) for r in rows], point_ids={str(r.point_id) for r in rows},
                                       queued=queued)
     assert queued == {str(shared.id), str(alone.id)}
-    assert p[shared.sha256] == {"sha256": shared.sha256, "owner_ids": sorted([user.id, other_user.id]),
-                                "job_ids": [str(job.id)]}
-    assert p[alone.sha256] == {"sha256": alone.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)]}
+    assert {k: v for k, v in p[shared.sha256].items() if k != "items"} == {
+        "sha256": shared.sha256, "owner_ids": sorted([user.id, other_user.id]), "job_ids": [str(job.id)]}
+    assert sorted(it["image"] for it in p[shared.sha256]["items"]) == sorted([str(shared.id), str(theirs.id)])
+    assert p[alone.sha256] == {"sha256": alone.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)],
+                               "items": [{"image": str(alone.id), "owner": user.id, "job": str(job.id), "m": {}}]}
 
 
 def test_mark_failed_never_undoes_an_embedded_image(service, user):
@@ -103,3 +113,16 @@ def test_vector_messages_round_trip():
     np.testing.assert_array_equal(decode_vector(s), v)
     with pytest.raises(ValueError):
         decode_vector("abc")
+
+
+def test_a_copy_in_another_space_carries_its_user_rows_id_and_metadata(service, user):
+    """Issue 41: a migration's copy of an image (``source`` = the user's row) puts the user row's
+    external_id and metadata in the new space's payload, so filters work after a model switch."""
+    a = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
+    Image.objects.filter(id=a.id).update(status=ImageStatus.EMBEDDED, external_id="SKU-9", metadata={"cat": "shoes"})
+    copy = Image.objects.create(owner=user, lane=Lane.BULK, status=ImageStatus.EMBEDDED, sha256=a.sha256,
+                                size_bytes=a.size_bytes, storage_key=a.storage_key, model_id="other-space",
+                                point_id=uuid.uuid4(), source=a)
+    p = image_services.point_payloads(model_id="other-space", shas=[a.sha256])[a.sha256]
+    assert p["items"] == [{"image": str(a.id), "owner": user.id, "external_id": "SKU-9", "m": {"cat": "shoes"}}]
+    assert copy.external_id == "" and copy.metadata == {}  # the copy holds none of its own

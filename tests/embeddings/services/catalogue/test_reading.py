@@ -1,0 +1,323 @@
+"""Issue 41: catalogue jobs from a manifest of URLs, keyed by the caller's ids and metadata, through the
+API in one process (eager Celery: job_read → fetch_chunk → embed_chunk → index_chunk run inline), with
+URLs served by a real local HTTP server and the real edge store."""
+from __future__ import annotations
+
+import io
+import uuid
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+
+from embeddings import runtime
+from embeddings.models import Image, ImageStatus, Job, JobStatus
+from tests.conftest import photo_paths
+from tests.embeddings.conftest import client_for
+from tests.origin_server import OriginServer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(scope="module")
+def origin():
+    with OriginServer() as server:
+        yield server
+
+
+@pytest.fixture
+def catalogue(service, origin):
+    """The service allowed to fetch from the test server on 127.0.0.1 (refused by default)."""
+    service.FETCH_ALLOW_NETWORKS = ["127.0.0.1/32"]
+    service.FETCH_RETRIES = 1
+    service.METADATA_INDEXES = "category:keyword,price:float"
+    runtime.fetcher.cache_clear()
+    yield service
+    runtime.fetcher.cache_clear()
+
+
+def photo(n: int) -> str:
+    return photo_paths()[n].name
+
+
+def manifest(text: str, name: str = "catalogue.csv") -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, text.encode(), content_type="text/csv")
+
+
+def post_manifest(api, text: str, **fields):
+    r = api.post("/api/jobs/", {"manifest": manifest(text), **fields}, format="multipart")
+    assert r.status_code == 202, r.json()
+    assert r.json()["reading"] is True
+    return Job.objects.get(id=r.json()["id"])
+
+
+def rows_by(job) -> dict[int, Image]:
+    return {im.row: im for im in Image.objects.filter(job=job)}
+
+
+def test_a_manifest_of_urls_becomes_a_job_with_ids_metadata_and_per_row_errors(catalogue, api, origin):
+    base = origin.url
+    text = (
+        "url,external_id,category,price\n"
+        f"{base}/photo/{photo(0)},SKU-1,shoes,49.5\n"
+        f"{base}/photo/{photo(1)},SKU-2,hats,12\n"
+        f"{base}/status/404,SKU-3,shoes,5\n"
+        "file:///etc/passwd,SKU-4,shoes,1\n"
+        f"{base}/photo/{photo(2)},SKU-1,shoes,3\n"  # SKU-1 again: an error of this row, the first keeps it
+        f"{base}/photo/{photo(0)}?again=1,SKU-6,bags,7\n"  # the same bytes as row 1 behind another URL
+    )
+    job = post_manifest(api, text)
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE and not job.reading and job.total == 6
+    rows = rows_by(job)
+    assert {n: (im.status, im.reason) for n, im in rows.items()} == {
+        1: (ImageStatus.EMBEDDED, ""), 2: (ImageStatus.EMBEDDED, ""), 3: (ImageStatus.FAILED, "fetch_status"),
+        4: (ImageStatus.FAILED, "url_invalid"), 5: (ImageStatus.FAILED, "external_id_repeated"),
+        6: (ImageStatus.SKIPPED, ""),
+    }
+    assert rows[6].duplicate_of_id == rows[1].id  # content-addressed: one original, one vector
+    assert (rows[1].external_id, rows[1].metadata) == ("SKU-1", {"category": "shoes", "price": 49.5})
+    assert rows[2].metadata == {"category": "hats", "price": 12.0}  # a declared float column
+    assert rows[1].origin == f"{base}/photo/{photo(0)}" and rows[1].original_name == photo(0)
+    progress = api.get(f"/api/jobs/{job.id}/").json()
+    assert progress["failure_reasons"] == {"external_id_repeated": 1, "fetch_status": 1, "url_invalid": 1}
+    assert [f["row"] for f in progress["failures"]] == [3, 4, 5]
+    # the point's payload carries the caller's id and metadata, item by item
+    payload = runtime.vector_store().payloads([rows[1].point_id])[rows[1].point_id]
+    assert payload["items"] == [{"image": str(rows[1].id), "owner": job.owner_id, "job": str(job.id),
+                                 "external_id": "SKU-1", "m": {"category": "shoes", "price": 49.5}}]
+    found = api.get("/api/images/", {"external_id": "SKU-2"}).json()["results"]
+    assert [(im["id"], im["metadata"]) for im in found] == [(str(rows[2].id), {"category": "hats", "price": 12.0})]
+
+
+def test_a_search_filters_on_metadata_inside_the_query(catalogue, api, origin):
+    text = "url,external_id,category,price\n" + "".join(
+        f"{origin.url}/photo/{photo(i)},SKU-{i},{'shoes' if i % 2 else 'hats'},{10 * i}\n" for i in range(6))
+    post_manifest(api, text)
+    r = api.post("/api/search/", {"text": "a photo", "k": 10, "min_score": -1,
+                                  "filter": {"and": [{"field": "category", "eq": "shoes"},
+                                                     {"field": "price", "lt": 45}]}}, format="json")
+    assert r.status_code == 200, r.json()
+    got = r.json()["results"]
+    assert sorted(h["external_id"] for h in got) == ["SKU-1", "SKU-3"]
+    assert all(h["metadata"]["category"] == "shoes" for h in got)
+    bad = api.post("/api/search/", {"text": "a photo", "filter": {"and": [{"field": "price", "between": 3}]}},
+                   format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_filter"
+    assert bad.json()["extra"]["path"].startswith("and[0]")
+
+
+def test_the_same_id_with_the_same_bytes_is_skipped_and_with_new_bytes_replaces(catalogue, api, origin):
+    first = post_manifest(api, f"url,external_id,category\n{origin.url}/photo/{photo(0)},SKU-1,shoes\n"
+                               f"{origin.url}/photo/{photo(1)},SKU-2,hats\n")
+    one, two = rows_by(first)[1], rows_by(first)[2]
+    # same bytes for SKU-1 (new metadata), new bytes for SKU-2
+    second = post_manifest(api, f"url,external_id,category\n{origin.url}/photo/{photo(0)}?v=2,SKU-1,boots\n"
+                                f"{origin.url}/photo/{photo(3)},SKU-2,caps\n")
+    again, new = rows_by(second)[1], rows_by(second)[2]
+    one.refresh_from_db()
+    assert (again.status, again.duplicate_of_id, again.external_id) == (ImageStatus.SKIPPED, one.id, "")
+    assert (one.external_id, one.metadata) == ("SKU-1", {"category": "boots"})
+    assert not Image.objects.filter(id=two.id).exists()  # replaced: its row and its vector went
+    assert (new.status, new.external_id) == (ImageStatus.EMBEDDED, "SKU-2")
+    store = runtime.vector_store()
+    assert store.payloads([one.point_id])[one.point_id]["items"][0]["m"] == {"category": "boots"}
+    assert store.payloads([two.point_id]) == {}
+
+
+def test_a_url_that_fails_leaves_the_holder_of_its_id_alone(catalogue, api, origin):
+    first = post_manifest(api, f"url,external_id\n{origin.url}/photo/{photo(0)},SKU-1\n")
+    holder = rows_by(first)[1]
+    second = post_manifest(api, f"url,external_id\n{origin.url}/status/500,SKU-1\n")
+    failed = rows_by(second)[1]
+    assert (failed.status, failed.reason, failed.claimed_external_id) == (ImageStatus.FAILED, "fetch_status", "SKU-1")
+    holder.refresh_from_db()
+    assert (holder.status, holder.external_id) == (ImageStatus.EMBEDDED, "SKU-1")
+
+
+def test_uploads_carry_ids_and_metadata_and_patch_moves_the_payload(catalogue, api, user, other_user):
+    data = [p.read_bytes() for p in photo_paths()[:2]]
+    r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", data[0]), SimpleUploadedFile("b.jpg", data[1])],
+                                  "external_id": ["A-1", "A-2"], "metadata": ['{"category": "shoes"}']},
+                 format="multipart")
+    assert r.status_code == 200, r.json()
+    a, b = r.json()["images"]
+    assert (a["external_id"], a["metadata"], b["external_id"]) == ("A-1", {"category": "shoes"}, "A-2")
+    patched = api.patch(f"/api/images/{a['id']}/", {"metadata": {"category": "boots", "size": 42}}, format="json")
+    assert patched.status_code == 200 and patched.json()["metadata"] == {"category": "boots", "size": 42}
+    im = Image.objects.get(id=a["id"])
+    assert runtime.vector_store().payloads([im.point_id])[im.point_id]["items"][0]["m"] == {"category": "boots",
+                                                                                           "size": 42}
+    taken = api.patch(f"/api/images/{a['id']}/", {"external_id": "A-2"}, format="json")
+    assert taken.status_code == 409 and taken.json()["code"] == "external_id_taken"
+    assert taken.json()["extra"]["image_id"] == b["id"]
+    deep = api.patch(f"/api/images/{a['id']}/", {"metadata": {"a": {"b": {"c": {"d": 1}}}}}, format="json")
+    assert deep.status_code == 400 and deep.json()["code"] == "metadata_too_deep"
+    unknown = api.patch(f"/api/images/{a['id']}/", {"sha256": "0" * 64}, format="json")
+    assert unknown.status_code == 400
+    # another owner's images are not found by id, external id, or PATCH
+    bob = client_for(other_user)
+    assert bob.get("/api/images/", {"external_id": "A-1"}).json()["results"] == []
+    assert bob.patch(f"/api/images/{a['id']}/", {"metadata": {}}, format="json").status_code == 404
+    repeated = api.post("/api/images/", {"files": [SimpleUploadedFile("c.jpg", data[0]),
+                                                   SimpleUploadedFile("d.jpg", data[1])],
+                                         "external_id": ["X", "X"]}, format="multipart")
+    assert repeated.status_code == 400 and repeated.json()["code"] == "external_id_repeated"
+
+
+def test_a_manifest_with_a_wrong_header_is_refused_before_any_job(catalogue, api):
+    r = api.post("/api/jobs/", {"manifest": manifest("image,sku\nhttp://example.com/a.jpg,1\n")}, format="multipart")
+    assert r.status_code == 400 and r.json()["code"] == "manifest_header"
+    assert not Job.objects.exists()
+
+
+def test_one_job_reads_one_source(catalogue, api):
+    r = api.post("/api/jobs/", {"manifest": manifest("url\nhttp://example.com/a.jpg\n"), "prefix": "s3://b/p"},
+                 format="multipart")
+    assert r.status_code == 400 and r.json()["code"] == "mixed_sources"
+
+
+def test_a_prefix_outside_the_allowed_buckets_is_forbidden(catalogue, api):
+    catalogue.SOURCE_BUCKETS = ["photos/allowed/"]
+    r = api.post("/api/jobs/", {"prefix": "s3://photos/private/"}, format="json")
+    assert r.status_code == 403 and r.json()["code"] == "source_not_allowed"
+    assert api.post("/api/jobs/", {"prefix": "s3://other/"}, format="json").json()["code"] == "source_not_allowed"
+
+
+def test_a_read_that_dies_part_way_continues_after_the_rows_it_made(catalogue, api, origin, monkeypatch):
+    """A redelivered read (its worker died after some slices) makes each row once."""
+    from embeddings import dispatch
+    from embeddings.services.catalogue import reading
+
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)  # made, not read yet
+    job = post_manifest(api, "url\n" + "".join(f"{origin.url}/photo/{photo(i)}\n" for i in range(3)))
+    Job.objects.filter(id=job.id).update(chunk_size=1)
+    real, calls = reading._store_slice, []
+
+    def dies_on_the_second_slice(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ConnectionError("the fetch worker lost its database")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reading, "_store_slice", dies_on_the_second_slice)
+    with pytest.raises(ConnectionError):
+        reading.job_read(job_id=str(job.id))
+    assert Job.objects.get(id=job.id).source["rows_read"] == 1
+    assert reading.job_read(job_id=str(job.id)) == {"rows": 2, "rows_read": 3}
+    assert sorted(Image.objects.filter(job=job).values_list("row", flat=True)) == [1, 2, 3]
+    job.refresh_from_db()
+    assert (job.total, job.reading, job.status) == (3, False, JobStatus.DONE)
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory):
+    from tests.embeddings.test_storage_s3 import MotoServer
+
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.stop()
+
+
+def test_a_prefix_is_listed_page_by_page_and_read_where_it_lives(catalogue, api, moto, monkeypatch):
+    from embeddings.services.catalogue import reading
+    from tests.origin_server import small_jpeg
+    from workers.errors import ImageRejected
+
+    s3 = moto.client()
+    s3.create_bucket(Bucket="shop")
+    jpeg = small_jpeg()
+    for n in range(60):  # 60 distinct images, 5 notes, and images under another prefix
+        s3.put_object(Bucket="shop", Key=f"catalogue/p{n:03d}.JPG", Body=jpeg + str(n).encode())
+    for n in range(5):
+        s3.put_object(Bucket="shop", Key=f"catalogue/note{n}.txt", Body=b"not an image")
+    s3.put_object(Bucket="shop", Key="elsewhere/p.jpg", Body=jpeg)
+    catalogue.SOURCE_BUCKETS = ["shop/catalogue/"]
+    catalogue.SOURCE_S3 = {"endpoint_url": moto.url, "region": "us-east-1", "access_key": "testing",
+                           "secret_key": "testing", "addressing_style": "path"}
+    runtime.source_client.cache_clear()
+    monkeypatch.setattr(reading, "LIST_PAGE_SIZE", 25)  # 65 objects: 3 pages
+    r = api.post("/api/jobs/", {"prefix": "s3://shop/catalogue/", "extensions": "jpg"}, format="json")
+    assert r.status_code == 202, r.json()
+    job = Job.objects.get(id=r.json()["id"])
+    assert (job.status, job.total, job.reading) == (JobStatus.DONE, 60, False)
+    assert job.source["rows_read"] == 60
+    rows = list(Image.objects.filter(job=job).order_by("row"))
+    assert [im.status for im in rows] == [ImageStatus.EMBEDDED] * 60
+    assert [im.storage_key for im in rows[:2]] == ["s3://shop/catalogue/p000.JPG", "s3://shop/catalogue/p001.JPG"]
+    # read where it lives (SOURCE_COPY off), its sha256 checked on every read
+    store = runtime.blob_store()
+    assert store.read(rows[0].storage_key, rows[0].sha256) == jpeg + b"0"
+    s3.put_object(Bucket="shop", Key="catalogue/p000.JPG", Body=jpeg + b"changed")
+    with pytest.raises(ImageRejected) as e:
+        store.read(rows[0].storage_key, rows[0].sha256)
+    assert e.value.reason.value == "source_changed"
+    s3.delete_object(Bucket="shop", Key="catalogue/p001.JPG")
+    with pytest.raises(ImageRejected) as e:
+        store.read(rows[1].storage_key, rows[1].sha256)
+    assert e.value.reason.value == "source_missing"
+    runtime.source_client.cache_clear()
+
+
+def test_a_manifest_in_a_bucket_names_objects_by_key(catalogue, api, moto):
+    from tests.origin_server import small_jpeg
+
+    s3 = moto.client()
+    s3.create_bucket(Bucket="feeds")
+    jpeg = small_jpeg()
+    s3.put_object(Bucket="feeds", Key="img/a.jpg", Body=jpeg + b"a")
+    s3.put_object(Bucket="feeds", Key="img/b.jpg", Body=jpeg + b"b")
+    s3.put_object(Bucket="feeds", Key="manifest.jsonl", Body=(
+        b'{"key": "img/a.jpg", "external_id": "A", "metadata": {"brand": "acme"}}\n'
+        b'{"key": "s3://feeds/img/b.jpg", "external_id": "B", "price": 3}\n'
+        b'{"key": "img/missing.jpg", "external_id": "C"}\n'
+        b'{"key": "s3://secret/x.jpg"}\n'))
+    catalogue.SOURCE_BUCKETS = ["feeds"]
+    catalogue.SOURCE_S3 = {"endpoint_url": moto.url, "region": "us-east-1", "access_key": "testing",
+                           "secret_key": "testing", "addressing_style": "path"}
+    runtime.source_client.cache_clear()
+    r = api.post("/api/jobs/", {"manifest_key": "s3://feeds/manifest.jsonl"}, format="json")
+    assert r.status_code == 202, r.json()
+    job = Job.objects.get(id=r.json()["id"])
+    rows = rows_by(job)
+    assert {n: (im.status, im.reason, im.external_id) for n, im in rows.items()} == {
+        1: (ImageStatus.EMBEDDED, "", "A"), 2: (ImageStatus.EMBEDDED, "", "B"),
+        3: (ImageStatus.FAILED, "source_missing", "C"), 4: (ImageStatus.FAILED, "source_not_allowed", "")}
+    # a free id is taken when the row is made: the failed row still answers for it (and why)
+    assert (rows[1].metadata, rows[2].metadata) == ({"brand": "acme"}, {"price": 3})
+    missing = api.post("/api/jobs/", {"manifest_key": "s3://feeds/nope.csv"}, format="json")
+    assert missing.status_code == 400 and missing.json()["code"] == "source_missing"
+    runtime.source_client.cache_clear()
+
+
+def test_source_copy_puts_objects_in_the_blob_store(catalogue, api, moto):
+    from tests.origin_server import small_jpeg
+
+    s3 = moto.client()
+    s3.create_bucket(Bucket="copied")
+    for n in range(2):
+        s3.put_object(Bucket="copied", Key=f"p{n}.jpg", Body=small_jpeg() + bytes([n]))
+    catalogue.SOURCE_BUCKETS, catalogue.SOURCE_COPY = ["copied"], True
+    catalogue.SOURCE_S3 = {"endpoint_url": moto.url, "region": "us-east-1", "access_key": "testing",
+                           "secret_key": "testing", "addressing_style": "path"}
+    runtime.source_client.cache_clear()
+    r = api.post("/api/jobs/", {"prefix": "s3://copied/"}, format="json")
+    assert r.status_code == 202, r.json()
+    rows = list(Image.objects.filter(job_id=r.json()["id"]).order_by("row"))
+    assert [(im.status, im.storage_key[:5], im.origin) for im in rows] == [
+        (ImageStatus.EMBEDDED, "blob/", "s3://copied/p0.jpg"), (ImageStatus.EMBEDDED, "blob/", "s3://copied/p1.jpg")]
+    s3.delete_object(Bucket="copied", Key="p0.jpg")  # the copy does not need the object any more
+    assert runtime.blob_store().read(rows[0].storage_key, rows[0].sha256) == small_jpeg() + b"\x00"
+    runtime.source_client.cache_clear()
+
+
+def test_a_bucket_manifest_on_storage_that_cannot_be_reached_is_a_503_not_a_500(catalogue, api):
+    from scripts.stack import free_port
+
+    catalogue.SOURCE_BUCKETS = ["feeds"]
+    catalogue.SOURCE_S3 = {"endpoint_url": f"http://127.0.0.1:{free_port()}", "region": "us-east-1",
+                           "access_key": "testing", "secret_key": "testing", "addressing_style": "path"}
+    runtime.source_client.cache_clear()
+    r = api.post("/api/jobs/", {"manifest_key": "s3://feeds/manifest.csv"}, format="json")
+    assert r.status_code == 503 and r.json()["code"] == "source_unavailable" and r["Retry-After"] == "30"
+    assert not Job.objects.exists()
+    runtime.source_client.cache_clear()
