@@ -24,6 +24,38 @@ REASON_WORDS: dict[str, str] = {
     "too_many_files": "Too many files in one request.",
     "deadline_exceeded": "The search did not finish in time.",
     "invalid_transition": "The job cannot do that in its current state.",
+    # catalogue jobs (issue 41): fetching a row's image
+    Reason.FETCH_TIMEOUT: "Its address took too long to answer.",
+    Reason.FETCH_STATUS: "Its address answered with an error status.",
+    Reason.FETCH_TOO_LARGE: "Its address sent more than the size limit.",
+    Reason.FETCH_REFUSED_ADDRESS: "Its address is on a private network this service may not reach.",
+    Reason.FETCH_TLS: "Its address's secure connection could not be trusted.",
+    Reason.FETCH_CONNECT: "Its address could not be reached, or the connection broke.",
+    Reason.FETCH_REDIRECTS: "Its address redirected too often, or nowhere.",
+    Reason.FETCH_INVALID_URL: "It is not an http or https address this service can fetch.",
+    # a manifest's rows
+    "url_invalid": "The row's url is not a usable http or https address.",
+    "key_invalid": "The row's object key cannot be used.",
+    "row_invalid": "The row cannot be read.",
+    "row_encoding": "The row is not UTF-8 text.",
+    "row_too_long": "The row is longer than the line limit.",
+    "source_missing_column": "The row needs exactly one of url and key.",
+    "external_id_invalid": "The external id is not usable.",
+    "external_id_repeated": "An earlier row already gave this external id.",
+    "external_id_taken": "Another of your images already has this external id.",
+    "metadata_invalid": "The metadata is not valid.",
+    "metadata_too_large": "The metadata is larger than the limit.",
+    "metadata_too_deep": "The metadata nests too deep.",
+    "manifest_too_many_rows": "The manifest has more rows than the limit; the rest were not read.",
+    # a manifest or a prefix as a whole
+    "manifest_format": "This is not a CSV, JSON Lines or Parquet manifest.",
+    "manifest_header": "The manifest's header cannot be used.",
+    "manifest_encoding": "The manifest is not UTF-8 text.",
+    "source_uri_invalid": "That is not an s3://bucket/path address.",
+    "source_not_allowed": "Jobs may not read that bucket or folder here.",
+    "mixed_sources": "A job reads one source.",
+    "invalid_filter": "The filter cannot be used.",
+    "invalid": "Some of the values are not valid.",
 }
 REASON_WORDS = {str(k): v for k, v in REASON_WORDS.items()}
 

@@ -4,8 +4,9 @@ with seeded random weights.
 
 One module-scoped stack and browser, the flows in order: sign in; upload three photos and see each
 embedded with its thumbnail; a refused file with its reason in words; text search, image search,
-"more like this"; a bulk job from a zip of 20 photos watched to 100 % with pause and resume;
-another user sees none of it. Every page: no console errors, no serious axe-core violations, no
+"more like this"; a bulk job from a zip of 20 photos watched to 100 % with pause and resume; a
+catalogue job from a manifest posted on the jobs page, its failures by reason, and a search
+filtered by the manifest's declared metadata fields; another user sees none of it. Every page: no console errors, no serious axe-core violations, no
 sideways scrolling at 390 px. The admin and the API docs render with their own stylesheets (no
 CDN). Screenshots at 1280×800 and 390×844 go to ``$SITE_SCREENSHOTS`` when set (docs/ui/ holds the
 committed ones: ``SITE_SCREENSHOTS=docs/ui pytest tests/e2e/test_site_browser.py``).
@@ -40,14 +41,26 @@ WIDE, NARROW = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     # Chunks of 4 images: the 20-photo job has 5 chunks, so a pause parks some of them.
+    # The catalogue job fetches from the test origin on 127.0.0.1 (private addresses are refused by
+    # default), and declares the metadata fields the search page offers inputs for.
     env = {"CLIP_PRETRAINED": "random", "DATABASE_URL": "", "DJANGO_DEBUG": "0", "INTERACTIVE_DEADLINE_S": "30",
-           "BULK_BATCH_SIZE": "4"}
+           "BULK_BATCH_SIZE": "4", "FETCH_ALLOW_NETWORKS": "127.0.0.1/32", "FETCH_RETRIES": "1",
+           "METADATA_INDEXES": "category:keyword,price:float,added:datetime,sale:bool"}
     s = Stack(tmp_path_factory.mktemp("site"), env, private_redis=True, log=lambda *a: None)
     with s:
         s.site_user("alice", PASSWORD)
         s.site_user("bob", PASSWORD)
         s.site_user("root", PASSWORD, staff=True)
         yield s
+
+
+@pytest.fixture(scope="module")
+def origin():
+    """A real HTTP origin serving the shared photos (``/photo/<name>``) and error statuses."""
+    from tests.origin_server import OriginServer
+
+    with OriginServer() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +247,47 @@ def test_a_bulk_zip_watched_to_100_percent_with_pause_and_resume(alice, browser,
     check_page(alice, "jobs", browser, stack)
     page.goto("/search/?q=beach")
     assert page.locator(".grid .card").count() == 23  # 3 uploads + 20 from the job
+
+
+def test_a_manifest_from_the_jobs_page_and_a_search_filtered_by_its_fields(alice, browser, stack, origin, tmp_path):
+    page = alice.page
+    fresh = photo_paths()[23:27]  # not uploaded by the tests above: embedded, not skipped
+    manifest = tmp_path / "spring-catalogue.csv"
+    manifest.write_text("url,external_id,category,price,added,sale\n" + "".join(
+        f"{origin.url}/photo/{p.name},CAT-{i},{'shoes' if i % 2 else 'hats'},{10 + 5 * i},2024-05-0{i + 1},"
+        f"{'true' if i == 1 else 'false'}\n" for i, p in enumerate(fresh))
+        + f"{origin.url}/status/404,CAT-7,shoes,1,2024-05-01,false\n"
+        + f"{origin.url}/status/410,CAT-8,shoes,1,2024-05-01,false\n"
+        + "ftp://files.example.com/a.jpg,CAT-9,hats,1,2024-05-01,false\n")
+    page.goto("/jobs/?start=1")
+    page.set_input_files("#manifest-manifest", str(manifest))
+    page.fill("#manifest-name", "Spring catalogue")
+    page.click("#manifest-form button[type=submit]")
+    page.wait_for_url(re.compile(r"/jobs/[0-9a-f-]+/$"))
+    page.wait_for_selector("#job-status:text('done')", timeout=120_000)
+    assert page.locator("#job-rows-read").inner_text() == "7"
+    assert page.locator("#job-reading-state").inner_text() == "finished" and page.locator("#job-reading").is_hidden()
+    assert page.locator("#job-reasons li").all_inner_texts() == [
+        "fetch_status 2 Its address answered with an error status.",
+        "url_invalid 1 The row's url is not a usable http or https address."]
+    rows = page.locator("#job-failures tbody tr")
+    assert [rows.nth(i).locator("td").first.inner_text() for i in range(rows.count())] == ["5", "6", "7"]
+    assert page.locator("#job-embedded").inner_text() == "4"
+    check_page(alice, "catalogue-job", browser, stack)
+    page.goto("/jobs/?start=1")
+    check_page(alice, "catalogue-jobs", browser, stack)
+
+    # the filter's inputs sit outside the text form (form="text-search"): Enter in one submits it
+    page.goto("/search/?q=a+photo")
+    page.fill("#id_m-category", "shoes")
+    page.fill("#id_m-price-max", "20")
+    page.press("#id_m-price-max", "Enter")
+    page.wait_for_url(re.compile(r"m-category=shoes"))
+    assert page.locator(".grid .card .ext").all_inner_texts() == ["CAT-1"]  # shoes at 15 (CAT-3 costs 25)
+    check_page(alice, "search-filters", browser, stack)
+    page.locator(".card .more").first.click()  # "more like this" keeps the filter
+    page.wait_for_url(re.compile(r"\?like=.*m-category=shoes"))
+    assert page.locator(".grid .card .ext").all_inner_texts() == ["CAT-1"]
 
 
 def test_another_user_sees_none_of_it(alice, browser, stack):

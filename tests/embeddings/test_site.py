@@ -224,3 +224,305 @@ def test_admin_thumbnails_are_the_workers_never_a_decode_in_the_web(service, api
     body = b"".join(r.streaming_content) if r.streaming else r.content
     assert r.status_code == 200 and r["Content-Type"] == "image/webp" and body[:4] == b"RIFF"
     assert admin.get(f"/admin/embeddings/image/{queued.id}/thumbnail/").status_code == 404
+
+
+# --- catalogue jobs, the metadata filter, ids and metadata on the pages (issue 41) ------------------
+
+
+@pytest.fixture(scope="module")
+def origin():
+    from tests.origin_server import OriginServer
+
+    with OriginServer() as server:
+        yield server
+
+
+@pytest.fixture
+def catalogue(service, origin):
+    """Fetching allowed from the test origin on 127.0.0.1 (refused by default), and the declared
+    metadata fields the search page offers inputs for, one of each type."""
+    service.FETCH_ALLOW_NETWORKS = ["127.0.0.1/32"]
+    service.FETCH_RETRIES = 1
+    service.METADATA_INDEXES = "category:keyword,price:float,count:integer,added:datetime,sale:bool"
+    runtime.fetcher.cache_clear()
+    yield service
+    runtime.fetcher.cache_clear()
+
+
+def csv_file(text: str | bytes, name: str = "catalogue.csv"):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile(name, text.encode() if isinstance(text, str) else text, content_type="text/csv")
+
+
+def page_text(html: str) -> str:
+    """The page's text: tags dropped, entities read, whitespace runs made one space."""
+    import html as html_lib
+
+    return re.sub(r"\s+", " ", html_lib.unescape(re.sub(r"<[^>]+>", " ", html))).strip()
+
+
+def table_rows(html: str, table_id: str) -> list[list[str]]:
+    """The text of each cell of each body row of table ``table_id``."""
+    body = re.search(rf'<table id="{table_id}".*?<tbody>(.*?)</tbody>', html, re.S).group(1)
+    return [[page_text(c) for c in re.findall(r"<td[^>]*>(.*?)</td>", tr, re.S)]
+            for tr in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+
+
+def test_a_manifest_posted_on_the_jobs_page_becomes_a_job_with_failures_by_reason(catalogue, user, origin):
+    base = origin.url
+    text = ("url,external_id,category,price\n"
+            f"{base}/img/1.jpg,SKU-1,shoes,49.5\n"
+            f"{base}/img/2.jpg,SKU-2,hats,12\n"
+            f"{base}/status/404,SKU-3,shoes,5\n"
+            f"{base}/status/410,SKU-4,shoes,6\n"
+            "file:///etc/passwd,SKU-5,bags,1\n")
+    c = signed_in(user)
+    form = c.get("/jobs/").content.decode()
+    assert 'name="manifest"' in form and 'name="prefix"' in form
+    assert '<details class="start" id="start" open>' in form  # no job yet: the forms are open
+    r = c.post("/jobs/", {"source": "manifest", "manifest": csv_file(text), "name": "spring catalogue",
+                          "priority": "urgent"})
+    job = Job.objects.get()
+    assert r.status_code == 302 and r["Location"] == f"/jobs/{job.id}/"
+    assert (job.name, job.priority, job.total, job.status, job.reading) == ("spring catalogue", "urgent", 5, "done",
+                                                                            False)
+    html = c.get(r["Location"]).content.decode()
+    source = page_text(re.search(r'<section aria-labelledby="source-title".*?</section>', html, re.S).group(0))
+    assert source == "Source Manifest catalogue.csv (uploaded) Format csv Rows read 5 Reading finished"
+    assert re.search(r'id="job-reading" class="badge s-reading" hidden>', html)
+    reasons = [page_text(li) for li in re.findall(r"<li>(.*?)</li>", re.search(
+        r'<ul id="job-reasons".*?</ul>', html, re.S).group(0), re.S)]
+    assert reasons == ["fetch_status 2 Its address answered with an error status.",
+                       "url_invalid 1 The row's url is not a usable http or https address."]
+    rows = table_rows(html, "job-failures")
+    assert [r[:3] for r in rows] == [["3", f"{base}/status/404", "fetch_status"],
+                                     ["4", f"{base}/status/410", "fetch_status"],
+                                     ["5", "row 5", "url_invalid"]]
+    assert "404" in rows[0][3] and "410" in rows[1][3]
+    assert page_text(re.search(r'<h2 id="failures-title">.*?</h2>', html, re.S).group(0)) == "Failures 3"
+    # the jobs list: the job, its progress
+    listed = page_text(re.search(r"<tbody>(.*?)</tbody>", c.get("/jobs/").content.decode(), re.S).group(1))
+    assert listed.startswith("spring catalogue done 2 / 5 3 ")
+
+
+def test_the_jobs_page_shows_refusals_in_words_and_starts_nothing(catalogue, user):
+    c = signed_in(user)
+    bad_header = c.post("/jobs/", {"source": "manifest", "manifest": csv_file("image,sku\nhttp://e.com/a.jpg,1\n")})
+    assert bad_header.status_code == 400
+    html = bad_header.content.decode()
+    assert "The manifest&#x27;s header cannot be used." in html and "(manifest_header: " in html
+    assert '<details class="start" id="start" open>' in html and 'role="alert"' in html
+    not_a_manifest = c.post("/jobs/", {"source": "manifest", "manifest": csv_file(jpeg_bytes(1), "photo.jpg")})
+    assert not_a_manifest.status_code == 415 and "(manifest_format: " in not_a_manifest.content.decode()
+    neither = c.post("/jobs/", {"source": "manifest", "name": "x"})
+    assert neither.status_code == 400
+    assert "Choose a manifest file or give its s3:// address (one of the two)." in neither.content.decode()
+    both = c.post("/jobs/", {"source": "manifest", "manifest": csv_file("url\nhttp://e.com/a.jpg\n"),
+                             "manifest_key": "s3://photos/c.csv"})
+    assert both.status_code == 400 and "(mixed_sources: " in both.content.decode()
+    catalogue.SOURCE_BUCKETS = ["photos/allowed/"]
+    closed = c.post("/jobs/", {"source": "prefix", "prefix": "s3://photos/private/"})
+    assert closed.status_code == 403
+    html = closed.content.decode()
+    assert "Jobs may not read that bucket or folder here." in html and "(source_not_allowed: " in html
+    assert "Buckets open to jobs: <code>s3://photos/allowed/</code>." in html
+    assert 'value="s3://photos/private/"' in html  # what was typed stays in the form
+    not_s3 = c.post("/jobs/", {"source": "prefix", "prefix": "http://photos/"})
+    assert not_s3.status_code == 400 and "(source_uri_invalid: " in not_s3.content.decode()
+    late = c.post("/jobs/", {"source": "prefix", "prefix": "s3://photos/allowed/", "deadline": "tomorrow"})
+    assert late.status_code == 400 and "Deadline (UTC, optional): Enter a valid date/time." in late.content.decode()
+    assert c.post("/jobs/", {"source": "zip"}).status_code == 400
+    assert not Job.objects.exists()
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post("/jobs/", {"source": "prefix", "prefix": "s3://photos/allowed/"}).status_code == 403
+    assert not Job.objects.exists()
+
+
+@pytest.fixture
+def moto_bucket(catalogue, tmp_path):
+    """A real S3 endpoint (moto's server) with bucket ``photos`` open to jobs."""
+    from tests.embeddings.test_storage_s3 import MotoServer
+
+    server = MotoServer(tmp_path / "moto.log")
+    try:
+        server.client().create_bucket(Bucket="photos")
+        catalogue.SOURCE_BUCKETS = ["photos"]
+        catalogue.SOURCE_S3 = {"endpoint_url": server.url, "region": "us-east-1", "access_key": "testing",
+                               "secret_key": "testing", "addressing_style": "path"}
+        runtime.source_client.cache_clear()
+        yield server
+    finally:
+        runtime.source_client.cache_clear()
+        server.stop()
+
+
+def test_a_prefix_named_on_the_jobs_page_becomes_a_job(moto_bucket, user):
+    s3 = moto_bucket.client()
+    s3.put_object(Bucket="photos", Key="2024/a.jpg", Body=jpeg_bytes(70))
+    s3.put_object(Bucket="photos", Key="2024/b.JPG", Body=jpeg_bytes(71))
+    s3.put_object(Bucket="photos", Key="2024/notes.txt", Body=b"not a photo")
+    s3.put_object(Bucket="photos", Key="2023/c.jpg", Body=jpeg_bytes(72))
+    c = signed_in(user)
+    r = c.post("/jobs/", {"source": "prefix", "prefix": "s3://photos/2024/", "extensions": "jpg"})
+    job = Job.objects.get()
+    assert r.status_code == 302 and r["Location"] == f"/jobs/{job.id}/"
+    assert (job.name, job.total, job.status) == ("s3://photos/2024/", 2, "done")
+    html = c.get(r["Location"]).content.decode()
+    source = page_text(re.search(r'<section aria-labelledby="source-title".*?</section>', html, re.S).group(0))
+    assert source == ("Source Folder in a bucket s3://photos/2024/ Only these endings .jpg Objects listed 2 "
+                      "Reading finished")
+    assert 'id="job-failures-none" class="hint">None.' in html
+    image = Image.objects.get(job=job, origin="s3://photos/2024/a.jpg")
+    assert image.status == ImageStatus.EMBEDDED
+    page = c.get(f"/images/{image.id}/").content.decode()
+    # an s3:// origin is text, not a link
+    assert '<dd class="mono" id="origin">s3://photos/2024/a.jpg</dd>' in page
+
+
+def test_a_job_still_reading_and_a_source_that_could_not_be_read(catalogue, user):
+    job = Job.objects.create(owner=user, name="big", model_id=runtime.model_id(), total=120, reading=True,
+                             source={"kind": "manifest", "format": "parquet", "key": "s3://photos/big.parquet",
+                                     "name": "big.parquet", "bucket": "photos", "rows_read": 120,
+                                     "error": {"code": "source_missing",
+                                               "message": "s3://photos/big.parquet does not exist"}})
+    html = signed_in(user).get(f"/jobs/{job.id}/").content.decode()
+    assert '<span id="job-reading" class="badge s-reading">reading its manifest…</span>' in html
+    source = page_text(re.search(r'<section aria-labelledby="source-title".*?</section>', html, re.S).group(0))
+    assert source == ("Source Manifest s3://photos/big.parquet Format parquet Bucket of bare keys s3://photos "
+                      "Rows read 120 Reading reading… The manifest could not be read to the end. "
+                      "The stored file is gone. (source_missing: s3://photos/big.parquet does not exist)")
+    # a job from uploads has no source section
+    plain = Job.objects.create(owner=user, model_id=runtime.model_id(), total=0)
+    assert 'id="job-source"' not in signed_in(user).get(f"/jobs/{plain.id}/").content.decode()
+
+
+def with_metadata(api, items: list[tuple[str, dict]]) -> dict[str, str]:
+    """Upload one image per ``(external_id, metadata)``; returns ``{external_id: image id}``."""
+    import json
+
+    files = [upload(f"{ext}.jpg", jpeg_bytes(80 + i)) for i, (ext, _) in enumerate(items)]
+    r = api.post("/api/images/", {"files": files, "external_id": [e for e, _ in items],
+                                  "metadata": [json.dumps(m) for _, m in items], "k": 0}, format="multipart")
+    assert r.status_code == 200, r.json()
+    return {im["external_id"]: im["id"] for im in r.json()["images"]}
+
+
+def external_ids(html: str) -> list[str]:
+    """The external ids on the result cards, sorted."""
+    return sorted(re.findall(r'<span class="ext" title="[^"]*">([^<]+)</span>', html))
+
+
+CATALOGUE = [
+    ("A-1", {"category": "shoes", "price": 49.5, "count": 3, "added": "2024-05-01", "sale": True}),
+    ("A-2", {"category": "hats", "price": 12.0, "count": 10, "added": "2024-06-15", "sale": False}),
+    ("A-3", {"category": "shoes", "price": 5.0, "count": 7, "added": "2024-05-31T23:00:00Z", "sale": False,
+             "size": {"eu": 42, "us": 9}}),
+    ("A-4", {"category": "bags"}),
+]
+
+
+def test_the_search_page_filters_by_the_declared_fields(catalogue, api, user):
+    ids = with_metadata(api, CATALOGUE)
+    c = signed_in(user)
+    page = c.get("/search/", {"q": "a photo"})
+    html = page.content.decode()
+    assert page.status_code == 200 and external_ids(html) == ["A-1", "A-2", "A-3", "A-4"]
+    assert re.findall(r'name="(m-[^"]+)"', html) == ["m-category", "m-price-min", "m-price-max", "m-count-min",
+                                                     "m-count-max", "m-added-from", "m-added-to", "m-sale"]
+    assert re.findall(r'type="(\w+)" name="m-', html) == ["text", "number", "number", "number", "number", "date",
+                                                          "date"]
+    cases = [
+        ({"m-category": "shoes"}, ["A-1", "A-3"]),
+        ({"m-price-min": "10"}, ["A-1", "A-2"]),
+        ({"m-price-min": "5", "m-price-max": "12"}, ["A-2", "A-3"]),  # both bounds included
+        ({"m-category": "shoes", "m-count-max": "5"}, ["A-1"]),
+        ({"m-count-min": "7"}, ["A-2", "A-3"]),
+        ({"m-added-from": "2024-05-01", "m-added-to": "2024-05-31"}, ["A-1", "A-3"]),  # the last day included
+        ({"m-added-to": "2024-05-30"}, ["A-1"]),
+        ({"m-sale": "no"}, ["A-2", "A-3"]),
+        ({"m-sale": "yes", "m-category": "hats"}, []),
+        ({"m-sale": "", "m-category": ""}, ["A-1", "A-2", "A-3", "A-4"]),  # empty inputs filter nothing
+    ]
+    for params, expected in cases:
+        r = c.get("/search/", {"q": "a photo", **params})
+        assert r.status_code == 200, params
+        assert external_ids(r.content.decode()) == expected, params
+    # the filter goes with "more like this", into the image search form, and stays in its inputs
+    html = c.get("/search/", {"q": "a photo", "m-category": "shoes"}).content.decode()
+    assert html.count("&amp;m-category=shoes\" aria-label=\"More like") == 2
+    assert '<input type="hidden" name="m-category" value="shoes">' in html
+    assert 'name="m-category" value="shoes"' in html
+    like = c.get("/search/", {"like": ids["A-2"], "m-category": "shoes"})
+    assert external_ids(like.content.decode()) == ["A-1", "A-3"]
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    by_image = c.post("/search/", {"image": SimpleUploadedFile("q.jpg", jpeg_bytes(81), "image/jpeg"),
+                                   "m-price-max": "20"})
+    assert by_image.status_code == 200 and external_ids(by_image.content.decode()) == ["A-2", "A-3"]
+    # what is not a number or a date is refused in words, nothing searched
+    bad = c.get("/search/", {"q": "a photo", "m-price-min": "cheap"})
+    assert bad.status_code == 400 and "price (min): Enter a number." in bad.content.decode()
+    assert "/thumbnail/" not in bad.content.decode()
+    long = c.get("/search/", {"q": "a photo", "m-category": "x" * 300})
+    assert long.status_code == 400 and "category: Ensure this value has at most 256 characters" in long.content.decode()
+
+
+def test_result_cards_show_the_external_id_and_metadata_compactly(catalogue, api, user):
+    with_metadata(api, CATALOGUE)
+    html = signed_in(user).get("/search/", {"q": "a photo", "m-category": "shoes", "m-price-max": "6"}).content.decode()
+    card = re.search(r'<li class="card">.*?</li>', html, re.S).group(0)
+    assert '<span class="ext" title="your id: A-3">A-3</span>' in card
+    pairs = re.findall(r"<div><dt>([^<]+)</dt><dd>([^<]+)</dd></div>", card)
+    assert pairs == [("category", "shoes"), ("price", "5.0"), ("count", "7")]  # the first three
+    assert "+4 more" in card  # added, sale, size.eu, size.us
+    assert 'title="category: shoes; price: 5.0; count: 7; added: 2024-05-31T23:00:00Z; sale: false; size.eu: 42; ' \
+           'size.us: 9"' in card
+
+
+def test_no_declared_fields_no_filter_inputs(service, api, user):
+    uploaded(api, "a.jpg", jpeg_bytes(90))
+    html = signed_in(user).get("/search/", {"q": "a photo", "m-category": "shoes"}).content.decode()
+    assert 'name="m-' not in html and 'id="filters"' not in html
+    assert len(re.findall(r'/thumbnail/"', html)) == 1  # an input for an undeclared field filters nothing
+    assert '<span class="ext"' not in html and '<dl class="kv"' not in html  # no id, no metadata
+
+
+def test_the_image_page_shows_the_external_id_metadata_and_origin(catalogue, api, user, origin):
+    ids = with_metadata(api, CATALOGUE)
+    c = signed_in(user)
+    html = c.get(f"/images/{ids['A-3']}/").content.decode()
+    assert '<dd class="mono" id="external-id">A-3</dd>' in html and 'id="origin"' not in html
+    meta = re.search(r'<dl class="pairs">(.*?)</dl>', html, re.S).group(1)
+    assert re.findall(r"<div><dt>([^<]+)</dt><dd>([^<]+)</dd></div>", meta) == [
+        ("category", "shoes"), ("price", "5.0"), ("count", "7"), ("added", "2024-05-31T23:00:00Z"), ("sale", "false"),
+        ("size.eu", "42"), ("size.us", "9")]
+    # a row of a manifest: its origin (a link for http), its row; a row waiting to take an id
+    r = c.post("/jobs/", {"source": "manifest", "manifest": csv_file(f"url,external_id\n{origin.url}/img/5.jpg,A-9\n")})
+    row = Image.objects.get(job_id=r["Location"].split("/")[2])
+    Image.objects.filter(id=row.id).update(claimed_external_id="A-1")
+    html = c.get(f"/images/{row.id}/").content.decode()
+    assert (f'<dd class="mono" id="origin"><a href="{origin.url}/img/5.jpg" rel="noopener noreferrer nofollow">'
+            f'{origin.url}/img/5.jpg</a></dd>') in html
+    assert '<dd class="mono" id="external-id">A-9</dd>' in html
+    assert '<span class="mono" id="pending-external-id">A-1</span>' in html
+    assert "<div><dt>Manifest row</dt><dd>1</dd></div>" in html
+    assert 'id="metadata-title">Metadata</h2>\n    <p class="hint">None.</p>' in html
+
+
+def test_the_filter_form_builds_the_filter_json():
+    from embeddings.site.fields import FilterForm
+
+    declared = {"category": "keyword", "price": "float", "count": "integer", "added": "datetime", "sale": "bool",
+                "size.eu": "integer"}
+    assert FilterForm(declared).where() is None  # unbound: no filter
+    assert FilterForm(declared, {"m-category": " "}).where() is None
+    assert FilterForm(declared, {"m-category": "shoes"}).where() == {"field": "category", "eq": "shoes"}
+    assert FilterForm(declared, {"m-price-min": "1.5", "m-count-max": "7", "m-sale": "no",
+                                 "m-added-from": "2024-05-01", "m-added-to": "2024-05-31",
+                                 "m-size.eu-min": "40"}).where() == {"and": [
+        {"field": "price", "gte": 1.5}, {"field": "count", "lte": 7},
+        {"field": "added", "gte": "2024-05-01", "lt": "2024-06-01"}, {"field": "sale", "eq": False},
+        {"field": "size.eu", "gte": 40}]}
+    assert FilterForm(declared, {"m-price-min": "nan"}).is_valid() is False

@@ -1,6 +1,7 @@
-// Job page: re-reads GET /api/jobs/{id}/ once a second while the job is live and redraws the
-// progress bar, rate, ETA, at-risk flag, failures, stage table and chart; the buttons call
-// POST /api/jobs/{id}/{pause|resume|cancel}/.
+// Job page: re-reads GET /api/jobs/{id}/ once a second while the job is live (or still reading its
+// manifest or prefix) and redraws the progress bar, rate, ETA, at-risk flag, the source's rows read,
+// failures by reason and their list, stage table and chart; the buttons call
+// POST /api/jobs/{id}/{pause|resume|cancel}/. The server renders the same markup first (job.html).
 "use strict";
 (function () {
   const root = document.getElementById("job");
@@ -44,14 +45,57 @@
     });
     chart(shown.filter(function (s) { return s !== "total"; }), t);
 
-    const fl = $("job-failures");
-    fl.textContent = "";
-    if (!d.failures || !d.failures.length) fl.appendChild(Site.el("li", { "class": "hint" }, "None."));
-    (d.failures || []).forEach(function (f) {
+    source(d);
+    failures(d);
+  }
+
+  function source(d) {
+    $("job-reading").hidden = !d.reading;
+    if (!$("job-source")) return;
+    const s = d.source || {};
+    $("job-rows-read").textContent = s.rows_read || 0;
+    $("job-reading-state").textContent = d.reading ? "reading…" : "finished";
+    const err = $("job-source-error");
+    err.hidden = !s.error;
+    if (s.error) {
+      err.textContent = "";
+      err.appendChild(Site.el("strong", {}, "The " + s.kind + " could not be read to the end."));
+      err.appendChild(document.createTextNode(" " + Site.reasonWords(s.error.code) + " "));
+      err.appendChild(Site.el("span", { "class": "code" }, "(" + s.error.code + ": " + s.error.message + ")"));
+    }
+  }
+
+  function failures(d) {
+    const list = d.failures || [];
+    $("job-failed-count").textContent = d.failed;
+    const reasons = $("job-reasons");
+    reasons.textContent = "";
+    Object.keys(d.failure_reasons || {}).forEach(function (code) {  // most first, as the API sends them
       const li = Site.el("li");
-      li.appendChild(Site.el("strong", {}, f.original_name || f.id));
-      li.appendChild(document.createTextNode(": " + Site.reasonWords(f.reason) + " (" + f.reason + ")"));
-      fl.appendChild(li);
+      li.appendChild(Site.el("span", { "class": "code" }, code));
+      li.appendChild(document.createTextNode(" "));
+      li.appendChild(Site.el("strong", {}, String(d.failure_reasons[code])));
+      li.appendChild(document.createTextNode(" "));
+      li.appendChild(Site.el("span", { "class": "words" }, Site.reasonWords(code)));
+      reasons.appendChild(li);
+    });
+    $("job-failures-none").hidden = list.length > 0;
+    $("job-failures-wrap").hidden = list.length === 0;
+    $("job-failures-shown").hidden = d.failed <= list.length;
+    $("job-failures-n").textContent = list.length;
+    const body = $("job-failures").tBodies[0];
+    body.textContent = "";
+    list.forEach(function (f) {
+      const tr = Site.el("tr");
+      tr.appendChild(Site.el("td", {}, f.row === null || f.row === undefined ? "–" : String(f.row)));
+      const where = Site.el("td", { "class": "wrap" });
+      where.appendChild(Site.el("a", { href: "/images/" + f.id + "/" }, f.origin || f.original_name || f.id));
+      tr.appendChild(where);
+      const why = Site.el("td");
+      why.appendChild(Site.el("span", { "class": "code" }, f.reason));
+      tr.appendChild(why);
+      tr.appendChild(Site.el("td", { "class": "wrap" }, f.reason_detail || ""));
+      body.appendChild(tr);
     });
   }
 
@@ -83,12 +127,13 @@
 
   let data = JSON.parse($("job-data").textContent);
   render(data);
+  function going(d) { return live[d.status] || d.reading; }
   async function refresh() {
     const r = await Site.api("GET", url);
     if (r.status === 200) { data = r.data; render(data); }
-    if (live[data.status]) setTimeout(refresh, 1000);
+    if (going(data)) setTimeout(refresh, 1000);
   }
-  if (live[data.status]) setTimeout(refresh, 1000);
+  if (going(data)) setTimeout(refresh, 1000);
 
   root.querySelectorAll("button[data-action]").forEach(function (b) {
     b.addEventListener("click", async function () {
