@@ -45,6 +45,16 @@ def service(settings, tmp_path, random_config, encoder):
     _clear_runtime()
 
 
+@pytest.fixture(scope="session")
+def origin():
+    """A real local HTTP server of image URLs that misbehave on purpose (``tests/origin_server.py``):
+    catalogue manifests point at it; fetching it needs ``FETCH_ALLOW_NETWORKS`` = 127.0.0.1/32."""
+    from tests.origin_server import OriginServer
+
+    with OriginServer() as server:
+        yield server
+
+
 @pytest.fixture
 def user(django_user_model):
     return django_user_model.objects.create_user("alice", password="pw")

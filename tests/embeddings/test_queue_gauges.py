@@ -36,7 +36,7 @@ def test_depth_and_oldest_age_per_lane_and_priority_step(settings, private_redis
                                   (lanes.BULK, 9)])
     now = t1 + 100.0
     rows = {(lane, step): (n, age) for lane, step, n, age in QueueGauges(client, clock=lambda: now).read()}
-    assert len(rows) == 3 * 4  # every lane at every priority step, empty ones included
+    assert len(rows) == len(lanes.ALL_QUEUES) * 4 == 16  # every lane (fetch too) at every priority step, empty ones
     assert rows[(lanes.BULK, 9)][0] == 3 and rows[(lanes.BULK, 6)][0] == 1
     assert rows[(lanes.INTERACTIVE, 0)][0] == 1
     assert sum(n for n, _ in rows.values()) == 5

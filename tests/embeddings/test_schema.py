@@ -75,7 +75,7 @@ def test_each_error_status_uses_the_error_component_and_retry_after(served):
 
 def test_every_secured_operation_documents_401_and_every_id_404(served):
     ops = [(path, method, op) for path, item in served["paths"].items() for method, op in item.items()]
-    assert len(ops) == 18  # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13
+    assert len(ops) == 19  # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13; PATCH image: 41
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)

@@ -229,14 +229,6 @@ def test_admin_thumbnails_are_the_workers_never_a_decode_in_the_web(service, api
 # --- catalogue jobs, the metadata filter, ids and metadata on the pages (issue 41) ------------------
 
 
-@pytest.fixture(scope="module")
-def origin():
-    from tests.origin_server import OriginServer
-
-    with OriginServer() as server:
-        yield server
-
-
 @pytest.fixture
 def catalogue(service, origin):
     """Fetching allowed from the test origin on 127.0.0.1 (refused by default), and the declared

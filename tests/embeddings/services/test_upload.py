@@ -39,7 +39,7 @@ def test_an_upload_answers_every_image_in_order_with_its_neighbours(service, use
     assert a == {"id": a["id"], "status": "embedded", "reason": None, "detail": None, "sha256": a["sha256"],
                  "width": 260, "height": 200, "original_name": "a.jpg", "job_id": None,
                  "url": f"/api/images/{a['id']}/", "thumbnail_url": f"/api/images/{a['id']}/thumbnail/",
-                 "neighbours": []}
+                 "external_id": None, "metadata": {}, "neighbours": []}
 
     out = upload.images_upload(owner=user, deadline_s=30, k=5, sources=[
         source("b.jpg", jpeg_bytes(2)), source("broken.jpg", BROKEN_JPEG), source("a-again.jpg", jpeg_bytes(1))])

@@ -13,15 +13,8 @@ from embeddings import runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus
 from tests.conftest import photo_paths
 from tests.embeddings.conftest import client_for
-from tests.origin_server import OriginServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def origin():
-    with OriginServer() as server:
-        yield server
 
 
 @pytest.fixture
