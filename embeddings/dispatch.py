@@ -128,10 +128,12 @@ def send_fetch_chunk(*, job_id: str, image_ids: list[str], priority: str):
     return send("fetch_chunk", (job_id, image_ids), **fetch_options(priority))
 
 
-def send_job_read(*, job_id: str, priority: str):
+def send_job_read(*, job_id: str, priority: str, countdown: float | None = None):
     """Queue ``job_read``: read the job's manifest or prefix into rows, page by page, on the fetch
-    queue (never inside the web request that made the job)."""
-    return send("job_read", (job_id,), **fetch_options(priority))
+    queue (never inside the web request that made the job); ``countdown``: not before that many
+    seconds (a read waiting for the model to catch up)."""
+    options = fetch_options(priority) if countdown is None else {**fetch_options(priority), "countdown": countdown}
+    return send("job_read", (job_id,), **options)
 
 
 def send_job_done(*, job_id: str):

@@ -154,7 +154,7 @@ class Allowed:
 
 
 def list_prefix(client: Any, bucket: str, prefix: str, *, extensions: Iterable[str] | None = None,
-                page_size: int = MAX_PAGE_SIZE) -> Iterator[list[ObjectInfo]]:
+                page_size: int = MAX_PAGE_SIZE, start_after: str | None = None) -> Iterator[list[ObjectInfo]]:
     """The objects under ``prefix``, one ``ListObjectsV2`` page at a time, in the server's (key)
     order; the whole listing is never held.
 
@@ -165,6 +165,8 @@ def list_prefix(client: Any, bucket: str, prefix: str, *, extensions: Iterable[s
         extensions: keep only keys ending in one of these, case-insensitive (``{".jpg", "png"}``:
             the dot is optional); ``None``: every key.
         page_size: objects asked for per request, 1 to :data:`MAX_PAGE_SIZE`.
+        start_after: list only the keys after this one (``StartAfter``): where an earlier listing of
+            the same prefix stopped.
 
     Yields:
         Lists of :class:`ObjectInfo`, one per page, without "folders" (keys ending in ``/``) and
@@ -180,7 +182,8 @@ def list_prefix(client: Any, bucket: str, prefix: str, *, extensions: Iterable[s
     if extensions is not None:
         suffixes = tuple({("" if e.startswith(".") else ".") + e.lower() for e in extensions})
     pages = client.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
+        Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size},
+        **({"StartAfter": start_after} if start_after else {}))
     try:
         for page in pages:
             infos = [ObjectInfo(o["Key"], int(o["Size"]), o.get("ETag", "").strip('"'))

@@ -44,10 +44,13 @@ def _consumed(sender) -> set[str]:
 
 def worker_niceness(queues) -> int:
     """Niceness for a worker consuming ``queues`` (``-Q``: a list or a comma-separated string):
-    ``WORKER_NICE`` when set, else ``BULK_WORKER_NICE`` for a bulk-only worker, else 0."""
+    ``WORKER_NICE`` when set, else ``BULK_WORKER_NICE`` for a worker of bulk work only (the bulk
+    queue, the fetch queue, or both: nobody waits for either, so neither may take a core from the
+    interactive lane), else 0."""
     if settings.WORKER_NICE:
         return settings.WORKER_NICE
-    return settings.BULK_WORKER_NICE if _queue_names(queues) == {lanes.BULK} else 0
+    names = _queue_names(queues)
+    return settings.BULK_WORKER_NICE if names and names <= {lanes.BULK, lanes.FETCH} else 0
 
 
 def worker_idle_policy(queues) -> bool:

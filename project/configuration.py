@@ -304,6 +304,9 @@ VARS: tuple[Var, ...] = (
         "networks (CIDR) that image URLs may resolve to although private, loopback or link-local, "
         "comma-separated; empty: only public addresses (server-side request forgery refused)"),
     Var("MANIFEST_MAX_ROWS", int, 10_000_000, "catalogue", "data rows of one manifest"),
+    Var("FETCH_READ_AHEAD", int, 1024, "catalogue",
+        "rows a catalogue job reads and fetches ahead of the model: its reading waits while it has this "
+        "many images queued (0: no bound)"),
     Var("METADATA_MAX_BYTES", int, 4096, "catalogue", "an image's metadata as compact JSON (UTF-8 bytes)"),
     Var("METADATA_INDEXES", str, "", "catalogue",
         "metadata fields searches filter on often, with their types, e.g. `category:keyword,price:float,"

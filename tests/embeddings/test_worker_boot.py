@@ -28,8 +28,11 @@ from tests.conftest import ROOT
     (lanes.BULK, 19), ([lanes.BULK], 19), (f" {lanes.BULK} ", 19),
     (lanes.INTERACTIVE, 0), (lanes.VECTORS, 0), (f"{lanes.INTERACTIVE},{lanes.BULK}", 0),  # deployment (b)
     ([lanes.INTERACTIVE, lanes.BULK], 0), (None, 0),
+    (lanes.FETCH, 19), (f"{lanes.BULK},{lanes.FETCH}", 19), (f"{lanes.INTERACTIVE},{lanes.FETCH}", 0),  # issue 41
 ])
 def test_only_a_bulk_only_worker_is_niced_by_default(settings, queues, nice):
+    """Bulk work (embedding chunks, reading and fetching catalogues) never takes a core from the
+    interactive lane: a worker of nothing else is niced."""
     settings.WORKER_NICE, settings.BULK_WORKER_NICE = 0, 19
     assert worker_niceness(queues) == nice
 

@@ -168,7 +168,7 @@ def check_header(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = Non
 
 def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = None,
                   max_line_bytes: int = MAX_LINE_BYTES, max_rows: int | None = None,
-                  max_metadata_bytes: int = 4096) -> Iterator[ManifestRow | RowError]:
+                  max_metadata_bytes: int = 4096, resume: dict | None = None) -> "ManifestReader":
     """The manifest's rows, one at a time, each a :class:`ManifestRow` or a :class:`RowError`.
 
     The header is read and checked when this is called (so whole-manifest errors raise here,
@@ -205,6 +205,8 @@ def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = No
         max_rows: most data rows read (``MANIFEST_MAX_ROWS``); when the manifest has more, one
             ``RowError(max_rows + 1, "manifest_too_many_rows", ...)`` ends the iteration.
         max_metadata_bytes: a row's metadata bound (``METADATA_MAX_BYTES``).
+        resume: a :attr:`ManifestReader.position` of an earlier read of this file: go on after it
+            (the header is read and checked again; the rows before it are not parsed).
 
     Raises:
         ManifestError: ``manifest_format`` (unknown ``fmt``, an unreadable Parquet file, also when
@@ -220,8 +222,55 @@ def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = No
     """
     types = check_types(types)
     source, _ = _open(f, fmt, max_line_bytes)
-    rows = _ROWS[fmt](source)
-    return _checked(rows, types, max_rows, max_metadata_bytes, nested=fmt != "csv")
+    cursor = _Cursor(fmt, source)
+    if resume:
+        cursor.resume(resume)
+    return ManifestReader(_checked(_ROWS[fmt](source, cursor), types, max_rows, max_metadata_bytes,
+                                   nested=fmt != "csv"), cursor)
+
+
+class _Cursor:
+    """Where a reader is: the data rows consumed and, for line formats, the byte offset after them."""
+
+    def __init__(self, fmt: str, source: Any) -> None:
+        self.fmt, self.source, self.row, self.skip = fmt, source, 0, 0
+
+    @property
+    def lines(self) -> _Lines | None:
+        return self.source[0] if self.fmt == "csv" else self.source if self.fmt == "jsonl" else None
+
+    def position(self) -> dict:
+        lines = self.lines
+        return {"row": self.row} if lines is None else {"row": self.row, "offset": lines.offset}
+
+    def resume(self, position: dict) -> None:
+        self.row = int(position["row"])
+        lines = self.lines
+        if lines is not None:
+            lines.seek(int(position["offset"]))
+        else:
+            self.skip = self.row  # Parquet: whole row groups and batches before it are passed over
+
+
+class ManifestReader:
+    """The rows of a manifest (an iterator of :class:`ManifestRow` / :class:`RowError`) and where
+    the reading is: :attr:`position`, valid between two rows, resumes a later read of the same file
+    exactly there (``read_manifest(..., resume=position)``) without parsing the rows before it."""
+
+    def __init__(self, rows: Iterator[ManifestRow | RowError], cursor: _Cursor) -> None:
+        self._rows, self._cursor = rows, cursor
+
+    def __iter__(self) -> "ManifestReader":
+        return self
+
+    def __next__(self) -> ManifestRow | RowError:
+        return next(self._rows)
+
+    @property
+    def position(self) -> dict:
+        """``{"row": data rows consumed, "offset": byte offset after them}`` (CSV, JSON Lines) or
+        ``{"row": ...}`` (Parquet): JSON, kept with the job."""
+        return self._cursor.position()
 
 
 # --- reading lines ------------------------------------------------------------------------------
@@ -251,6 +300,14 @@ class _Lines:
         self.record_bytes = 0
         self.first = True
         self.pushed: str | _LineProblem | None = None
+        #: bytes of the stream consumed so far (a pushed-back line included): where the next line starts
+        self.offset = f.tell() if hasattr(f, "tell") else 0
+
+    def seek(self, offset: int) -> None:
+        """Go on reading at byte ``offset`` (the start of a line: an :class:`ManifestReader`
+        position), forgetting any pushed-back line."""
+        self.f.seek(offset)
+        self.offset, self.first, self.pushed = offset, False, None
 
     def __iter__(self) -> _Lines:
         return self
@@ -265,12 +322,14 @@ class _Lines:
         raw = self.f.readline(budget + 1)
         if not raw:
             raise StopIteration
+        self.offset += len(raw)
         if self.first:
             self.first = False
             raw = raw.removeprefix(_BOM)
         if len(raw) > budget:
             if not raw.endswith(b"\n"):
                 while chunk := self.f.readline(_SKIP_BYTES):
+                    self.offset += len(chunk)
                     if chunk.endswith(b"\n"):
                         break
             raise _LineProblem("row_too_long", f"longer than {self.cap} bytes")
@@ -387,25 +446,25 @@ def _check_columns(columns: list[str], where: str) -> None:
 # --- raw rows per format: (row, fields) or (row, RowError) ----------------------------------------
 
 
-def _csv_rows(source) -> Iterator[tuple[int, dict | RowError | None]]:
+def _csv_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
     lines, reader, columns = source
     width = len(columns)
-    row = 0
     while True:
+        row = cursor.row
         lines.record_bytes = 0
         try:
             cells = next(reader)
         except StopIteration:
             return
         except _LineProblem as problem:
-            row += 1
+            row = cursor.row = row + 1
             yield row, RowError(row, problem.code, problem.detail, None)
             continue
         except csv.Error as e:
-            row += 1
+            row = cursor.row = row + 1
             yield row, RowError(row, "row_invalid", f"not valid CSV: {e}", None)
             continue
-        row += 1
+        row = cursor.row = row + 1
         if len(cells) == width:
             fields = {name: cell for name, cell in zip(columns, cells) if cell.strip()}
             yield row, fields or None  # no cell with text: a blank line
@@ -415,19 +474,19 @@ def _csv_rows(source) -> Iterator[tuple[int, dict | RowError | None]]:
             yield row, RowError(row, "row_invalid", f"{len(cells)} cells; the header has {width} columns", None)
 
 
-def _jsonl_rows(lines: _Lines) -> Iterator[tuple[int, dict | RowError | None]]:
-    row = 0
+def _jsonl_rows(lines: _Lines, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
     while True:
+        row = cursor.row
         lines.record_bytes = 0
         try:
             text = next(lines)
         except StopIteration:
             return
         except _LineProblem as problem:
-            row += 1
+            row = cursor.row = row + 1
             yield row, RowError(row, problem.code, problem.detail, None)
             continue
-        row += 1
+        row = cursor.row = row + 1
         if not text.strip():
             yield row, None
             continue
@@ -442,18 +501,28 @@ def _jsonl_rows(lines: _Lines) -> Iterator[tuple[int, dict | RowError | None]]:
         yield row, obj
 
 
-def _parquet_rows(parquet) -> Iterator[tuple[int, dict | RowError | None]]:
+def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
     import pyarrow as pa
 
     # Python's datetime and time stop at microseconds: nanosecond columns are truncated to them
     # (pyarrow refuses to convert nanoseconds it would lose without pandas).
     schema = parquet.schema_arrow
     micro = pa.schema([_microseconds(field) for field in schema])
-    row = 0
-    batches = parquet.iter_batches(batch_size=BATCH_ROWS)
+    # a resumed read starts at the row group holding its next row, and passes over whole batches
+    skip, first_group = cursor.skip, 0
+    while first_group < parquet.num_row_groups and skip >= parquet.metadata.row_group(first_group).num_rows:
+        skip -= parquet.metadata.row_group(first_group).num_rows
+        first_group += 1
+    batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=range(first_group, parquet.num_row_groups))
     while True:
+        row = cursor.row
         try:
             batch = next(batches)
+            if skip >= batch.num_rows:
+                skip -= batch.num_rows
+                continue
+            if skip:
+                batch, skip = batch.slice(skip), 0
             if micro != schema:
                 batch = batch.cast(micro, safe=False)
             records = batch.to_pylist()
@@ -462,7 +531,7 @@ def _parquet_rows(parquet) -> Iterator[tuple[int, dict | RowError | None]]:
         except (pa.ArrowException, OSError, ValueError) as e:
             raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}") from e
         for record in records:
-            row += 1
+            row = cursor.row = row + 1
             yield row, {name: _native(value) for name, value in record.items() if value is not None}
 
 

@@ -45,6 +45,9 @@ from workers.vector_store.filters import parse_indexed_fields
 
 log = logging.getLogger(__name__)
 
+#: Seconds a read that is far enough ahead of the model waits before it looks again.
+READ_AHEAD_WAIT_S = 2.0
+
 #: Objects per listing page of a prefix job (S3's own maximum for ``ListObjectsV2``).
 LIST_PAGE_SIZE = 1000
 
@@ -183,21 +186,42 @@ def _manifest_file(source: dict) -> Iterator[BinaryIO]:
             yield f
 
 
-def _prefix_rows(source: dict) -> Iterator[ManifestRow | RowError]:
+class _PrefixRows:
     """The objects of a prefix job as rows (``key`` set; 1-based in listing order), a page at a
-    time; objects over ``MAX_IMAGE_BYTES`` by their listed size are refused ``too_large`` here."""
-    n = 0
-    exts = set(source.get("extensions") or ()) or None
-    for page in list_prefix(runtime.source_client(), source["bucket"], source["prefix"], extensions=exts,
-                            page_size=LIST_PAGE_SIZE):
-        for obj in page:
-            n += 1
-            if obj.size > settings.PIPELINE.max_image_bytes:
-                yield RowError(row=n, code="too_large", external_id=None,
-                               detail=f"s3://{source['bucket']}/{obj.key}: {obj.size} bytes > limit "
-                                      f"{settings.PIPELINE.max_image_bytes} bytes")
-            else:
-                yield ManifestRow(row=n, url=None, key=obj.key, external_id=None, metadata={})
+    time, from where an earlier read stopped (``source["resume"]``: the rows listed and the last
+    key); objects over ``MAX_IMAGE_BYTES`` by their listed size are refused ``too_large`` here.
+    :attr:`position` says where it is, as :class:`~.manifests.ManifestReader` does."""
+
+    def __init__(self, source: dict) -> None:
+        resume = source.get("resume") or {}
+        self.row, self.after = int(resume.get("row", 0)), resume.get("after")
+        self._rows = self._listing(source)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> ManifestRow | RowError:
+        return next(self._rows)
+
+    @property
+    def position(self) -> dict:
+        return {"row": self.row, "after": self.after}
+
+    def _listing(self, source: dict) -> Iterator[ManifestRow | RowError]:
+        exts = set(source.get("extensions") or ()) or None
+        for page in list_prefix(runtime.source_client(), source["bucket"], source["prefix"], extensions=exts,
+                                page_size=LIST_PAGE_SIZE, start_after=self.after):
+            for obj in page:
+                self.row, self.after = self.row + 1, obj.key
+                yield self._row(source, self.row, obj)
+
+    @staticmethod
+    def _row(source: dict, n: int, obj) -> ManifestRow | RowError:
+        if obj.size > settings.PIPELINE.max_image_bytes:
+            return RowError(row=n, code="too_large", external_id=None,
+                            detail=f"s3://{source['bucket']}/{obj.key}: {obj.size} bytes > limit "
+                                   f"{settings.PIPELINE.max_image_bytes} bytes")
+        return ManifestRow(row=n, url=None, key=obj.key, external_id=None, metadata={})
 
 
 def _origin(row: ManifestRow, source: dict) -> str:
@@ -273,7 +297,7 @@ def _slice_rows(job: Job, items: list[ManifestRow | RowError], *, claim_all: boo
     return out
 
 
-def _store_slice(job: Job, items: list[ManifestRow | RowError], rows_read: int) -> list[str]:
+def _store_slice(job: Job, items: list[ManifestRow | RowError], position: dict) -> list[str]:
     """Create one slice's rows and count them, in one transaction; its queued rows go to the fetch
     queue after commit. Returns their ids."""
     for claim_all in (False, True):  # a free id taken by another request meanwhile: claim instead
@@ -282,7 +306,7 @@ def _store_slice(job: Job, items: list[ManifestRow | RowError], rows_read: int) 
             with transaction.atomic():
                 Image.objects.bulk_create(images, batch_size=500)
                 Job.objects.filter(id=job.id).update(total=F("total") + len(images))
-                job.source = {**job.source, "rows_read": rows_read}
+                job.source = {**job.source, "rows_read": position["row"], "resume": position}
                 Job.objects.filter(id=job.id).update(source=job.source)
                 ids = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
                 if ids:
@@ -295,11 +319,12 @@ def _store_slice(job: Job, items: list[ManifestRow | RowError], rows_read: int) 
     return []
 
 
-def _rows(source: dict, f: BinaryIO | None) -> Iterator[ManifestRow | RowError]:
+def _rows(source: dict, f: BinaryIO | None):
+    """The source's rows from where the last read stopped, with their ``position``."""
     if source["kind"] == "prefix":
-        return _prefix_rows(source)
+        return _PrefixRows(source)
     return read_manifest(f, source["format"], types=declared_types(), max_rows=settings.MANIFEST_MAX_ROWS,
-                         max_metadata_bytes=settings.METADATA_MAX_BYTES)
+                         max_metadata_bytes=settings.METADATA_MAX_BYTES, resume=source.get("resume"))
 
 
 def job_read(*, job_id: str) -> dict:
@@ -309,8 +334,15 @@ def job_read(*, job_id: str) -> dict:
     object is gone, the file is not what its header promised) ends the reading with
     ``source["error"]`` (code and message) and the rows made so far.
 
+    A read never runs more than ``FETCH_READ_AHEAD`` rows ahead of the model: while the job has
+    that many images queued (made, fetched or not, not yet embedded) it stops, and reads on after
+    :data:`READ_AHEAD_WAIT_S` (a ``job_read`` with a countdown). Reading and fetching a million rows
+    at once would only take cores from the model (the fetch worker is as nice as the bulk worker)
+    and hold bytes nobody will embed for hours; the bound keeps the model fed and no more.
+
     Returns:
-        ``{"rows": rows made by this call, "rows_read": rows consumed in all}``.
+        ``{"rows": rows made by this call, "rows_read": rows consumed in all}``, and ``"waiting":
+        True`` when it stopped to let the model catch up.
     """
     job = Job.objects.filter(id=job_id).first()
     if job is None or not job.reading:
@@ -318,20 +350,23 @@ def job_read(*, job_id: str) -> dict:
     source = dict(job.source)
     done = int(source.get("rows_read", 0))
     made = 0
+    ahead = settings.FETCH_READ_AHEAD
     try:
         with (_manifest_file(source) if source["kind"] == "manifest" else contextlib.nullcontext()) as f:
-            it = iter(_rows(source, f))
-            if done:
-                next(itertools.islice(it, done - 1, done), None)  # consumed by an earlier read
+            rows = _rows(source, f)  # from where an earlier read stopped: its rows are not read again
             while True:
-                items = list(itertools.islice(it, job.chunk_size))
+                if ahead and _queued(job, ahead) >= ahead:
+                    dispatch.send_job_read(job_id=str(job.id), priority=job.priority, countdown=READ_AHEAD_WAIT_S)
+                    return {"rows": made, "rows_read": done, "waiting": True}
+                items = list(itertools.islice(rows, job.chunk_size))
                 if not items:
                     break
                 if Job.objects.filter(id=job.id, status=JobStatus.CANCELLED).exists():
                     break
-                done += len(items)
+                position = rows.position
                 made += len(items)
-                _store_slice(job, items, done)
+                done = position["row"]
+                _store_slice(job, items, position)
     except (ManifestError, ObjectError) as e:
         source = {**Job.objects.get(id=job.id).source, "error": {"code": e.code, "message": str(getattr(e, "message", e))}}
         Job.objects.filter(id=job.id).update(source=source)
@@ -347,6 +382,12 @@ def job_read(*, job_id: str) -> dict:
         _drop_manifest_blob(source["key"], job.id)
     job_services.job_refresh(job_id=job.id)
     return {"rows": made, "rows_read": done}
+
+
+def _queued(job: Job, limit: int) -> int:
+    """The job's queued images, counted up to ``limit`` (a ``LIMIT`` subquery on the ``(job,
+    status)`` index: the cost does not grow with the job)."""
+    return Image.objects.filter(job=job, status=ImageStatus.QUEUED).values("id")[:limit].count()
 
 
 def _drop_manifest_blob(key: str, job_id) -> None:

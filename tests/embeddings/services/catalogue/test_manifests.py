@@ -420,3 +420,28 @@ def test_a_declared_field_holds_its_type_or_the_row_fails():
     assert [(r.row, r.code) for r in rows if isinstance(r, RowError)] == [(1, "metadata_invalid"), (3, "metadata_invalid")]
     assert rows[1] == ManifestRow(2, "https://a.example/2.jpg", None, None, {"price": 12.5})
     assert "indexed as float" in rows[0].detail
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_a_read_resumes_at_its_position_without_reading_the_rows_before_it(fmt):
+    """The position after some rows resumes a later read of the same file exactly there: the next
+    rows, with their own numbers (a job's read that stops to let the model catch up)."""
+    urls = [f"https://a.example/{i}.jpg" for i in range(1, 11)]
+    if fmt == "csv":
+        data = ("url,external_id\n" + "".join(f"{u},{i}\n" for i, u in enumerate(urls, 1))).encode()
+    elif fmt == "jsonl":
+        data = "".join(json.dumps({"url": u, "external_id": str(i)}) + "\n" for i, u in enumerate(urls, 1)).encode()
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        out = io.BytesIO()
+        pq.write_table(pa.table({"url": urls, "external_id": [str(i) for i in range(1, 11)]}), out, row_group_size=4)
+        data = out.getvalue()
+    first = read_manifest(io.BytesIO(data), fmt)
+    got = [next(first) for _ in range(6)]
+    assert [r.row for r in got] == [1, 2, 3, 4, 5, 6]
+    position = first.position
+    assert position["row"] == 6
+    rest = list(read_manifest(io.BytesIO(data), fmt, resume=json.loads(json.dumps(position))))
+    assert [(r.row, r.url, r.external_id) for r in rest] == [(i, urls[i - 1], str(i)) for i in range(7, 11)]

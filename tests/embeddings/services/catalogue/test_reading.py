@@ -314,3 +314,27 @@ def test_a_bucket_manifest_on_storage_that_cannot_be_reached_is_a_503_not_a_500(
     assert r.status_code == 503 and r.json()["code"] == "source_unavailable" and r["Retry-After"] == "30"
     assert not Job.objects.exists()
     runtime.source_client.cache_clear()
+
+
+def test_a_read_stays_at_most_fetch_read_ahead_rows_ahead_of_the_model(catalogue, api, origin, monkeypatch):
+    """While a job has FETCH_READ_AHEAD images queued its read stops and asks to be read again
+    later; it then goes on from where it stopped, never reading a row twice."""
+    from embeddings import dispatch
+    from embeddings.services.catalogue import reading
+
+    reads, fetches = [], []
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: reads.append(kw))
+    monkeypatch.setattr(dispatch, "send_fetch_chunk", lambda **kw: fetches.append(kw))  # nothing fetched
+    catalogue.FETCH_READ_AHEAD = 2
+    job = post_manifest(api, "url\n" + "".join(f"{origin.url}/img/{i}.jpg\n" for i in range(5)))
+    Job.objects.filter(id=job.id).update(chunk_size=1)
+    assert reading.job_read(job_id=str(job.id)) == {"rows": 2, "rows_read": 2, "waiting": True}
+    assert reads[-1]["countdown"] == reading.READ_AHEAD_WAIT_S and len(fetches) == 2
+    assert reading.job_read(job_id=str(job.id)) == {"rows": 0, "rows_read": 2, "waiting": True}  # still 2 queued
+    Image.objects.filter(job=job).update(status=ImageStatus.EMBEDDED)  # the model caught up
+    assert reading.job_read(job_id=str(job.id)) == {"rows": 2, "rows_read": 4, "waiting": True}
+    Image.objects.filter(job=job).update(status=ImageStatus.EMBEDDED)
+    assert reading.job_read(job_id=str(job.id)) == {"rows": 1, "rows_read": 5}
+    assert sorted(Image.objects.filter(job=job).values_list("row", flat=True)) == [1, 2, 3, 4, 5]
+    job.refresh_from_db()
+    assert (job.total, job.reading, job.status) == (5, False, JobStatus.RUNNING)  # row 5 waits for its fetch
