@@ -76,6 +76,17 @@ class Seen:
     completed: bool = False
 
 
+def pixels_jpeg(n: int) -> bytes:
+    """A 64×64 JPEG of smooth noise seeded by ``n``: images whose embeddings differ (``/img/<n>``
+    share their pixels, so their vectors are one)."""
+    import cv2
+    import numpy as np
+
+    rng = np.random.default_rng(n)
+    img = cv2.resize(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), (64, 64), interpolation=cv2.INTER_CUBIC)
+    return cv2.imencode(".jpg", img)[1].tobytes()
+
+
 def self_signed(names: tuple[str, ...], folder: Path) -> tuple[Path, Path]:
     """A self-signed certificate for ``names`` (DNS names or IP addresses) and its P-256 key.
 
@@ -149,6 +160,8 @@ class _Handler(BaseHTTPRequestHandler):
             if "delay" in query:
                 time.sleep(float(query["delay"]))
             return self._send(seen, 200, origin.jpeg + m.group(1).encode(), "image/jpeg")
+        if m := re.fullmatch(r"/pixels/(\d+)\.jpg", path):  # distinct pixels per n, not only distinct bytes
+            return self._send(seen, 200, pixels_jpeg(int(m.group(1))), "image/jpeg")
         if m := re.fullmatch(r"/photo/([^/]+)", path):
             data = origin.photo_bytes(m.group(1))
             if data is None:

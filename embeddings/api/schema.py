@@ -83,9 +83,29 @@ def postprocess(result: dict, generator, request, public) -> dict:
                 responses["401"] = {"description": ERROR_STATUS[401], **_error_ref()}
             if "{" in path and "404" not in responses:
                 responses["404"] = {"description": ERROR_STATUS[404], **_error_ref()}
-    # the search's metadata filter: a recursive grammar, one component per rule (workers/vector_store/filters.py)
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.update(metadata_filter_components())
+    if "PatchedImagePatchRequest" in schemas:  # PATCH names what may change; anything else is a 400
+        schemas["PatchedImagePatchRequest"]["additionalProperties"] = False
+    return result
+
+
+def metadata_filter_components() -> dict:
+    """The search's metadata filter as components (``workers.vector_store.filters.json_schema``),
+    each alternative of its ``oneOf`` a named component of its own (``MetadataAnd``, ``MetadataOr``,
+    ``MetadataNot``, ``MetadataCondition``): generated clients (openapi-python-client) read a union
+    of named objects, not one of inline objects."""
     from workers.vector_store import filters
 
-    result.setdefault("components", {}).setdefault("schemas", {}).update(
-        filters.json_schema(ref="#/components/schemas/"))
-    return result
+    ref = "#/components/schemas/"
+    components = filters.json_schema(ref=ref)
+    alternatives = []
+    for option in components["MetadataFilter"]["oneOf"]:
+        if "$ref" in option:
+            alternatives.append(option)
+            continue
+        name = "Metadata" + option["required"][0].capitalize()  # and / or / not
+        components[name] = option
+        alternatives.append({"$ref": ref + name})
+    components["MetadataFilter"] = {**components["MetadataFilter"], "oneOf": alternatives}
+    return components

@@ -149,10 +149,13 @@ class ImageUploadSerializer(UploadQuerySerializer):
     # not positive: 400 invalid_deadline (services.requests.deadline_for); longer than the default: the default
     deadline = serializers.FloatField(required=False, min_value=0.001,
                                       help_text="seconds; may shorten the default, not lengthen it")
-    external_id = serializers.ListField(child=serializers.CharField(max_length=256), required=False,
-                                        help_text="one id per file, in order (unique among your images)")
-    metadata = serializers.ListField(child=serializers.CharField(), required=False,
-                                     help_text="a JSON object for every file, or one per file in order")
+    external_id = serializers.CharField(max_length=256, allow_blank=True, required=False,
+                                        help_text="your id of the file, unique among your images; one part per file, "
+                                                  "in order, for several (\"\": that file has none); not starting "
+                                                  "with { or [")
+    metadata = serializers.DictField(required=False,
+                                     help_text="a JSON object for every file (its JSON text); repeat the part once "
+                                               "per file, in order, to give each its own")
 
 
 class JobSubmitSerializer(JobCreateSerializer):
@@ -167,10 +170,12 @@ class JobSubmitSerializer(JobCreateSerializer):
         help_text=f"zip archives of images (at most ZIP_MAX_ENTRIES = {settings.ZIP_MAX_ENTRIES} entries each)")
     manifest = serializers.FileField(required=False, help_text="a manifest (CSV, JSON Lines or Parquet): one row "
                                      "per image, url or key, optional external_id, other columns metadata")
-    external_id = serializers.ListField(child=serializers.CharField(max_length=256), required=False,
-                                        help_text="with files: one id per file, in order")
-    metadata = serializers.ListField(child=serializers.CharField(), required=False,
-                                     help_text="with files: a JSON object for every file, or one per file in order")
+    external_id = serializers.CharField(max_length=256, allow_blank=True, required=False,
+                                        help_text="with files: your id of the file; one part per file, in order, "
+                                                  "for several (\"\": that file has none); not starting with { or [")
+    metadata = serializers.DictField(required=False,
+                                     help_text="with files: a JSON object for every file (its JSON text); repeat the "
+                                               "part once per file, in order, to give each its own")
 
 
 #: A text query: not blank, no NUL character (a CharField refuses both).

@@ -184,7 +184,9 @@ class ImageUploadView(GenericAPIView):
     def get(self, request):
         images = images_visible_to(request.user).select_related("duplicate_of")
         if "external_id" in request.query_params:
-            images = images.filter(external_id=request.query_params["external_id"][:256] or "\x00")
+            wanted = request.query_params["external_id"]
+            # no image holds "" (no id) or an id with NUL (PostgreSQL cannot even compare one)
+            images = images.filter(external_id=wanted) if wanted and "\x00" not in wanted else images.none()
         page = self.paginate_queryset(images)
         return self.get_paginated_response(ImageSerializer(page, many=True).data)
 

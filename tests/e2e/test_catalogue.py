@@ -13,7 +13,6 @@ import urllib.parse
 
 import pytest
 
-from tests.conftest import photo_paths
 from tests.origin_server import OriginServer
 
 
@@ -34,10 +33,12 @@ def wait_done(api, job_id: str, timeout: float = 180) -> dict:
 
 
 def test_a_manifest_of_urls_is_fetched_by_the_fetch_worker_and_searched_by_metadata(stack, api, origin):
-    names = [p.name for p in photo_paths()[:8]]
+    # images of this module's own, distinct in pixels (/pixels/<n>.jpg): the photos are other modules'
+    # uploads on the shared stack, where every image must stay its own nearest neighbour
+    names = [f"{900_000 + i}.jpg" for i in range(8)]
     metadata_redirect = f"{origin.url}/redirect-to?url={urllib.parse.quote('http://169.254.169.254/latest/meta-data/')}"
     lines = ["url,external_id,category,price"]
-    lines += [f"{origin.url}/photo/{n},E2E-{i},{'shoes' if i < 3 else 'hats'},{10 + i}" for i, n in enumerate(names)]
+    lines += [f"{origin.url}/pixels/{n},E2E-{i},{'shoes' if i < 3 else 'hats'},{10 + i}" for i, n in enumerate(names)]
     lines += [f"{origin.url}/status/404,E2E-404,shoes,1", f"{metadata_redirect},E2E-META,shoes,1",
               "gopher://example.com/a.jpg,E2E-GOPHER,shoes,1"]
     r = api.post("/api/jobs/", files={"manifest": ("catalogue.csv", "\n".join(lines).encode(), "text/csv")})

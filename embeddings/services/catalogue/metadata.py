@@ -168,8 +168,12 @@ def check_declared(metadata: Mapping, types: Mapping[str, str] | None) -> dict:
 
 def validate_external_id(s: Any) -> str:
     """The caller's id of one image: a string of 1 to :data:`MAX_EXTERNAL_ID_CHARS` printable
-    characters once outer whitespace is stripped; an ``int`` (not ``bool``) is taken as its decimal
-    text, as a JSON or Parquet manifest may give numeric ids.
+    characters once outer whitespace is stripped, not starting with ``{`` or ``[``; an ``int`` (not
+    ``bool``) is taken as its decimal text, as a JSON or Parquet manifest may give numeric ids.
+
+    The first character rule: a form part, a CSV cell and a JSON string are all text, so an object
+    or a list sent where an id belongs (a client's serialising mistake) would arrive as its JSON
+    text and be taken for an id; no SKU starts with a JSON bracket.
 
     Raises:
         MetadataError: ``external_id_invalid``.
@@ -188,6 +192,9 @@ def validate_external_id(s: Any) -> str:
     # surrogate and unassigned characters: ids that would display differently from what they are.
     if not s.isprintable():
         raise MetadataError("external_id_invalid", "external_id holds characters that are not printable")
+    if s[0] in "{[":
+        raise MetadataError("external_id_invalid", "external_id starts with a JSON bracket: send the id itself, "
+                                                   "not an object or a list")
     return s
 
 

@@ -132,3 +132,13 @@ def test_check_types():
     assert code_of(check_types, {"price": "money"}) == "metadata_invalid"
     assert code_of(check_types, {"bad key": "float"}) == "metadata_invalid"
     assert code_of(check_types, {"external_id": "keyword"}) == "metadata_invalid"
+
+
+@pytest.mark.parametrize("text", ['{"sku": 1}', "[1, 2]", "{", "[x"])
+def test_an_external_id_never_starts_with_a_json_bracket(text):
+    """An object or a list sent where an id belongs arrives as its JSON text (a form part, a CSV
+    cell): refused, never taken for an id."""
+    with pytest.raises(MetadataError) as e:
+        validate_external_id(text)
+    assert e.value.code == "external_id_invalid"
+    assert validate_external_id("SKU-{1}") == "SKU-{1}"  # inside an id a bracket is just a character
