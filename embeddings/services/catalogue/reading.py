@@ -45,6 +45,11 @@ from workers.vector_store.filters import parse_indexed_fields
 
 log = logging.getLogger(__name__)
 
+#: Rows of a job's first slice: its first chunk reaches the model alone and small, so the first
+#: images are embedded seconds after the job starts (a 64-image chunk takes 7-15 s of CPU model
+#: time on a 2-core machine: docs/benchmarks-ingest.md); every later slice is ``chunk_size``.
+FIRST_SLICE_ROWS = 8
+
 #: Seconds a read that is far enough ahead of the model waits before it looks again.
 READ_AHEAD_WAIT_S = 2.0
 
@@ -358,7 +363,8 @@ def job_read(*, job_id: str) -> dict:
                 if ahead and _queued(job, ahead) >= ahead:
                     dispatch.send_job_read(job_id=str(job.id), priority=job.priority, countdown=READ_AHEAD_WAIT_S)
                     return {"rows": made, "rows_read": done, "waiting": True}
-                items = list(itertools.islice(rows, job.chunk_size))
+                size = min(FIRST_SLICE_ROWS, job.chunk_size) if done == 0 else job.chunk_size
+                items = list(itertools.islice(rows, size))
                 if not items:
                     break
                 if Job.objects.filter(id=job.id, status=JobStatus.CANCELLED).exists():

@@ -338,3 +338,16 @@ def test_a_read_stays_at_most_fetch_read_ahead_rows_ahead_of_the_model(catalogue
     assert sorted(Image.objects.filter(job=job).values_list("row", flat=True)) == [1, 2, 3, 4, 5]
     job.refresh_from_db()
     assert (job.total, job.reading, job.status) == (5, False, JobStatus.RUNNING)  # row 5 waits for its fetch
+
+
+def test_a_jobs_first_slice_is_small_so_its_first_images_reach_the_model_at_once(catalogue, api, origin, monkeypatch):
+    from embeddings import dispatch
+    from embeddings.services.catalogue import reading
+
+    fetches = []
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)
+    monkeypatch.setattr(dispatch, "send_fetch_chunk", lambda **kw: fetches.append(kw["image_ids"]))
+    job = post_manifest(api, "url\n" + "".join(f"{origin.url}/img/{i}.jpg\n" for i in range(80)))
+    assert job.chunk_size == 64
+    reading.job_read(job_id=str(job.id))
+    assert [len(ids) for ids in fetches] == [reading.FIRST_SLICE_ROWS, 64, 80 - 64 - reading.FIRST_SLICE_ROWS]
