@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -99,6 +99,13 @@ bench-sink: setup
 # dropped), e.g. make bench-db BENCH_ARGS="--sizes 1000 10000 --backends sqlite".
 bench-db: setup
 	$(PY) -m benchmarks.db $(BENCH_ARGS)
+
+# Issue 41 (docs/benchmarks-ingest.md): a 100,000-row URL manifest and a 100,000-object moto prefix
+# into the running service (answer after the upload, web memory, first image embedded, rows made and
+# fetched per second), the fetcher alone, and benchmarks.store's filtered search; ~20 min (seeding
+# moto takes a third); make bench-ingest BENCH_ARGS="--quick" for 5,000 of each (~5 min).
+bench-ingest: setup
+	$(PY) -m benchmarks.ingest $(BENCH_ARGS)
 
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.
