@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from typing import Any
+from typing import Any, Sequence
 
 from django import forms
 
@@ -210,11 +210,17 @@ def _inputs(field: str, kind: str) -> list[tuple[str, forms.Field]]:
     raise ValueError(f"metadata field {field!r}: unknown type {kind!r}")
 
 
-def metadata_pairs(metadata: dict | None, *, cut: int | None = VALUE_CHARS) -> list[tuple[str, str]]:
-    """``metadata`` as ``[(dotted key, value as text)]`` for people, in the object's order: nested
-    objects flattened to the dotted paths a filter names (``size.width``), lists joined with ", ",
-    booleans as true / false, each value cut to ``cut`` characters ending in "…" (None: whole)."""
+def metadata_pairs(metadata: dict | None, *, cut: int | None = VALUE_CHARS,
+                   first: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """``metadata`` as ``[(dotted key, value as text)]`` for people: the fields named in ``first``
+    (the declared ones, in their order) before the others, each group by key, nested objects
+    flattened to the dotted paths a filter names (``size.width``), lists joined with ", ",
+    booleans as true / false, each value cut to ``cut`` characters ending in "…" (None: whole).
+
+    The order is the page's own: a stored object's key order is the database's (PostgreSQL's
+    ``jsonb`` sorts keys by length), never the order they were sent in."""
     out: list[tuple[str, str]] = []
+    rank = {name: i for i, name in enumerate(first)}
 
     def walk(obj: dict, path: str) -> None:
         for key, value in obj.items():
@@ -226,7 +232,7 @@ def metadata_pairs(metadata: dict | None, *, cut: int | None = VALUE_CHARS) -> l
                 out.append((dotted, text if cut is None or len(text) <= cut else text[: cut - 1] + "…"))
 
     walk(metadata or {}, "")
-    return out
+    return sorted(out, key=lambda kv: (rank.get(kv[0].split(".")[0], len(rank)), kv[0]))
 
 
 def _text(value: Any) -> str:

@@ -60,7 +60,7 @@ def _cards(results: list[dict]) -> list[dict]:
     ``meta_more`` (how many more) and ``meta_title`` (all of them, for the tooltip)."""
     out = []
     for r in results:
-        pairs = metadata_pairs(r.get("metadata"))
+        pairs = metadata_pairs(r.get("metadata"), first=list(reading.declared_types()))
         out.append({**r, "meta_pairs": pairs[:CARD_PAIRS], "meta_more": max(0, len(pairs) - CARD_PAIRS),
                     "meta_title": "; ".join(f"{k}: {v}" for k, v in pairs)})
     return out
@@ -204,7 +204,7 @@ def image_detail(request, image_id):
     thumb_size = thumbnail_size(image.width, image.height) if image.width and image.height else (LONG_SIDE, LONG_SIDE)
     return render(request, "site/image.html", {
         "image": image, "view": view, "neighbours": neighbours, "error": error, "reason": reason_words(image.reason),
-        "thumb_size": thumb_size, "metadata": metadata_pairs(image.metadata, cut=None),
+        "thumb_size": thumb_size, "metadata": metadata_pairs(image.metadata, cut=None, first=list(reading.declared_types())),
         "origin_is_web": image.origin.startswith(("http://", "https://")),  # a link; s3:// is shown as text
     })
 

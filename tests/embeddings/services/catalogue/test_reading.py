@@ -11,8 +11,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus
-from tests.conftest import photo_paths
 from tests.embeddings.conftest import client_for
+from tests.origin_server import pixels_jpeg
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,10 +26,6 @@ def catalogue(service, origin):
     runtime.fetcher.cache_clear()
     yield service
     runtime.fetcher.cache_clear()
-
-
-def photo(n: int) -> str:
-    return photo_paths()[n].name
 
 
 def manifest(text: str, name: str = "catalogue.csv") -> SimpleUploadedFile:
@@ -51,12 +47,12 @@ def test_a_manifest_of_urls_becomes_a_job_with_ids_metadata_and_per_row_errors(c
     base = origin.url
     text = (
         "url,external_id,category,price\n"
-        f"{base}/photo/{photo(0)},SKU-1,shoes,49.5\n"
-        f"{base}/photo/{photo(1)},SKU-2,hats,12\n"
+        f"{base}/pixels/{0}.jpg,SKU-1,shoes,49.5\n"
+        f"{base}/pixels/{1}.jpg,SKU-2,hats,12\n"
         f"{base}/status/404,SKU-3,shoes,5\n"
         "file:///etc/passwd,SKU-4,shoes,1\n"
-        f"{base}/photo/{photo(2)},SKU-1,shoes,3\n"  # SKU-1 again: an error of this row, the first keeps it
-        f"{base}/photo/{photo(0)}?again=1,SKU-6,bags,7\n"  # the same bytes as row 1 behind another URL
+        f"{base}/pixels/{2}.jpg,SKU-1,shoes,3\n"  # SKU-1 again: an error of this row, the first keeps it
+        f"{base}/pixels/{0}.jpg?again=1,SKU-6,bags,7\n"  # the same bytes as row 1 behind another URL
     )
     job = post_manifest(api, text)
     job.refresh_from_db()
@@ -70,7 +66,7 @@ def test_a_manifest_of_urls_becomes_a_job_with_ids_metadata_and_per_row_errors(c
     assert rows[6].duplicate_of_id == rows[1].id  # content-addressed: one original, one vector
     assert (rows[1].external_id, rows[1].metadata) == ("SKU-1", {"category": "shoes", "price": 49.5})
     assert rows[2].metadata == {"category": "hats", "price": 12.0}  # a declared float column
-    assert rows[1].origin == f"{base}/photo/{photo(0)}" and rows[1].original_name == photo(0)
+    assert rows[1].origin == f"{base}/pixels/0.jpg" and rows[1].original_name == "0.jpg"
     progress = api.get(f"/api/jobs/{job.id}/").json()
     assert progress["failure_reasons"] == {"external_id_repeated": 1, "fetch_status": 1, "url_invalid": 1}
     assert [f["row"] for f in progress["failures"]] == [3, 4, 5]
@@ -84,7 +80,7 @@ def test_a_manifest_of_urls_becomes_a_job_with_ids_metadata_and_per_row_errors(c
 
 def test_a_search_filters_on_metadata_inside_the_query(catalogue, api, origin):
     text = "url,external_id,category,price\n" + "".join(
-        f"{origin.url}/photo/{photo(i)},SKU-{i},{'shoes' if i % 2 else 'hats'},{10 * i}\n" for i in range(6))
+        f"{origin.url}/pixels/{i}.jpg,SKU-{i},{'shoes' if i % 2 else 'hats'},{10 * i}\n" for i in range(6))
     post_manifest(api, text)
     r = api.post("/api/search/", {"text": "a photo", "k": 10, "min_score": -1,
                                   "filter": {"and": [{"field": "category", "eq": "shoes"},
@@ -100,12 +96,12 @@ def test_a_search_filters_on_metadata_inside_the_query(catalogue, api, origin):
 
 
 def test_the_same_id_with_the_same_bytes_is_skipped_and_with_new_bytes_replaces(catalogue, api, origin):
-    first = post_manifest(api, f"url,external_id,category\n{origin.url}/photo/{photo(0)},SKU-1,shoes\n"
-                               f"{origin.url}/photo/{photo(1)},SKU-2,hats\n")
+    first = post_manifest(api, f"url,external_id,category\n{origin.url}/pixels/{0}.jpg,SKU-1,shoes\n"
+                               f"{origin.url}/pixels/{1}.jpg,SKU-2,hats\n")
     one, two = rows_by(first)[1], rows_by(first)[2]
     # same bytes for SKU-1 (new metadata), new bytes for SKU-2
-    second = post_manifest(api, f"url,external_id,category\n{origin.url}/photo/{photo(0)}?v=2,SKU-1,boots\n"
-                                f"{origin.url}/photo/{photo(3)},SKU-2,caps\n")
+    second = post_manifest(api, f"url,external_id,category\n{origin.url}/pixels/{0}.jpg?v=2,SKU-1,boots\n"
+                                f"{origin.url}/pixels/{3}.jpg,SKU-2,caps\n")
     again, new = rows_by(second)[1], rows_by(second)[2]
     one.refresh_from_db()
     assert (again.status, again.duplicate_of_id, again.external_id) == (ImageStatus.SKIPPED, one.id, "")
@@ -118,7 +114,7 @@ def test_the_same_id_with_the_same_bytes_is_skipped_and_with_new_bytes_replaces(
 
 
 def test_a_url_that_fails_leaves_the_holder_of_its_id_alone(catalogue, api, origin):
-    first = post_manifest(api, f"url,external_id\n{origin.url}/photo/{photo(0)},SKU-1\n")
+    first = post_manifest(api, f"url,external_id\n{origin.url}/pixels/{0}.jpg,SKU-1\n")
     holder = rows_by(first)[1]
     second = post_manifest(api, f"url,external_id\n{origin.url}/status/500,SKU-1\n")
     failed = rows_by(second)[1]
@@ -128,7 +124,7 @@ def test_a_url_that_fails_leaves_the_holder_of_its_id_alone(catalogue, api, orig
 
 
 def test_uploads_carry_ids_and_metadata_and_patch_moves_the_payload(catalogue, api, user, other_user):
-    data = [p.read_bytes() for p in photo_paths()[:2]]
+    data = [pixels_jpeg(0), pixels_jpeg(1)]
     r = api.post("/api/images/", {"files": [SimpleUploadedFile("a.jpg", data[0]), SimpleUploadedFile("b.jpg", data[1])],
                                   "external_id": ["A-1", "A-2"], "metadata": ['{"category": "shoes"}']},
                  format="multipart")
@@ -182,7 +178,7 @@ def test_a_read_that_dies_part_way_continues_after_the_rows_it_made(catalogue, a
     from embeddings.services.catalogue import reading
 
     monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)  # made, not read yet
-    job = post_manifest(api, "url\n" + "".join(f"{origin.url}/photo/{photo(i)}\n" for i in range(3)))
+    job = post_manifest(api, "url\n" + "".join(f"{origin.url}/pixels/{i}.jpg\n" for i in range(3)))
     Job.objects.filter(id=job.id).update(chunk_size=1)
     real, calls = reading._store_slice, []
 
