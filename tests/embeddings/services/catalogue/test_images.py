@@ -126,3 +126,16 @@ def test_a_copy_in_another_space_carries_its_user_rows_id_and_metadata(service, 
     p = image_services.point_payloads(model_id="other-space", shas=[a.sha256])[a.sha256]
     assert p["items"] == [{"image": str(a.id), "owner": user.id, "external_id": "SKU-9", "m": {"cat": "shoes"}}]
     assert copy.external_id == "" and copy.metadata == {}  # the copy holds none of its own
+
+
+def test_a_migration_copies_no_catalogue_row_before_its_bytes_are_fetched(service, user):
+    """An unfetched row (a manifest's URL, no sha256 yet) gets its copy in a candidate space when its
+    bytes arrive, never a copy of nothing."""
+    from embeddings.models import EmbeddingSpace
+    from embeddings.services.catalogue import copies
+
+    fetched = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
+    unfetched = Image.objects.create(owner=user, lane=Lane.BULK, sha256="", size_bytes=0, storage_key="",
+                                     origin="https://example.com/a.jpg", model_id=fetched.model_id, point_id=None)
+    ids = set(copies.catalogue(EmbeddingSpace(model_id="other-space")).values_list("id", flat=True))
+    assert fetched.id in ids and unfetched.id not in ids
