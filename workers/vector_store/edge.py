@@ -43,7 +43,7 @@ PAYLOAD_INDEXES = {"owner_ids": qe.PayloadSchemaType.Integer, "job_ids": qe.Payl
 #: Engine schema type and index parameters of each declarable type (``filters.INDEX_TYPES``) for a
 #: field inside ``items[]``. ``nested="items"`` indexes every item as its own entry, so the nested
 #: filter (owner AND metadata on one item) is answered from the indexes instead of reading each
-#: candidate's payload: measured 2-3x faster at 100,000 points (``benchmarks/store.py --filtered``).
+#: candidate's payload (figures: ``benchmarks/store.py --filtered``, docs/benchmarks-ingest.md).
 ITEM_INDEXES = {
     "keyword": (qe.PayloadSchemaType.Keyword, lambda: qe.KeywordIndexParams(nested="items")),
     "integer": (qe.PayloadSchemaType.Integer, lambda: qe.IntegerIndexParams(lookup=True, range=True, nested="items")),

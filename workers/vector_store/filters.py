@@ -20,7 +20,7 @@ Schema for OpenAPI)::
                | {"field": FIELD, "exists": boolean}                         false: the field is absent
     FIELD     := SEGMENT ("." SEGMENT){0,2}     a metadata key, or a dotted path into nested objects;
                  SEGMENT := [A-Za-z_][A-Za-z0-9_]{0,63}        "external_id" is the image's external id
-    DATE      := ISO 8601 string, "2024-05-01" or "2024-05-01T10:00:00Z" (no offset: UTC)
+    DATE      := ISO 8601 string, "YYYY-MM-DD" or "YYYY-MM-DDThh:mm:ssZ" (no offset: UTC)
 
 Bounds (:data:`MAX_DEPTH`, :data:`MAX_CONDITIONS`, :data:`MAX_IN`, :data:`MAX_STRING`): a filter is
 user input evaluated per item of every candidate point, so its size is capped.
@@ -201,7 +201,7 @@ class Range:
                 if isinstance(v, str):
                     v = parse_date(_check_string(v, name))
                     if v is None:
-                        raise FilterError("not a date: expected ISO 8601, e.g. 2024-05-01 or 2024-05-01T10:00:00Z",
+                        raise FilterError("not a date: expected ISO 8601, e.g. YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ",
                                           name)
                 elif isinstance(v, datetime):
                     v = v if v.tzinfo else v.replace(tzinfo=UTC)
@@ -378,7 +378,7 @@ def json_schema(ref: str = "#/$defs/") -> dict[str, dict]:
     where = {"$ref": ref + "MetadataFilter"}
     seg = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
     bound = {"oneOf": [{"type": "number"}, {"type": "string", "maxLength": MAX_STRING,
-                                            "description": "ISO 8601 date, e.g. 2024-05-01 or 2024-05-01T10:00:00Z"}]}
+                                            "description": "ISO 8601 date, e.g. YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ"}]}
     listed = {"type": "array", "minItems": 1, "maxItems": MAX_CONDITIONS, "items": where}
     return {
         "MetadataFilter": {
