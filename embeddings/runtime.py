@@ -232,12 +232,11 @@ def _vector_store(model_id: str):
             cfg = _config(model_id)
     if collection is None:
         collection, dim = cfg.collection_name, embed_dim(cfg.model_name)
-    from workers.vector_store.filters import parse_indexed_fields
+    from embeddings import spaces
 
-    indexed = parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}
     store = open_store(settings.VECTOR_STORE, collection=collection, dim=dim,
                        url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC,
-                       indexed_fields=indexed)
+                       indexed_fields=spaces.declared_fields())
     store.ensure_collection()
     old_folder = Path(settings.VAR_DIR) / "qdrant"
     if store.kind == "edge" and (old_folder / "meta.json").exists() and store.count() == 0:

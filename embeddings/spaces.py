@@ -167,3 +167,12 @@ def config_for_model_id(model_id: str) -> PipelineConfig:
         return config_of(space)
     raise ModelNotConfigured(f"model {model_id} is not configured in this process (CLIP_MODEL, CLIP_MODELS: "
                              f"{', '.join(sorted(configured))}; active space {space.model_id})")
+
+
+def declared_fields() -> dict[str, str]:
+    """``{metadata field: type}`` declared by ``METADATA_INDEXES``: every collection's payload
+    indexes, how text manifests type those columns, and the types their values must hold (the one
+    reader of that setting)."""
+    from workers.vector_store.filters import parse_indexed_fields
+
+    return parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}

@@ -109,11 +109,11 @@ def image_update(*, image: Image, fields: dict) -> Image:
             value = fields["external_id"]
             updates["external_id"] = "" if value in (None, "") else validate_external_id(value)
         if "metadata" in fields:
-            from workers.vector_store.filters import parse_indexed_fields
+            from embeddings import spaces
 
-            declared = parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}
             updates["metadata"] = check_declared(
-                validate_metadata(fields["metadata"] or {}, max_bytes=settings.METADATA_MAX_BYTES), declared)
+                validate_metadata(fields["metadata"] or {}, max_bytes=settings.METADATA_MAX_BYTES),
+                spaces.declared_fields())
     except MetadataError as e:
         raise ApplicationError(e.message, code=e.code, extra={"field": "external_id" if "external_id" in e.code
                                                               else "metadata"}) from e

@@ -41,7 +41,6 @@ from embeddings.services.catalogue.manifests import (
 )
 from embeddings.objects import Allowed, ObjectError, list_prefix, parse_s3_uri
 from embeddings.services.catalogue.sources import safe_name
-from workers.vector_store.filters import parse_indexed_fields
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +61,11 @@ _HEADER_BYTES = 1 << 20
 
 
 def declared_types() -> dict[str, str]:
-    """``{metadata field: type}`` of ``METADATA_INDEXES``: how text manifests type those columns."""
-    return parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}
+    """``{metadata field: type}`` of ``METADATA_INDEXES`` (``spaces.declared_fields``): how text
+    manifests type those columns."""
+    from embeddings import spaces
+
+    return spaces.declared_fields()
 
 
 def allowed() -> Allowed:
