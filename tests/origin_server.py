@@ -213,6 +213,10 @@ class _Handler(BaseHTTPRequestHandler):
         seen.status = status
         head = self._head(status, [("Content-Type", content_type),
                                    ("Content-Length", str(len(body) if length is None else length)), *headers])
+        # Out of flight before the write: once the bytes are out, the client may read them, free its
+        # slot and start its next request before this thread runs again, so ending after the write
+        # would count one request too many for an instant.
+        self.server.origin._end(seen)
         self.wfile.write(head + body)
         seen.bytes_sent = len(body)
         seen.completed = True
@@ -394,8 +398,11 @@ class OriginServer:
         return seen
 
     def _end(self, seen: Seen) -> None:
-        seen.finished = time.monotonic()
+        """Out of flight, once per request (``_send`` ends it before its write, ``do_GET`` after)."""
         with self._lock:
+            if seen.finished is not None:
+                return
+            seen.finished = time.monotonic()
             self._in_flight -= 1
 
     def _first(self, key: str) -> bool:
