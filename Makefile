@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -106,6 +106,12 @@ bench-db: setup
 # moto takes a third); make bench-ingest BENCH_ARGS="--quick" for 5,000 of each (~5 min).
 bench-ingest: setup
 	$(PY) -m benchmarks.ingest $(BENCH_ARGS)
+
+# Issue 42 (docs/benchmarks-export.md): 10,000 and 100,000 stored vectors exported through the real
+# view in each format (Parquet, JSON Lines, .npz): MB/s and the process's peak RSS, ~5 min;
+# make bench-export BENCH_ARGS="--rows 2000" for a quick check.
+bench-export: setup
+	$(PY) -m benchmarks.export $(BENCH_ARGS)
 
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.

@@ -6,6 +6,7 @@ from typing import Sequence
 
 from django.db.models import QuerySet
 
+from embeddings.messages import encode_vector
 from embeddings.models import Image, ImageStatus, Job, JobKind
 from workers.timing import STAGES
 from workers.vector_store import filters
@@ -29,7 +30,8 @@ def jobs_visible_to(user) -> QuerySet[Job]:
 def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str, where=None,
                     job_id: str | None = None) -> list[dict]:
     """Qdrant hits → ``[{"image_id", "score", "sha256", "original_name", "job_id", "thumbnail_url",
-    "external_id", "metadata"}]``, best first.
+    "external_id", "metadata"}]``, best first; plus ``"vector"`` (base64 of little-endian float32)
+    when the hits carry their vectors (a search ``with_vectors``).
 
     A hit maps to the embedded image row with its sha256 that the owner may see (any owner when
     ``owner_id`` is None): the *user's* row (``source`` null), in whichever embedding space it was
@@ -69,6 +71,7 @@ def hits_to_results(hits: Sequence, *, owner_id: int | None, model_id: str, wher
                 "original_name": im.original_name, "job_id": str(im.job_id) if im.job_id else None,
                 "thumbnail_url": f"/api/images/{im.id}/thumbnail/",
                 "external_id": im.external_id or None, "metadata": im.metadata or {},
+                **({} if getattr(h, "vector", None) is None else {"vector": encode_vector(h.vector)}),
             })
     return out
 

@@ -32,3 +32,39 @@ def model_config(model_name: str) -> dict:
 def embed_dim(model_name: str) -> int:
     """Embedding dimension of ``model_name`` (512 for ViT-B-32)."""
     return int(model_config(model_name)["embed_dim"])
+
+
+@functools.cache
+def preprocess_config(model_name: str) -> dict:
+    """The image preprocessing open_clip applies for architecture ``model_name``, read without
+    importing torch: open_clip's ``PreprocessCfg`` defaults (``open_clip/transform.py``, mean and std
+    from ``open_clip/constants.py``, read as literals) merged with the architecture's own
+    ``preprocess_cfg`` and ``vision_cfg.image_size``. A pretrained tag may override these at load
+    time (``open_clip.get_model_preprocess_cfg`` in a process that loads the model is the final word).
+
+    Returns:
+        ``{"size", "mode", "mean", "std", "interpolation", "resize_mode", "fill_color"}``.
+
+    Raises:
+        ValueError: open_clip has no such architecture, or its constants cannot be read.
+    """
+    import ast
+
+    cfg = model_config(model_name)
+    spec = importlib.util.find_spec("open_clip")
+    constants = {}
+    for node in ast.parse((Path(list(spec.submodule_search_locations)[0]) / "constants.py").read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                constants[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:  # not a literal: not one of the values read here
+                continue
+    try:
+        out = {"size": 224, "mode": "RGB", "mean": list(constants["OPENAI_DATASET_MEAN"]),
+               "std": list(constants["OPENAI_DATASET_STD"]), "interpolation": "bicubic", "resize_mode": "shortest",
+               "fill_color": 0}
+    except KeyError as e:
+        raise ValueError(f"open_clip's constants.py has no {e}") from e
+    out["size"] = cfg.get("vision_cfg", {}).get("image_size", out["size"])
+    out.update({k: v for k, v in cfg.get("preprocess_cfg", {}).items() if k in out})
+    return out

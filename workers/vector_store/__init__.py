@@ -58,11 +58,13 @@ class Point:
 
 @dataclasses.dataclass(frozen=True)
 class Hit:
-    """A search result: point ``id``, cosine ``score`` in [-1, 1], and the point's ``payload``."""
+    """A search result: point ``id``, cosine ``score`` in [-1, 1], the point's ``payload``, and its
+    stored ``vector`` ``(D,) float32`` when the search asked for it (``with_vectors``), else None."""
 
     id: uuid.UUID
     score: float
     payload: dict
+    vector: np.ndarray | None = None
 
 
 def mismatch(collection: str, size: int, distance: str, dim: int) -> CollectionMismatch:
@@ -108,7 +110,8 @@ class VectorStore(abc.ABC):
 
     @abc.abstractmethod
     def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
-               exclude: Iterable[uuid.UUID] = (), where: Where | None = None) -> list[Hit]:
+               exclude: Iterable[uuid.UUID] = (), where: Where | None = None,
+               with_vectors: bool = False) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32``, best first.
 
         Every condition is part of the vector query (a Qdrant payload filter), never applied to its
@@ -122,6 +125,8 @@ class VectorStore(abc.ABC):
                 ``items`` has the owner (if given), the job (if given) and satisfies ``where``;
                 :func:`.filters.matching_items` tells which. Without it, the payload's top-level
                 ``owner_ids`` / ``job_ids`` decide.
+            with_vectors: each hit carries its stored vector (read by the same query: no second
+                look-up), exactly as :meth:`vectors` returns it.
         """
 
     @abc.abstractmethod

@@ -104,6 +104,7 @@ class QdrantClientStore(VectorStore):
         job_id: str | None = None,
         exclude: Iterable[uuid.UUID] = (),
         where: Where | None = None,
+        with_vectors: bool = False,
     ) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see
         :meth:`VectorStore.search`: owner, job, exclusions and ``where`` inside the query)."""
@@ -116,8 +117,10 @@ class QdrantClientStore(VectorStore):
             limit=k,
             query_filter=flt,
             with_payload=True,
+            with_vectors=with_vectors,
         )
-        return [Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {}) for p in res.points]
+        return [Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {},
+                    vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res.points]
 
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
         """Stored vectors by point id; ids not present are absent from the result."""

@@ -212,7 +212,8 @@ class EdgeStore(VectorStore):
     # --- reads ---------------------------------------------------------------------------------------
 
     def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
-               exclude: Iterable[uuid.UUID] = (), where: Where | None = None) -> list[Hit]:
+               exclude: Iterable[uuid.UUID] = (), where: Where | None = None,
+               with_vectors: bool = False) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see :class:`VectorStore`).
 
         Exact (every matching point scored) while segments are below :data:`INDEXING_THRESHOLD_KB`;
@@ -223,10 +224,12 @@ class EdgeStore(VectorStore):
             return []
         try:
             res = self._shard().query(qe.QueryRequest(
-                limit=k, query=qe.Query.Nearest(np.asarray(vector, np.float32).tolist()), filter=flt, with_payload=True))
+                limit=k, query=qe.Query.Nearest(np.asarray(vector, np.float32).tolist()), filter=flt, with_payload=True,
+                with_vector=with_vectors))
         except Exception as e:
             raise _engine_error(e) from e
-        return [Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {}) for p in res]
+        return [Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {},
+                    vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res]
 
     def _retrieve(self, ids: Sequence[uuid.UUID], *, vectors: bool) -> list:
         if not ids:

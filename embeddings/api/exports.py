@@ -1,0 +1,61 @@
+"""``GET /api/exports/vectors.{format}``: the caller's stored vectors (staff: everyone's), or one
+job's, streamed as Parquet, JSON Lines or a NumPy ``.npz`` (``services.exports``; docs/exports.md)."""
+from __future__ import annotations
+
+import json
+
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework.views import APIView
+
+from embeddings.api.parsers import ContentNegotiation
+from embeddings.api.schema import RETRY_AFTER, errors
+from embeddings.api.serializers import VectorExportQuerySerializer
+from embeddings.services import exports as export_services
+
+
+class AnyAccept(ContentNegotiation):
+    """Negotiation that never refuses for ``Accept``: an export answers its own media type, and an
+    error the JSON shape, whatever the client said it accepts (DRF would answer 406 to
+    ``Accept: application/vnd.apache.parquet``)."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class VectorExportView(APIView):
+    """``GET /api/exports/vectors.{format}``: ``parquet``, ``jsonl`` or ``npz``."""
+
+    content_negotiation_class = AnyAccept
+
+    @extend_schema(
+        operation_id="vectors_export",
+        parameters=[OpenApiParameter("fmt", str, OpenApiParameter.PATH, enum=sorted(export_services.FORMATS),
+                                     description="parquet, jsonl (JSON Lines) or npz (a zip numpy.load opens: "
+                                                 "vectors.npy, ids.parquet, space.json)"),
+                    VectorExportQuerySerializer, RETRY_AFTER],
+        description="Your stored vectors (staff: everyone's), or one job's: every embedded image and skipped "
+                    "duplicate with a vector in the embedding space, in id order, streamed. Parquet: id, "
+                    "external_id, sha256, model_id, metadata (JSON text), vector (fixed-size list of D float32); "
+                    "the space (model, weights, precision, preprocessing) in its key-value metadata "
+                    "`embedding_space`. Every format: the space in the `Embedding-Space` header (JSON). "
+                    "A 503 comes before the first byte; a failure later cuts the stream (the file is then "
+                    "incomplete: no Parquet footer, no zip directory). docs/exports.md.",
+        responses={(200, "application/vnd.apache.parquet"): OpenApiResponse(OpenApiTypes.BINARY),
+                   (200, "application/x-ndjson"): OpenApiResponse(OpenApiTypes.STR),
+                   (200, "application/zip"): OpenApiResponse(OpenApiTypes.BINARY),
+                   **errors(400, 404, 503)})
+    def get(self, request, fmt):
+        q = VectorExportQuerySerializer(data=request.query_params)
+        q.is_valid(raise_exception=True)
+        v = q.validated_data
+        export = export_services.export_start(user=request.user, job_id=str(v["job"]) if v.get("job") else None,
+                                              model_id=v.get("space"))
+        chunks = export_services.export_stream(export, fmt, vector_format=v["vector_format"])
+        media_type, filename = export_services.FORMATS[fmt]
+        response = StreamingHttpResponse(chunks, content_type=media_type)
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        response["Embedding-Space"] = json.dumps(export.space_info(), separators=(",", ":"), ensure_ascii=True)
+        response["Cache-Control"] = "no-store"
+        return response
