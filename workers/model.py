@@ -102,6 +102,21 @@ class ClipEncoder:
         tokens = self.tokenizer(texts).to(self.device)
         return _normalise(self.model.encode_text(tokens))
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens the text tower reads of each text: its tokenizer's ids, start and end markers
+        included, at most the context length (77 for CLIP: the rest is cut, as in
+        :meth:`encode_texts`); padding (id 0) not counted. Empty ``texts``: ``[]``."""
+        if not texts:
+            return []
+        return [int(n) for n in (self.tokenizer(texts) != 0).sum(dim=-1).tolist()]
+
+    @property
+    def image_tokens(self) -> int:
+        """Positions the image tower reads per image: a ViT's patches plus its class token (50 for
+        ViT-B/32 at 224 px); 1 for a tower without patches (a ResNet)."""
+        grid = getattr(getattr(self.model, "visual", None), "grid_size", None)
+        return int(grid[0] * grid[1] + 1) if grid else 1
+
     def _use_threads(self) -> None:
         # torch's thread count is per process; a process holding encoders of two configurations
         # (tests, benchmarks) gives each forward pass its own encoder's count.
