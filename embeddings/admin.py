@@ -9,6 +9,8 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
+from embeddings.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from embeddings.services import webhooks as webhook_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
 from embeddings.services.catalogue.jobs import images_retry
@@ -191,3 +193,54 @@ class EmbeddingSpaceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+
+# --- webhooks (issue 42, docs/webhooks.md) ---------------------------------------------------------
+# Endpoints without their secrets (shown once, by the API); deliveries and attempts read-only.
+
+class WebhookAttemptInline(admin.TabularInline):
+    model = WebhookAttempt
+    fields = ("number", "started_at", "duration_ms", "status_code", "reason", "error")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    list_display = ("url", "owner", "job", "active", "events", "description", "created_at")
+    list_filter = ("active",)
+    search_fields = ("url", "description", "owner__username")
+    fields = ("url", "owner", "job", "events", "active", "description", "created_at")
+    readonly_fields = ("url", "owner", "job", "created_at")  # a URL is checked by the API
+
+    def has_add_permission(self, request):
+        return False  # made through the API, which shows the secret once
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ("message_id", "event", "endpoint", "status", "attempts", "next_attempt_at", "last_status_code",
+                    "last_reason", "delivered_at", "created_at")
+    list_filter = ("status", "event", "last_reason")
+    search_fields = ("message_id", "key", "endpoint__url")
+    fields = ("message_id", "event", "key", "endpoint", "status", "attempts", "next_attempt_at", "last_status_code",
+              "last_reason", "last_error", "delivered_at", "created_at", "payload")
+    readonly_fields = fields
+    inlines = (WebhookAttemptInline,)
+    actions = ("redeliver",)
+
+    @admin.action(description="Send again from the first attempt (same webhook-id)")
+    def redeliver(self, request, queryset):
+        for delivery in queryset:
+            webhook_services.delivery_redeliver(delivery=delivery)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+

@@ -90,6 +90,29 @@ def fetcher():
     ))
 
 
+def webhook_poster():
+    """This process's webhook sender (``workers.fetch.Fetcher``, :meth:`~workers.fetch.Fetcher.post`):
+    the fetcher's address rules (``FETCH_ALLOW_NETWORKS``) and per-host bound, one attempt of at
+    most ``WEBHOOK_TIMEOUT_S`` in all, no redirect, no retry (the delivery schedule retries). One
+    per process and settings."""
+    return _webhook_poster(settings.WEBHOOK_TIMEOUT_S, settings.FETCH_CONNECT_TIMEOUT_S, settings.FETCH_PER_HOST,
+                           tuple(settings.FETCH_ALLOW_NETWORKS))
+
+
+@functools.lru_cache(maxsize=4)
+def _webhook_poster(timeout_s: float, connect_s: float, per_host: int, allow: tuple[str, ...]):
+    import ipaddress
+
+    from workers.fetch import Fetcher, FetchPolicy
+
+    return Fetcher(FetchPolicy(
+        connect_timeout_s=min(connect_s, timeout_s), read_timeout_s=timeout_s, total_timeout_s=timeout_s,
+        max_bytes=64 * 1024, max_redirects=0, retries=0, per_host=per_host,
+        allow_networks=tuple(ipaddress.ip_network(n, strict=False) for n in allow),
+        user_agent="clip-embeddings-webhooks/1.0",
+    ))
+
+
 class _PerModel:
     """A per-process cache of one object per embedding space (key: ``model_id``), built on first
     use under a lock (eight interactive task threads must not load a model twice). ``None`` means

@@ -27,6 +27,8 @@ failure is the one image's reason code; nothing here fails a chunk.
   attempts are spent or the next one would start after the total timeout. A Retry-After above
   ``retry_after_max_s`` is not waited: the image fails ``fetch_status`` at once. Other statuses
   fail at once (``fetch_status``, the detail has the code).
+* **POST** (:meth:`Fetcher.post`, webhooks): the same URL, address, time and per-host rules, one
+  attempt, no redirect followed (a 3xx is returned like any other status).
 * **Concurrency**: at most ``per_host`` requests in flight per (scheme, host, port) across every
   thread and every :class:`Fetcher` of the process; connections are pooled and kept alive.
 
@@ -170,6 +172,27 @@ class Fetched:
     attempts: int
     elapsed_s: float
     redirects: int
+
+
+#: Body bytes of an answer to :meth:`Fetcher.post` kept (for the caller's record of the attempt).
+POST_ANSWER_BYTES = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Posted:
+    """The answer to one :meth:`Fetcher.post`.
+
+    Attributes:
+        url: the URL as asked.
+        status: the HTTP status, whatever it is (a 3xx is not followed).
+        data: the answer body's first :data:`POST_ANSWER_BYTES` bytes.
+        elapsed_s: wall time of the request (s).
+    """
+
+    url: str
+    status: int
+    data: bytes = dataclasses.field(repr=False)
+    elapsed_s: float
 
 
 def address_refusal(address: IPAddress, allow_networks: Iterable[IPNetwork] = ()) -> str | None:
@@ -604,23 +627,39 @@ class Fetcher:
             _Transient: a failure worth another attempt.
         """
         policy = self.policy
-        key = _origin_key(url)
-        host = f"{key[1]}:{key[2]}"
         request = httpcore.Request(
             b"GET",
             httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path),
             headers=[(b"Host", url.netloc), (b"User-Agent", policy.user_agent.encode()),
                      (b"Accept", b"image/*, */*;q=0.5"), (b"Accept-Encoding", b"identity")],
-            extensions={"timeout": {"connect": policy.connect_timeout_s, "read": policy.read_timeout_s,
-                                    "write": policy.read_timeout_s, "pool": policy.total_timeout_s}},
+            extensions={"timeout": self._timeouts()},
         )
+        return self._send(request, url, deadline, self._answer)
+
+    def _timeouts(self) -> dict[str, float]:
+        policy = self.policy
+        return {"connect": policy.connect_timeout_s, "read": policy.read_timeout_s, "write": policy.read_timeout_s,
+                "pool": policy.total_timeout_s}
+
+    def _send(self, request: httpcore.Request, url: httpx.URL, deadline: float,
+              answer: typing.Callable[[httpcore.Response, httpx.URL], _Answer]) -> _Answer:
+        """Send ``request`` to ``url``'s host under the per-host bound and the deadline; ``answer``
+        reads the response. Failures are mapped to reason codes.
+
+        Raises:
+            ImageRejected: a failure that no retry mends.
+            _Transient: a failure worth another attempt.
+        """
+        policy = self.policy
+        key = _origin_key(url)
+        host = f"{key[1]}:{key[2]}"
         try:
             with HOST_SLOTS.hold(key, policy.per_host, deadline):
                 self._deadline.at = deadline
                 try:
                     response = self._pool.handle_request(request)
                     try:
-                        return self._answer(response, url)
+                        return answer(response, url)
                     finally:
                         if _surplus_bytes(response):
                             response.extensions["network_stream"].close()
@@ -647,6 +686,53 @@ class Fetcher:
             raise _Transient(Reason.FETCH_CONNECT, f"{host}: {e or type(e).__name__}") from None
         except httpcore.LocalProtocolError as e:
             raise ImageRejected(Reason.FETCH_INVALID_URL, f"{url}: {e}") from None
+
+    def post(self, url: str, body: bytes, headers: Iterable[tuple[str, str]] = ()) -> Posted:
+        """POST ``body`` to ``url`` once (webhooks): the same URL and address rules, per-host bound
+        and time limits as :meth:`fetch`, but no redirect is followed and nothing is retried (the
+        caller has its own schedule). A 3xx is an answer like any other non-2xx.
+
+        Args:
+            url: absolute http or https URL.
+            body: the request body (sent with ``Content-Length``).
+            headers: extra headers, e.g. ``[("Content-Type", "application/json")]``.
+
+        Returns:
+            a :class:`Posted` with the answer's status and its first :data:`POST_ANSWER_BYTES` bytes.
+
+        Raises:
+            ImageRejected: ``fetch_invalid_url``, ``fetch_refused_address``, ``fetch_tls``,
+                ``fetch_timeout`` (``total_timeout_s`` passed), ``fetch_connect``.
+        """
+        start = time.monotonic()
+        target = parse_url(url)
+        request = httpcore.Request(
+            b"POST",
+            httpcore.URL(scheme=target.raw_scheme, host=target.raw_host, port=target.port, target=target.raw_path),
+            headers=[(b"Host", target.netloc), (b"User-Agent", self.policy.user_agent.encode()),
+                     (b"Accept-Encoding", b"identity"), (b"Content-Length", str(len(body)).encode()),
+                     *((k.encode("latin-1"), v.encode("latin-1")) for k, v in headers)],
+            content=body,
+            extensions={"timeout": self._timeouts()},
+        )
+        try:
+            answer = self._send(request, target, start + self.policy.total_timeout_s, self._short_answer)
+        except _Transient as e:
+            raise ImageRejected(e.reason, e.detail) from None
+        return Posted(url=url, status=answer.status, data=answer.data, elapsed_s=time.monotonic() - start)
+
+    @staticmethod
+    def _short_answer(response: httpcore.Response, url: httpx.URL) -> _Answer:
+        """Any answer's status and its first :data:`POST_ANSWER_BYTES` body bytes (the rest drained
+        up to :data:`DRAIN_BYTES`, else the connection is dropped)."""
+        head, read = b"", 0
+        for chunk in response.iter_stream():
+            if len(head) < POST_ANSWER_BYTES:
+                head += chunk[: POST_ANSWER_BYTES - len(head)]
+            read += len(chunk)
+            if read > DRAIN_BYTES:
+                break  # closing the unfinished response closes its connection
+        return _Answer(response.status, head)
 
     def _answer(self, response: httpcore.Response, url: httpx.URL) -> _Answer:
         """Read one answer under the size cap; 2xx → body, 3xx → Location, 429/5xx → _Transient."""

@@ -45,6 +45,9 @@ A catalogue job still ``reading`` its manifest or prefix whose id no live messag
 Jobs left ``running`` with no queued image (a crash between the last write and the job refresh)
 are refreshed to ``done``.
 
+Each round also does the webhooks' periodic work (:func:`webhooks_round`): ``job.at_risk`` for
+jobs that now miss their deadline, and every delivery attempt that is due (docs/webhooks.md).
+
 The reconciler runs as a loop in the ``vectors`` worker (:func:`reconciler_start`, started on
 ``worker_ready``) every ``RECONCILE_INTERVAL_S``, and on demand as ``manage.py reconcile``. A Redis
 lock makes concurrent rounds impossible, so it is safe to run it in several places.
@@ -277,6 +280,24 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
                            live=len(first), reads_resent=len(stalled))
 
 
+def webhooks_round() -> tuple[int, int]:
+    """The webhooks' share of a round (docs/webhooks.md): ``job.at_risk`` for jobs that now miss
+    their deadline, then every delivery attempt that is due queued on the fetch queue. A failure is
+    logged, never fails the round.
+
+    Returns:
+        ``(at-risk messages made, attempts queued)``.
+    """
+    from embeddings.services import webhook_delivery
+    from embeddings.services.catalogue.jobs import jobs_at_risk_notify
+
+    try:
+        return jobs_at_risk_notify(), webhook_delivery.deliveries_due_send()
+    except Exception:
+        log.exception("reconcile: the webhooks' round failed; the next round tries again")
+        return 0, 0
+
+
 def redis_client():
     """A Redis client on the broker's server (``settings.CELERY_BROKER_URL``)."""
     import redis
@@ -306,6 +327,7 @@ def reconcile_once(*, client=None, grace_s: float | None = None) -> ReconcileRep
 
         report = reconcile(live_ids=live, grace_s=grace, max_attempts=settings.BULK_MAX_ATTEMPTS)
         report = dataclasses.replace(report, orphaned_messages=len(orphans or ()))
+        webhooks_round()
     finally:
         try:
             lock.release()

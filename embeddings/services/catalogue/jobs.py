@@ -5,6 +5,7 @@ from the truth when a chunk is redelivered or a worker dies.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import time
 from typing import Iterable
@@ -26,11 +27,13 @@ from embeddings.models import (
     JobPriority,
     JobStatus,
     Lane,
+    WebhookEvent,
 )
 from embeddings.selectors import stage_summary
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import images_cancelled, images_create
 from embeddings.services.catalogue.sources import SourceFile
+from embeddings.services import webhooks
 
 #: Allowed transitions of the job state machine (HackSoftware style: a service guards them).
 _TRANSITIONS = {
@@ -49,6 +52,7 @@ def job_create(
     name: str = "",
     priority: str = JobPriority.BACKGROUND,
     deadline: dt.datetime | None = None,
+    callbacks: Iterable = (),
 ) -> Job:
     """Create the job, then store its sources a slice at a time, sending each chunk as soon as its
     images are stored (issue 11 item 6: the workers start on a big upload's first images while the
@@ -66,6 +70,9 @@ def job_create(
     duplicates and refusals included). If storing fails part way, ``total`` becomes the number of
     rows made, what was stored is still sent, and the error propagates.
 
+    ``callbacks``: the job's own webhook endpoints, unsaved (``webhooks.job_callbacks_prepare``),
+    saved with the job before any of its work is sent.
+
     Returns:
         The job (``total`` = number of sources, duplicates and refusals included).
     """
@@ -76,6 +83,7 @@ def job_create(
         owner=owner, name=name[:200], priority=priority, deadline=deadline, model_id=runtime.model_id(),
         chunk_size=settings.PIPELINE.batch_size, total=len(sources),
     )
+    webhooks.job_endpoints_attach(job=job, endpoints=callbacks)
     size = job.chunk_size
     pending: list[str] = []
     made = 0
@@ -127,22 +135,31 @@ def job_refresh(*, job_id) -> Job:
     rows do not exist yet. Called once per written chunk, so its cost must not grow with the job: "is any image still
     queued?" is an ``EXISTS`` that the ``(job, status)`` index answers by one index seek (a count of
     the job's images per chunk would make a job's database work quadratic in its size: issue 11).
-    At most four queries, whatever the job's size.
+    At most four queries, whatever the job's size, and one more at its end (the webhook endpoints
+    that hear of it).
     """
     job = Job.objects.get(id=job_id)
     if job.status in (JobStatus.DONE, JobStatus.CANCELLED):
         return job
     now = timezone.now()
     if not job.reading and not Image.objects.filter(job_id=job_id, status=ImageStatus.QUEUED).exists():
-        changed = Job.objects.filter(id=job.id).exclude(status__in=(JobStatus.DONE, JobStatus.CANCELLED)).update(
-            status=JobStatus.DONE, finished_at=now, started_at=job.started_at or now
-        )
+        listeners = job_listeners(job)
+        # the end and its webhook messages commit together; a job nobody listens to needs no transaction
+        with transaction.atomic() if listeners else contextlib.nullcontext():
+            changed = Job.objects.filter(id=job.id).exclude(status__in=(JobStatus.DONE, JobStatus.CANCELLED)).update(
+                status=JobStatus.DONE, finished_at=now, started_at=job.started_at or now
+            )
+            if changed:
+                job.refresh_from_db()
+                if listeners:
+                    job_event_emit(job=job, event=None, endpoints=listeners)
     elif job.status == JobStatus.QUEUED:
         changed = Job.objects.filter(id=job.id, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING, started_at=now)
+        if changed:
+            job.refresh_from_db()
     else:
         changed = 0
     if changed:
-        job.refresh_from_db()
         if job.status == JobStatus.DONE and job.kind == JobKind.MIGRATION:  # the lifecycle gates the new space
             transaction.on_commit(lambda: dispatch.send_job_done(job_id=str(job.id)))
     return job
@@ -209,6 +226,7 @@ def job_transition(*, job: Job, to: str) -> Job:
                 status=ImageStatus.CANCELLED, reason="cancelled", reason_detail="the job was cancelled"
             )
             images_cancelled(job=job)
+            job_event_emit(job=Job.objects.get(id=job.id), event=WebhookEvent.JOB_CANCELLED)
         elif to in (JobStatus.QUEUED, JobStatus.RUNNING):  # resumed
             parked = Image.objects.filter(job=job, status=ImageStatus.QUEUED, reason=PARKED)
             ids = [str(i) for i in parked.order_by("created_at").values_list("id", flat=True)]
@@ -336,3 +354,92 @@ def _requeue_failed(im: Image, job: Job) -> bool:
                                               duplicate_of=winner, width=winner.width, height=winner.height,
                                               format=winner.format)
         return False
+
+
+# --- webhooks (issue 42, docs/webhooks.md) ----------------------------------------------------------
+
+def job_outcome(job: Job, counts: dict[str, int]) -> dict | None:
+    """Why a ``done`` job counts as failed (``job.failed``), or None when it succeeded (``job.done``).
+
+    A done job failed when its manifest or prefix could not be read to the end (``source.error``,
+    even if some rows were embedded before), or when it embedded nothing: no image ``embedded`` or
+    ``skipped`` (a skipped duplicate shares a stored vector, so it counts as a success), including
+    a job with no image at all (an empty manifest or prefix).
+
+    Returns:
+        ``{"code", "message"}``: the source's error, or ``no_image_embedded``.
+    """
+    error = (job.source or {}).get("error")
+    if error:
+        return {"code": error.get("code", "source_error"), "message": error.get("message", "")}
+    if counts[ImageStatus.EMBEDDED] + counts[ImageStatus.SKIPPED] == 0:
+        n = sum(counts.values())
+        return {"code": "no_image_embedded", "message": f"none of its {n} images was embedded" if n
+                else "it had no image"}
+    return None
+
+
+def job_event_data(job: Job, counts: dict[str, int]) -> dict:
+    """A job event's ``data``: id, name, status, counts, failure reasons, deadline, times, URL."""
+    reasons = dict(Image.objects.filter(job=job, status=ImageStatus.FAILED).order_by().values("reason")
+                   .annotate(n=Count("id")).values_list("reason", "n"))
+
+    def iso(t):
+        return t.isoformat() if t else None
+
+    return {
+        "job_id": str(job.id), "name": job.name, "status": job.status, "priority": job.priority,
+        "counts": {"total": job.total, **{s: counts[s] for s in ImageStatus.values}},
+        "failure_reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        "deadline": iso(job.deadline), "created_at": iso(job.created_at), "started_at": iso(job.started_at),
+        "finished_at": iso(job.finished_at), "url": f"/api/jobs/{job.id}/",
+    }
+
+
+def job_listeners(job: Job) -> list:
+    """The active webhook endpoints that hear of ``job`` (``webhooks.job_recipients``: one query);
+    none for a migration job, whose events are the lifecycle's (``migration.*``)."""
+    return webhooks.job_recipients(job) if job.kind == JobKind.INGEST else []
+
+
+def job_event_emit(*, job: Job, event: str | None, extra: dict | None = None, endpoints: list | None = None) -> int:
+    """Emit a job event to its endpoints and its owner's (``webhooks.event_emit``, once per job and
+    type). ``event`` None: the end of a done job, ``job.done`` or ``job.failed`` (:func:`job_outcome`).
+    ``endpoints``: :func:`job_listeners` when the caller has read them. Migration jobs are the
+    lifecycle's (``migration.*`` events): nothing. Returns messages made."""
+    if endpoints is None:
+        endpoints = job_listeners(job)
+    if not endpoints:
+        return 0
+    counts = job_counts(job)
+    data = {**job_event_data(job, counts), **(extra or {})}
+    if event is None:
+        failure = job_outcome(job, counts)
+        event = WebhookEvent.JOB_DONE if failure is None else WebhookEvent.JOB_FAILED
+        if failure is not None:
+            data["failure"] = failure
+    return len(webhooks.event_emit(event=event, key=f"{event}:{job.id}", data=data, endpoints=endpoints))
+
+
+def jobs_at_risk_notify() -> int:
+    """Emit ``job.at_risk`` for each unfinished job with a deadline that now misses it
+    (:func:`_pace`: what ``GET /api/jobs/{id}/`` shows as ``at_risk``), once per job: the
+    reconciler calls it every round. Only jobs someone listens to are read (one count each).
+
+    Returns:
+        Messages made.
+    """
+    from django.db.models import Q
+
+    listened = Q(webhooks__active=True) | Q(owner__webhooks__active=True, owner__webhooks__job__isnull=True)
+    jobs = Job.objects.filter(listened, kind=JobKind.INGEST, deadline__isnull=False,
+                              status__in=(JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED)).distinct()
+    made = 0
+    for job in jobs:
+        counts = job_counts(job)
+        throughput, eta, at_risk = _pace(job, counts)
+        if at_risk:
+            made += job_event_emit(job=job, event=WebhookEvent.JOB_AT_RISK, extra={
+                "eta": eta.isoformat() if eta else None,
+                "throughput_images_per_s": round(throughput, 3) if throughput else None})
+    return made

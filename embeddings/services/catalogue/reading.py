@@ -31,6 +31,7 @@ from embeddings import dispatch, runtime
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services import webhooks
 from embeddings.services.catalogue.manifests import (
     ManifestError,
     ManifestRow,
@@ -77,17 +78,18 @@ def _refusal(e: ManifestError | ObjectError) -> ApplicationError:
     return ApplicationError(str(getattr(e, "message", e)), code=e.code, status=getattr(e, "status", 400))
 
 
-def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime | None) -> Job:
+def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime | None, callbacks: Iterable = ()) -> Job:
     job = Job.objects.create(owner=owner, name=name[:200], priority=priority, deadline=deadline,
                              model_id=runtime.model_id(), chunk_size=settings.PIPELINE.batch_size, total=0,
                              source=source, reading=True)
+    webhooks.job_endpoints_attach(job=job, endpoints=callbacks)  # its webhooks exist before its work is sent
     transaction.on_commit(lambda: dispatch.send_job_read(job_id=str(job.id), priority=priority))
     return job
 
 
 def job_create_from_manifest(*, owner, upload=None, key: str | None = None, bucket: str | None = None,
                              name: str = "", priority: str = JobPriority.BACKGROUND,
-                             deadline: dt.datetime | None = None) -> Job:
+                             deadline: dt.datetime | None = None, callbacks: Iterable = ()) -> Job:
     """A job whose images are the rows of a manifest: ``upload`` (a file of the request, kept in the
     blob store until read) or ``key`` (``s3://bucket/key`` of an allowed bucket).
 
@@ -127,17 +129,21 @@ def job_create_from_manifest(*, owner, upload=None, key: str | None = None, buck
             source["bucket"] = b
     except (ManifestError, ObjectError) as e:
         raise _refusal(e) from e
-    return _job(owner=owner, source=source, name=name or source["name"], priority=priority, deadline=deadline)
+    return _job(owner=owner, source=source, name=name or source["name"], priority=priority, deadline=deadline,
+                callbacks=callbacks)
 
 
 def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), name: str = "",
-                           priority: str = JobPriority.BACKGROUND, deadline: dt.datetime | None = None) -> Job:
+                           priority: str = JobPriority.BACKGROUND, deadline: dt.datetime | None = None,
+                           callbacks: Iterable = ()) -> Job:
     """A job whose images are the objects under ``uri`` (``s3://bucket/prefix``), optionally only
     those whose name ends in one of ``extensions`` (``.jpg``; case-insensitive). Listed by the fetch
     worker, page by page.
 
     Raises:
         ApplicationError: ``source_uri_invalid`` (400), ``source_not_allowed`` (403).
+
+    ``callbacks`` (both): the job's own webhook endpoints, unsaved (``webhooks.job_callbacks_prepare``).
     """
     try:
         b, p = parse_s3_uri(uri)
@@ -146,7 +152,8 @@ def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), n
         raise _refusal(e) from e
     exts = sorted({(e if e.startswith(".") else f".{e}").lower() for e in extensions if e})
     source = {"kind": "prefix", "uri": f"s3://{b}/{p}", "bucket": b, "prefix": p, "extensions": exts}
-    return _job(owner=owner, source=source, name=name or source["uri"], priority=priority, deadline=deadline)
+    return _job(owner=owner, source=source, name=name or source["uri"], priority=priority, deadline=deadline,
+                callbacks=callbacks)
 
 
 @contextlib.contextmanager

@@ -252,8 +252,24 @@ def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
                       embed_s=embedded.get("embed_s"), search_ms=round(search_ms, 2))
         if rate is None:
             report["note"] = "empty catalogue: nothing to probe"
-    EmbeddingSpace.objects.filter(model_id=model_id, gate_report__run=run).update(gate_report=report)
+    if EmbeddingSpace.objects.filter(model_id=model_id, gate_report__run=run).update(gate_report=report):
+        _ready_emit(model_id)
     return report
+
+
+def _ready_emit(model_id: str) -> None:
+    """Webhook ``migration.ready`` when the first gate run of a migration whose job is done has
+    judged its candidate: the outcome is known, and ``data.gate.passed`` says whether ``promote``
+    goes through without ``force``. Once per migration (its job): a gate run again by hand is
+    already being watched by whoever ran it."""
+    from embeddings.models import JobStatus, SpaceState, WebhookEvent
+    from embeddings.services import webhooks
+
+    space = EmbeddingSpace.objects.select_related("job", "source").get(model_id=model_id)
+    if space.state != SpaceState.CANDIDATE or space.job is None or space.job.status != JobStatus.DONE:
+        return
+    webhooks.event_emit(event=WebhookEvent.MIGRATION_READY, key=f"{WebhookEvent.MIGRATION_READY}:{space.pk}:{space.job_id}",
+                        endpoints=webhooks.staff_recipients(), data=migration_event_data(space))
 
 
 #: Cosine slack of the twin judgement: the same bytes embedded in forward passes of different sizes
@@ -359,3 +375,19 @@ def gate_verdict(space: EmbeddingSpace, threshold: float | None = None) -> tuple
     if rate < threshold:
         return False, GATE_FAILED, detail
     return True, None, detail
+
+
+def migration_event_data(space: EmbeddingSpace) -> dict:
+    """A ``migration.*`` webhook's ``data``: the space (id, model, state, times), its job, the
+    quality gate's verdict so far, and its URL."""
+    report = space.gate_report or {}
+
+    def iso(t):
+        return t.isoformat() if t else None
+
+    return {"migration_id": space.pk, "model_id": space.model_id, "state": space.state,
+            "job_id": str(space.job_id) if space.job_id else None,
+            "source_model_id": space.source.model_id if space.source_id else None,
+            "gate": {k: report.get(k) for k in ("state", "passed", "rate", "threshold", "sample", "judged", "hits")},
+            "created_at": iso(space.created_at), "promoted_at": iso(space.promoted_at),
+            "url": f"/api/migrations/{space.pk}/"}

@@ -39,9 +39,11 @@ from embeddings.models import (
     JobPriority,
     JobStatus,
     SpaceState,
+    WebhookEvent,
 )
 from embeddings import spaces
 from embeddings.services.catalogue import copies
+from embeddings.services import webhooks
 from embeddings.services.lifecycle import gate
 from embeddings.errors import ApplicationError
 
@@ -220,8 +222,17 @@ def promote(space: EmbeddingSpace, *, force: bool = False, by: str = "") -> Embe
             state__in=(SpaceState.ACTIVE, SpaceState.CANDIDATE, SpaceState.STANDBY))}
         if space.pk not in rows:
             raise _error(f"{space.model_id} changed state meanwhile", "invalid_transition", model_id=space.model_id)
+        previous = next((s for s in rows.values() if s.state == SpaceState.ACTIVE), None)
         EmbeddingSpace.objects.filter(state=SpaceState.ACTIVE).update(state=SpaceState.STANDBY, demoted_at=now)
         EmbeddingSpace.objects.filter(pk=space.pk).update(state=SpaceState.ACTIVE, promoted_at=now, gate_report=report)
+        # webhooks: a standby made active again is a rollback; a candidate, a promotion
+        event = WebhookEvent.MIGRATION_ROLLED_BACK if rows[space.pk].state == SpaceState.STANDBY \
+            else WebhookEvent.MIGRATION_PROMOTED
+        webhooks.event_emit(event=event, key=f"{event}:{space.pk}:{now.isoformat()}", at=now,
+                            endpoints=webhooks.staff_recipients(), data={
+                                **gate.migration_event_data(EmbeddingSpace.objects.get(pk=space.pk)),
+                                "previous_model_id": previous.model_id if previous else None, "by": by,
+                                "forced": bool(force and report.get("forced"))})
     spaces.forget_cache()
     space.refresh_from_db()
     log.warning("embedding space %s promoted (by %s, force=%s)", space.model_id, by or "?", force)
@@ -285,3 +296,4 @@ def migration_job_done(job: Job) -> None:
     if space is None:
         return
     gate.gate_start(space.id)
+

@@ -1,0 +1,272 @@
+"""Webhooks (issue 42, docs/webhooks.md): endpoints, and the event messages made for them.
+
+An event is emitted by the service where its state changes (``catalogue.jobs`` for a job's end,
+cancellation and deadline risk; ``lifecycle`` for a model migration), inside that change's
+transaction where there is one: :func:`event_emit` writes one ``WebhookDelivery`` row per
+subscribed endpoint, and the first attempt is queued when the transaction commits. The pair
+(endpoint, event key) is unique, so an emitter that runs twice (a redelivered task, a reconciler
+round after a crash) makes no second message. Sending, signing and retrying are
+``services.webhook_delivery``'s.
+
+Messages follow Standard Webhooks (https://www.standardwebhooks.com/): ``{"type", "timestamp",
+"data"}``, signed with the endpoint's ``whsec_`` secret.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import logging
+import secrets
+import uuid
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from embeddings import dispatch
+from embeddings.errors import ApplicationError
+from embeddings.models import (
+    DeliveryStatus,
+    Job,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEvent,
+)
+from workers.errors import ImageRejected, Reason
+from workers.fetch import address_refusal, parse_url
+
+log = logging.getLogger(__name__)
+
+#: Standard Webhooks' secret form: ``whsec_`` + base64 of 24..64 random bytes; 32 bytes = the
+#: HMAC-SHA256 block's natural key strength.
+SECRET_PREFIX = "whsec_"
+SECRET_BYTES = 32
+#: After a rotation the previous secret signs too (a second signature) for this long, so a receiver
+#: can deploy the new one without rejecting messages in between (Standard Webhooks: key rotation).
+ROTATION_GRACE = dt.timedelta(hours=24)
+#: A queued attempt has this long to start before the reconciler queues it again (a lost message).
+DISPATCH_LEASE = dt.timedelta(minutes=5)
+#: Callback URLs one ``POST /api/jobs/`` may name.
+MAX_JOB_CALLBACKS = 5
+
+
+def secret_new() -> str:
+    """A fresh endpoint secret: ``whsec_`` + base64 of :data:`SECRET_BYTES` random bytes."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode("ascii")
+
+
+def message_id_new() -> str:
+    """A message id (``webhook-id``): ``msg_`` + 32 hex digits, unique per delivery."""
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def callback_url_check(url: str) -> str:
+    """A callback URL as the deliveries will use it, refused when it can be refused now.
+
+    What is checked here is what costs nothing: the URL's form (the fetcher's rules: http or https,
+    a host, no credentials) and a literal IP address in a refused network (loopback, private,
+    link-local such as the cloud metadata 169.254.169.254, ...) unless ``FETCH_ALLOW_NETWORKS``
+    allows it. A host name is resolved at every delivery attempt instead (its DNS may change).
+
+    Returns:
+        The URL, normalised (IDNA host, percent-encoding).
+
+    Raises:
+        ApplicationError: ``invalid_callback_url`` (400) or ``fetch_refused_address`` (400), with
+            ``extra.url``.
+    """
+    try:
+        parsed = parse_url(url)
+    except ImageRejected as e:
+        raise ApplicationError(f"callback URL refused: {e.detail}", code="invalid_callback_url",
+                               extra={"url": str(url)[:2048]}) from None
+    host = parsed.raw_host.decode("ascii", "replace").strip("[]")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    if literal is not None:
+        allow = tuple(ipaddress.ip_network(n, strict=False) for n in settings.FETCH_ALLOW_NETWORKS)
+        why = address_refusal(literal, allow)
+        if why is not None:
+            raise ApplicationError(f"callback URL refused: {host} is a {why} address", code=Reason.FETCH_REFUSED_ADDRESS.value,
+                                   extra={"url": str(url)[:2048]})
+    out = str(parsed)
+    if len(out) > 2048:
+        raise ApplicationError("callback URL refused: longer than 2048 characters", code="invalid_callback_url",
+                               extra={"url": out[:2048]})
+    return out
+
+
+def events_check(events: Iterable[str] | None) -> list[str]:
+    """The event types an endpoint subscribes to, sorted and deduplicated (``[]``: every event).
+
+    Raises:
+        ApplicationError: ``invalid_events`` (400) naming the unknown types and the known ones.
+    """
+    events = sorted(set(events or ()))
+    unknown = [e for e in events if e not in WebhookEvent.values]
+    if unknown:
+        raise ApplicationError(f"unknown event types: {', '.join(map(str, unknown))}", code="invalid_events",
+                               extra={"unknown": unknown, "known": list(WebhookEvent.values)})
+    return events
+
+
+def _check_room(owner, adding: int) -> None:
+    """Raises ApplicationError ``too_many_webhooks`` (400) past ``WEBHOOK_MAX_ENDPOINTS``."""
+    limit = settings.WEBHOOK_MAX_ENDPOINTS
+    if WebhookEndpoint.objects.filter(owner=owner).count() + adding > limit:
+        raise ApplicationError(f"an account has at most WEBHOOK_MAX_ENDPOINTS = {limit} webhook endpoints",
+                               code="too_many_webhooks", extra={"limit": "WEBHOOK_MAX_ENDPOINTS", "value": limit})
+
+
+def endpoint_prepare(*, owner, url: str, events: Iterable[str] | None = None, description: str = "") -> WebhookEndpoint:
+    """An endpoint checked and given its secret, not saved yet (a job's callbacks are saved with
+    their job: :func:`job_endpoints_attach`). The caller shows ``endpoint.secret`` once.
+
+    Raises:
+        ApplicationError: as :func:`callback_url_check` and :func:`events_check`.
+    """
+    return WebhookEndpoint(owner=owner, url=callback_url_check(url), events=events_check(events),
+                           description=description[:200], secret=secret_new())
+
+
+def job_callbacks_prepare(*, owner, urls: Iterable[str], events: Iterable[str] | None = None) -> list[WebhookEndpoint]:
+    """The unsaved endpoints of a job's ``callback_url`` values (at most :data:`MAX_JOB_CALLBACKS`).
+
+    Raises:
+        ApplicationError: as :func:`endpoint_prepare`; ``too_many_webhooks`` (400).
+    """
+    urls = [u for u in urls if u]
+    if len(urls) > MAX_JOB_CALLBACKS:
+        raise ApplicationError(f"a job names at most {MAX_JOB_CALLBACKS} callback URLs", code="too_many_webhooks",
+                               extra={"value": MAX_JOB_CALLBACKS})
+    endpoints = [endpoint_prepare(owner=owner, url=u, events=events, description="job callback") for u in urls]
+    if endpoints:
+        _check_room(owner, len(endpoints))
+    return endpoints
+
+
+def job_endpoints_attach(*, job: Job, endpoints: Iterable[WebhookEndpoint]) -> None:
+    """Save a job's callback endpoints (from :func:`job_callbacks_prepare`) as the job's own.
+    Called right after the job row exists, before any of its work is sent, so no event of the job
+    can come before them."""
+    endpoints = list(endpoints)
+    for endpoint in endpoints:
+        endpoint.job = job
+    WebhookEndpoint.objects.bulk_create(endpoints)
+
+
+def endpoint_create(*, owner, url: str, events: Iterable[str] | None = None, description: str = "") -> WebhookEndpoint:
+    """An account endpoint: every job of ``owner`` (and, for staff, every model migration).
+
+    Raises:
+        ApplicationError: as :func:`endpoint_prepare`; ``too_many_webhooks`` (400).
+    """
+    endpoint = endpoint_prepare(owner=owner, url=url, events=events, description=description)
+    _check_room(owner, 1)
+    endpoint.save()
+    return endpoint
+
+
+def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, events: Iterable[str] | None = None,
+                    active: bool | None = None, description: str | None = None) -> WebhookEndpoint:
+    """Change what was given (None: unchanged). Messages already made keep their endpoint and are
+    sent to its URL as it is at each attempt.
+
+    Raises:
+        ApplicationError: as :func:`endpoint_prepare`.
+    """
+    if url is not None:
+        endpoint.url = callback_url_check(url)
+    if events is not None:
+        endpoint.events = events_check(events)
+    if active is not None:
+        endpoint.active = active
+    if description is not None:
+        endpoint.description = description[:200]
+    endpoint.save(update_fields=["url", "events", "active", "description"])
+    return endpoint
+
+
+def endpoint_rotate(*, endpoint: WebhookEndpoint) -> WebhookEndpoint:
+    """A new secret; the old one still signs (a second signature) for :data:`ROTATION_GRACE`.
+    The caller shows ``endpoint.secret`` once."""
+    endpoint.previous_secret = endpoint.secret
+    endpoint.previous_secret_expires_at = timezone.now() + ROTATION_GRACE
+    endpoint.secret = secret_new()
+    endpoint.save(update_fields=["secret", "previous_secret", "previous_secret_expires_at"])
+    return endpoint
+
+
+def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
+    """Delete the endpoint with its deliveries (pending ones are not sent)."""
+    endpoint.delete()
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+def job_recipients(job: Job) -> list[WebhookEndpoint]:
+    """Active endpoints that hear about ``job``: its own, and its owner's account endpoints."""
+    from django.db.models import Q
+
+    return list(WebhookEndpoint.objects.filter(Q(job=job) | Q(owner_id=job.owner_id, job__isnull=True), active=True))
+
+
+def staff_recipients() -> list[WebhookEndpoint]:
+    """Active account endpoints of staff users: model migrations are staff work."""
+    return list(WebhookEndpoint.objects.filter(owner__is_staff=True, job__isnull=True, active=True))
+
+
+def event_emit(*, event: str, key: str, data: dict, endpoints: Iterable[WebhookEndpoint],
+               at: dt.datetime | None = None) -> list[WebhookDelivery]:
+    """Make one message of ``event`` for each endpoint subscribed to it, unless that endpoint
+    already has one with ``key``; queue each new one's first attempt when the transaction commits.
+
+    Args:
+        event: a :class:`WebhookEvent` value.
+        key: names this occurrence (``"job.done:<job id>"``): at most one message per endpoint.
+        data: the message's ``data`` (JSON-serialisable).
+        endpoints: candidates (e.g. :func:`job_recipients`); those not subscribed are skipped.
+        at: the event's time (``timestamp``), default now.
+
+    Returns:
+        The deliveries made now (none for an occurrence already emitted).
+    """
+    WebhookEvent(event)
+    now = timezone.now()
+    payload = {"type": event, "timestamp": (at or now).isoformat(), "data": data}
+    rows = [WebhookDelivery(endpoint=e, event=event, key=key[:200], message_id=message_id_new(), payload=payload,
+                            next_attempt_at=now + DISPATCH_LEASE)
+            for e in endpoints if not e.events or event in e.events]
+    if not rows:
+        return []
+    # The unique (endpoint, key) drops the rows of an occurrence emitted before; what is left has
+    # the message ids made here.
+    WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
+    made = list(WebhookDelivery.objects.filter(message_id__in=[r.message_id for r in rows]))
+    for delivery in made:
+        transaction.on_commit(lambda d=delivery.id: delivery_queue(delivery_id=d, attempt=1))
+    return made
+
+
+def delivery_queue(*, delivery_id: int, attempt: int) -> None:
+    """Queue ``attempt`` of a delivery on the fetch queue. A failure to publish (broker down) is
+    logged: the row stays due, and the reconciler queues it again after :data:`DISPATCH_LEASE`."""
+    try:
+        dispatch.send_webhook_delivery(delivery_id=delivery_id, attempt=attempt)
+    except Exception:
+        log.exception("webhook delivery %s: attempt %s not queued; the reconciler will", delivery_id, attempt)
+
+
+def delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
+    """Send a delivery again from its first attempt, whatever its status (same ``webhook-id``: a
+    receiver that had it deduplicates). Its attempt log is kept."""
+    now = timezone.now()
+    WebhookDelivery.objects.filter(id=delivery.id).update(status=DeliveryStatus.PENDING, attempts=0,
+                                                          next_attempt_at=now + DISPATCH_LEASE)
+    transaction.on_commit(lambda: delivery_queue(delivery_id=delivery.id, attempt=1))
+    delivery.refresh_from_db()
+    return delivery
