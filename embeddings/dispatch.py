@@ -142,6 +142,14 @@ def send_job_done(*, job_id: str):
     return send("job_done", (job_id,), **vectors_options(interactive=False))
 
 
+def send_webhook_delivery(*, delivery_id: int, attempt: int):
+    """Queue attempt ``attempt`` of a webhook delivery (``send_webhook_delivery``) on the fetch queue
+    (threads, network-bound, no model) at urgent bulk priority: a message someone waits for goes
+    before catalogue fetching. Never with a countdown: later attempts are due times in the
+    database, queued by the reconciler (``services.webhook_delivery``)."""
+    return send("send_webhook_delivery", (delivery_id, attempt), **fetch_options("urgent"))
+
+
 def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
                      upsert_ms: float | None = None):
     """Queue a bulk chunk's points (``index_chunk``) for the vectors worker, the embedded store's
@@ -160,45 +168,64 @@ def send_forget_point(*, point_id: str, sha256: str, interactive: bool, model_id
 
 # --- interactive lane ----------------------------------------------------------------------------
 
-def send_upload(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float):
+def send_upload(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float,
+                vectors: bool = False):
     """Queue an interactive upload: ``embed_interactive`` (interactive queue, expires at
     ``deadline_ts``) chained to ``index_interactive`` (vectors queue, interactive priority); only the
-    latter when nothing is to be embedded (every image a copy of stored bytes). Returns the last
-    task's ``AsyncResult``."""
+    latter when nothing is to be embedded (every image a copy of stored bytes). ``vectors``: the
+    answer carries each image's stored vector too. Returns the last task's ``AsyncResult``."""
+    more = (True,) if vectors else ()  # messages without it stay as they were
     if not to_embed:
-        return task("index_interactive", {}, owner_id, k, skipped, immutable=True,
+        return task("index_interactive", {}, owner_id, k, skipped, *more, immutable=True,
                     **vectors_options(interactive=True)).apply_async()
     embed = task("embed_interactive", to_embed, deadline_ts, immutable=True, **interactive_options(deadline_ts))
-    index = task("index_interactive", owner_id, k, skipped, **vectors_options(interactive=True))
+    index = task("index_interactive", owner_id, k, skipped, *more, **vectors_options(interactive=True))
     return chain(embed, index).apply_async()
 
 
-def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float):
+def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int | None, k: int, deadline_ts: float,
+                       vectors: bool = False):
     """Queue an interactive upload whose worker writes its own points (a Qdrant server:
     ``embed_index_interactive`` on the interactive queue, expires at ``deadline_ts``). No vector
-    crosses the broker; the result is each image's neighbours. Returns its ``AsyncResult``."""
-    return task("embed_index_interactive", to_embed, deadline_ts, owner_id, k, skipped,
+    crosses the broker unless asked for (``vectors``); the result is each image's neighbours.
+    Returns its ``AsyncResult``."""
+    more = (True,) if vectors else ()
+    return task("embed_index_interactive", to_embed, deadline_ts, owner_id, k, skipped, *more,
                 **interactive_options(deadline_ts)).apply_async()
 
 
 def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str,
-               where: dict | None = None):
+               where: dict | None = None, with_vectors: bool = False):
     """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
     deadline and the space ``model_id``, interactive queue) and, when ``search`` =
     ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
-    vectors queue, with the metadata filter ``where`` (its JSON); every message expires at
-    ``deadline_ts``. Returns the last task's ``AsyncResult`` (the embedding alone, a ``{"vector"}``
-    answer, when ``search`` is None)."""
+    vectors queue, with the metadata filter ``where`` (its JSON) and ``with_vectors`` (each result
+    with its stored vector); every message expires at ``deadline_ts``. Returns the last task's
+    ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
     sig = task(embed, *args, deadline_ts, model_id, immutable=True, **interactive_options(deadline_ts))
     if search is None:
         return sig.apply_async()
-    return chain(sig, task("search_vector", *search, model_id, where,
+    return chain(sig, task("search_vector", *search, model_id, where, *_vectors_flag(with_vectors),
                            **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 
 
+def _vectors_flag(with_vectors: bool) -> tuple:
+    """The search tasks' trailing ``with_vectors`` argument, sent only when set: a search message
+    without it is one a vectors worker of the previous release still reads during a rolling
+    deploy."""
+    return (True,) if with_vectors else ()
+
+
+def send_embed_inputs(*, items: list[dict], deadline_ts: float, model_id: str):
+    """Queue an embeddings request's inputs (``embed_inputs``: texts and temporary storage keys, in
+    order) for space ``model_id`` on the interactive queue, expiring at ``deadline_ts``. Returns its
+    ``AsyncResult`` (one entry per item)."""
+    return send("embed_inputs", (items, deadline_ts, model_id), **interactive_options(deadline_ts))
+
+
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float,
-                      model_id: str, where: dict | None = None):
+                      model_id: str, where: dict | None = None, with_vectors: bool = False):
     """Queue ``search_point`` (top-k by a stored point of space ``model_id``, metadata filter
-    ``where``) on the vectors queue, expiring at ``deadline_ts``."""
-    return send("search_point", (point_id, owner_id, k, job_id, model_id, where),
+    ``where``, ``with_vectors``) on the vectors queue, expiring at ``deadline_ts``."""
+    return send("search_point", (point_id, owner_id, k, job_id, model_id, where, *_vectors_flag(with_vectors)),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))

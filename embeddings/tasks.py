@@ -7,12 +7,13 @@ Besides the tasks, one signal handler about their messages: :func:`expire_discar
 worker's boot-up (niceness, model warm-up, reconciler) is ``embeddings.worker_boot``.
 
 - ``interactive`` queue (interactive worker, threads pool + dynamic batcher): ``embed_interactive``,
-  ``embed_query``, ``encode_text``; ``embed_index_interactive`` with a Qdrant server.
+  ``embed_query``, ``encode_text``, ``embed_inputs``; ``embed_index_interactive`` with a Qdrant server.
 - ``bulk`` queue (bulk worker, one chunk at a time): ``embed_chunk``, ``migration_fill``,
   ``gate_embed``, ``cutoff_encode_texts``.
-- ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``forget_point``,
+- ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``point_vectors``, ``forget_point``,
   ``collection_stats``, ``drop_collection``, ``job_done``, ``gate_check``, ``cutoff_compute``.
-- ``fetch`` queue (the fetch worker, threads, no model): ``job_read``, ``fetch_chunk``.
+- ``fetch`` queue (the fetch worker, threads, no model): ``job_read``, ``fetch_chunk``,
+  ``send_webhook_delivery``.
 """
 from __future__ import annotations
 
@@ -73,6 +74,15 @@ def fetch_chunk(job_id: str, image_ids: list[str]) -> dict:
     return fetching.chunk_fetch(job_id=job_id, image_ids=image_ids)
 
 
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def send_webhook_delivery(delivery_id: int, attempt: int) -> dict:
+    """Make one attempt of a webhook delivery (``services.webhook_delivery.delivery_attempt``: a
+    message for an attempt already made does nothing)."""
+    from embeddings.services import webhook_delivery
+
+    return webhook_delivery.delivery_attempt(delivery_id=delivery_id, attempt=attempt)
+
+
 def _in_flight(task, images: int):
     """Count an interactive task's images as in flight for admission control (not when eager)."""
     if task.request.is_eager:
@@ -89,11 +99,11 @@ def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
 
 @shared_task(bind=True)
 def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owner_id: int | None, k: int,
-                            skipped_ids: list[str]) -> dict:
+                            skipped_ids: list[str], vectors: bool = False) -> dict:
     """With a Qdrant server (``services.sink``: direct): embed an interactive request's images, then
     write their points and find their neighbours here (:func:`index_interactive` in this process):
     no vector crosses Redis, no vectors worker on the path. Same result as that chain's."""
-    return index_interactive(_embed_interactive(self, image_ids, deadline_ts), owner_id, k, skipped_ids)
+    return index_interactive(_embed_interactive(self, image_ids, deadline_ts), owner_id, k, skipped_ids, vectors)
 
 
 def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
@@ -143,6 +153,15 @@ def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
                                deadline_ts)
 
 
+@shared_task(bind=True)
+def embed_inputs(self, items: list[dict], deadline_ts: float, model_id: str) -> dict:
+    """Embed an embeddings request's texts and images (temporary storage keys) with space
+    ``model_id``'s model, in input order (``pipeline.inputs_embed``); every item ``expired`` without
+    running the model once ``deadline_ts`` (Unix s) has passed."""
+    with _in_flight(self, max(1, sum(1 for it in items if "key" in it))):
+        return pipeline.inputs_embed(items=items, deadline_ts=deadline_ts, model_id=model_id)
+
+
 @task_revoked.connect
 def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) -> None:
     """An ``embed_interactive`` message discarded unrun because it expired in the broker (the worker
@@ -175,9 +194,12 @@ def index_chunk(job_id: str, stat_id: int | None, items: list[dict], priority: s
 
 
 @shared_task
-def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str]) -> dict:
-    """Write an interactive request's points; return each image's neighbours."""
-    out = pipeline.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids)
+def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str],
+                      vectors: bool = False) -> dict:
+    """Write an interactive request's points; return each image's neighbours (``vectors``: and its
+    stored vector)."""
+    out = pipeline.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids,
+                                     vectors=vectors)
     from embeddings import metrics
 
     metrics.count_images(lane=lanes.INTERACTIVE, status="embedded", n=len(embedded.get("items", [])))
@@ -190,20 +212,29 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
 
 @shared_task
 def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                  where: dict | None = None) -> dict:
+                  where: dict | None = None, with_vectors: bool = False) -> dict:
     """Top-k by a query ``{"vector": base64}`` in space ``model_id``, restricted to ``owner_id``
     (None: all owners), ``job_id`` (None: any job) and the metadata filter ``where`` (its JSON; None:
-    none) → ``{"results": [...]}`` (refusals pass through)."""
-    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id, where=where)
+    none) → ``{"results": [...]}`` (refusals pass through); ``with_vectors``: each result with its
+    stored ``"vector"`` (base64)."""
+    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id, where=where,
+                                  with_vectors=with_vectors)
 
 
 @shared_task
 def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                 where: dict | None = None) -> list[dict] | None:
+                 where: dict | None = None, with_vectors: bool = False) -> list[dict] | None:
     """Top-k by a stored point's vector in space ``model_id``, metadata filter ``where`` (its JSON;
-    None: none); None when the point does not exist."""
+    None: none); None when the point does not exist; ``with_vectors`` as ``search_vector``."""
     return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
-                                 where=where)
+                                 where=where, with_vectors=with_vectors)
+
+
+@shared_task
+def point_vectors(point_ids: list[str], model_id: str) -> dict:
+    """The stored vectors of ``point_ids`` in space ``model_id``, in one read → ``{"dim", "ids",
+    "vectors": base64}`` (``pipeline.point_vectors``; missing points left out)."""
+    return pipeline.point_vectors(point_ids=point_ids, model_id=model_id)
 
 
 @shared_task

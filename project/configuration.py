@@ -43,6 +43,7 @@ GROUPS = (
     ("store", "Vector store"),
     ("storage", "Image storage"),
     ("catalogue", "Catalogues: manifests, object-storage prefixes, URL fetching and metadata"),
+    ("webhooks", "Webhooks: signed callbacks when jobs and model migrations change state"),
     ("limits", "Limits"),
 )
 
@@ -216,6 +217,9 @@ VARS: tuple[Var, ...] = (
         "and decoded, so under load every pass is a full batch", shown="`2 × INTERACTIVE_MAX_BATCH_SIZE`"),
     Var("INTERACTIVE_DEADLINE_S", float, 2.0, "lanes",
         "default (and longest) interactive deadline (s); a request still waiting then gets a 202 with a status URL"),
+    Var("EMBEDDINGS_MAX_INPUTS", int, 256, "lanes",
+        "inputs (texts and images) of one `POST /api/embeddings/` or `POST /v1/embeddings` request; more is a 400 "
+        "`too_many_inputs` (`docs/embeddings-api.md`)"),
     Var("ADMISSION_CONTROL", bool, True, "lanes",
         "refuse interactive work with 429 + `Retry-After` when its predicted wait exceeds its deadline"),
     Var("ADMISSION_MARGIN_QUANTILE", float, wait_model.MARGIN_QUANTILE, "lanes",
@@ -311,6 +315,14 @@ VARS: tuple[Var, ...] = (
     Var("METADATA_INDEXES", str, "", "catalogue",
         "metadata fields searches filter on often, with their types, e.g. `category:keyword,price:float,"
         "date:datetime`: each gets a payload index in every collection"),
+    # --- webhooks (issue 42) ------------------------------------------------------------------------
+    Var("WEBHOOK_TIMEOUT_S", float, 10.0, "webhooks",
+        "seconds one delivery attempt may take (connect, send, answer); past it the attempt failed"),
+    Var("WEBHOOK_RETRY_SCHEDULE_S", list, ["0", "5", "300", "1800", "7200", "18000", "36000", "36000"], "webhooks",
+        "seconds before each attempt of a delivery, counted from the previous one, comma-separated: one "
+        "attempt per entry, then the delivery is `failed` (default about 27.6 h, Standard Webhooks' schedule)",
+        shown="`0,5,300,1800,7200,18000,36000,36000`"),
+    Var("WEBHOOK_MAX_ENDPOINTS", int, 20, "webhooks", "webhook endpoints one account may have (a job's own too)"),
     # --- limits ------------------------------------------------------------------------------------
     _pipeline("MAX_IMAGE_BYTES", "max_image_bytes", int, "limits", "largest accepted image file (bytes)",
               shown="`52428800` (50 MiB)"),

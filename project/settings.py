@@ -160,9 +160,17 @@ FETCH_READ_AHEAD = config["FETCH_READ_AHEAD"]
 METADATA_MAX_BYTES = config["METADATA_MAX_BYTES"]
 METADATA_INDEXES = config["METADATA_INDEXES"]
 
+# Webhooks (issue 42, docs/webhooks.md): each delivery is one task on the fetch queue; attempts after
+# the first are due times in the database, sent by the reconciler (no hour-long countdowns on Redis).
+WEBHOOK_TIMEOUT_S = config["WEBHOOK_TIMEOUT_S"]
+WEBHOOK_RETRY_SCHEDULE_S = [float(s) for s in config["WEBHOOK_RETRY_SCHEDULE_S"]]
+WEBHOOK_MAX_ENDPOINTS = config["WEBHOOK_MAX_ENDPOINTS"]
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
+        # the same tokens as "Authorization: Bearer <token>" (OpenAI clients send that)
+        "embeddings.api.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -186,7 +194,14 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "CLIP image embeddings: interactive uploads, bulk jobs, similarity search (README.md).",
     "COMPONENT_SPLIT_REQUEST": True,  # request and response shapes as their own components
     "ENUM_NAME_OVERRIDES": {"ImageStatusEnum": "embeddings.models.ImageStatus",
-                            "JobStatusEnum": "embeddings.models.JobStatus"},
+                            "JobStatusEnum": "embeddings.models.JobStatus",
+                            "WebhookEventEnum": "embeddings.models.WebhookEvent",
+                            "DeliveryStatusEnum": "embeddings.models.DeliveryStatus",
+                            # POST /api/embeddings/: an input's kind (a job's kind keeps its name); how a
+                            # vector is encoded (float | base64)
+                            "KindEnum": "embeddings.models.JobKind",
+                            "EmbeddingKindEnum": [("image", "image"), ("text", "text")],
+                            "EncodingFormatEnum": [("float", "float"), ("base64", "base64")]},
     # 401 on every secured operation and 404 on every one with a path parameter (embeddings/api/schema.py)
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "embeddings.api.schema.postprocess"],
@@ -263,6 +278,9 @@ VECTOR_STORE_OPTIMIZE_IDLE_S = config["VECTOR_STORE_OPTIMIZE_IDLE_S"]
 VECTOR_STORE_OPTIMIZE_MIN_POINTS = config["VECTOR_STORE_OPTIMIZE_MIN_POINTS"]
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
+#: Inputs of one embeddings request (POST /api/embeddings/, POST /v1/embeddings): every one is an
+#: interactive request's work within its deadline; a catalogue goes to POST /api/jobs/.
+EMBEDDINGS_MAX_INPUTS = config["EMBEDDINGS_MAX_INPUTS"]
 #: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline
 #: (embeddings/lane_control/admission.py).
 ADMISSION_CONTROL = config["ADMISSION_CONTROL"]

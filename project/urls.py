@@ -4,6 +4,7 @@ from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from embeddings.api.embeddings import OpenAIEmbeddingsView
 from embeddings.api.views import healthz
 from embeddings.metrics import metrics_view
 from embeddings.site.thumbnails import ThumbnailView
@@ -16,6 +17,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/images/<uuid:image_id>/thumbnail/", ThumbnailView.as_view(), name="image-thumbnail"),
     path("api/", include("embeddings.api.urls")),
+    # OpenAI's embeddings endpoint, where its clients look for it (base_url=<service>/v1)
+    path("v1/embeddings", OpenAIEmbeddingsView.as_view(), name="openai-embeddings"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("", include("embeddings.site.urls")),  # the pages for people (embeddings/site)

@@ -34,6 +34,7 @@ class Reason(enum.StrEnum):
     FETCH_CONNECT = "fetch_connect"  #: DNS failure, connection refused/reset, or a body cut short
     FETCH_REDIRECTS = "fetch_redirects"  #: too many redirects, or a redirect without a usable Location
     FETCH_INVALID_URL = "fetch_invalid_url"  #: not an http/https URL with a host (other scheme, userinfo, bad port)
+    INVALID_BASE64 = "invalid_base64"  #: an image sent as base64 (or a base64 data URL) that does not decode
 
 
 class ImageRejected(Exception):

@@ -42,7 +42,7 @@ ERROR_STATUS = {
          "beside_bulk (a bulk chunk computes now: the wait model learnt beside bulk work was used)",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
          "(code: vectors_unavailable, worker_error)",
-    504: "the search did not finish in time (code: deadline_exceeded)",
+    504: "the search or the embeddings did not finish in time (code: deadline_exceeded)",
 }
 
 #: ``Retry-After`` (whole seconds) on the statuses that carry it (services.admission, services.calls).

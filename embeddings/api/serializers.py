@@ -5,10 +5,11 @@ import uuid
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
-from embeddings.models import Image, ImageStatus, Job, JobPriority
+from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
+from embeddings.models import Image, ImageStatus, Job, JobPriority, WebhookEvent
 
 
 class FormSerializer(serializers.Serializer):
@@ -55,6 +56,131 @@ class JobCreateSerializer(FormSerializer):
     bucket = serializers.CharField(required=False, max_length=2048,
                                    help_text="s3://bucket that a manifest's bare `key` values name objects of "
                                              "(default: the manifest's own bucket)")
+    # webhooks (issue 42, docs/webhooks.md): the job's own endpoints
+    callback_url = CallbackUrlsField(required=False, help_text="URL(s) that receive this job's events, signed "
+                                     "(Standard Webhooks); each one's secret is in the answer's `webhooks`, once")
+    callback_events = serializers.ListField(child=serializers.ChoiceField(choices=WebhookEvent.choices),
+                                            required=False, max_length=len(WebhookEvent.choices),
+                                            help_text="event types the callback URLs receive (default: all)")
+
+
+#: Extra fields an answer can include on request (``include``, comma-separated): ``vector``, the
+#: image's stored vector in the searched / active embedding space.
+INCLUDE_CHOICES = ("vector",)
+
+INCLUDE_HELP = ("extra fields, comma-separated: `vector` adds each image's stored vector (in the active "
+                "embedding space, `vector_model_id`; null when it has none there yet)")
+VECTOR_FORMAT_HELP = ("how `vector` is written: `float` (default), a list of D numbers (each the float32 "
+                      "value's shortest float64 form: read back as float32 it is the stored value, bit for "
+                      "bit), or `base64`, the little-endian float32 bytes (4 × D bytes, base64)")
+
+
+class IncludeField(serializers.CharField):
+    """``include``: a comma-separated list of :data:`INCLUDE_CHOICES` → a set of them.
+
+    Raises:
+        ValidationError: an unknown name (400 ``invalid``, naming the ones there are).
+    """
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, allow_blank=True, max_length=200, help_text=INCLUDE_HELP, **kwargs)
+
+    def to_internal_value(self, data):
+        names = {n.strip() for n in super().to_internal_value(data).split(",") if n.strip()}
+        unknown = sorted(names - set(INCLUDE_CHOICES))
+        if unknown:
+            raise serializers.ValidationError(
+                f"unknown include {', '.join(unknown)}: one of {', '.join(INCLUDE_CHOICES)}")
+        return names
+
+
+class VectorQuerySerializer(FormSerializer):
+    """``include`` and ``vector_format`` of a request that can answer stored vectors (query
+    parameters of ``GET /api/images/``, ``GET /api/images/{id}/``; fields of a search)."""
+
+    include = IncludeField()
+    vector_format = serializers.ChoiceField(choices=["float", "base64"], default="float", help_text=VECTOR_FORMAT_HELP)
+
+
+#: The query parameters of the image endpoints that can answer vectors (``VectorQuerySerializer``).
+VECTOR_PARAMETERS = [
+    OpenApiParameter("include", str, OpenApiParameter.QUERY, description=INCLUDE_HELP),
+    OpenApiParameter("vector_format", str, OpenApiParameter.QUERY, enum=["float", "base64"],
+                     description=VECTOR_FORMAT_HELP),
+]
+
+
+class VectorExportQuerySerializer(FormSerializer):
+    """Query parameters of ``GET /api/exports/vectors.{format}``."""
+
+    job = serializers.UUIDField(required=False, help_text="only this job's images (one of yours; any job for staff)")
+    space = serializers.CharField(required=False, max_length=200,
+                                  help_text="the embedding space's model_id (default: the active one)")
+    vector_format = serializers.ChoiceField(choices=["float", "base64"], default="float",
+                                            help_text="JSON Lines only: " + VECTOR_FORMAT_HELP)
+
+
+#: The schema of a vector in an answer: a list of numbers, base64 text, or null (no vector yet).
+VECTOR_SCHEMA = {
+    "oneOf": [{"type": "array", "items": {"type": "number", "format": "float"}},
+              {"type": "string", "format": "byte"}],
+    "nullable": True,
+    "description": "the stored vector (D float32, unit length): a list of numbers (vector_format=float) or "
+                   "base64 of its little-endian float32 bytes (vector_format=base64); null: the image has no "
+                   "vector in that space yet (not embedded, failed, or embedded only before a model switch "
+                   "and not re-embedded yet). Present only with include=vector",
+}
+
+
+class VectorView:
+    """What ``include=vector`` renders, given to a serializer as ``context["vectors"]``: the space
+    (``model_id``), ``vector_format`` and the vectors by image id (``{str: (D,) float32}``;
+    ``services.vectors.image_vectors``)."""
+
+    def __init__(self, *, model_id: str, vector_format: str, vectors: dict) -> None:
+        self.model_id, self.vector_format, self.vectors = model_id, vector_format, vectors
+
+    def render(self, image_id: str):
+        """The image's vector as JSON (``services.exports.vector_json``), None when it has none."""
+        from embeddings.services.exports import vector_json
+
+        v = self.vectors.get(image_id)
+        return None if v is None else vector_json(v, self.vector_format)
+
+
+class _Included(serializers.Field):
+    """A field shown only when the serializer's context holds ``vectors`` (``include=vector``):
+    otherwise left out of the answer altogether (not null), so answers without it stay as they were."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", required=False, **kwargs)
+
+    def get_attribute(self, instance):
+        view = self.context.get("vectors")
+        if view is None:
+            raise serializers.SkipField()
+        return (view, str(instance.id))
+
+
+@extend_schema_field(VECTOR_SCHEMA)
+class ImageVectorField(_Included):
+    """``vector`` of an image (:data:`VECTOR_SCHEMA`)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_null=True, **kwargs)
+
+    def to_representation(self, value):
+        view, image_id = value
+        return view.render(image_id)
+
+
+@extend_schema_field({"type": "string", "description": "the embedding space `vector` is in (the active one). "
+                                                       "Present only with include=vector"})
+class VectorModelIdField(_Included):
+    """``vector_model_id`` of an image: the space of its ``vector``."""
+
+    def to_representation(self, value):
+        return value[0].model_id
 
 
 class SearchSerializer(FormSerializer):
@@ -69,6 +195,8 @@ class SearchSerializer(FormSerializer):
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False)
     min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0)
+    include = IncludeField()
+    vector_format = serializers.ChoiceField(choices=["float", "base64"], default="float")
 
 
 #: ``min_score`` of a search (embeddings/services/lifecycle/cutoff.py): hits scoring below it are dropped.
@@ -87,12 +215,14 @@ class ImageSerializer(serializers.ModelSerializer):
     pending_external_id = serializers.SerializerMethodField(
         help_text="an external_id another of your images holds, which this one takes once its bytes are "
                   "fetched (the same bytes leave it where it is); null when none")
+    vector = ImageVectorField()
+    vector_model_id = VectorModelIdField()
 
     class Meta:
         model = Image
         fields = ("id", "status", "reason", "reason_detail", "sha256", "size_bytes", "width", "height", "format",
                   "original_name", "lane", "job", "duplicate_of", "created_at", "embedded_at", "thumbnail_url",
-                  "external_id", "pending_external_id", "metadata", "origin", "row")
+                  "external_id", "pending_external_id", "metadata", "origin", "row", "vector", "vector_model_id")
         read_only_fields = fields
         extra_kwargs = {"external_id": {"help_text": "your id for this image (unique among your images); \"\" when none"},
                         "metadata": {"help_text": "your attributes: a JSON object (string, number, boolean, date values)"},
@@ -203,6 +333,9 @@ class _SearchScope(serializers.Serializer):
     job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
     min_score = serializers.FloatField(required=False, min_value=-1.0, max_value=1.0, help_text=MIN_SCORE_HELP)
     filter = MetadataFilterField(required=False, help_text=FILTER_HELP)
+    include = serializers.CharField(required=False, allow_blank=True, max_length=200,
+                                    help_text=INCLUDE_HELP.replace("the active", "the searched"))
+    vector_format = serializers.ChoiceField(choices=["float", "base64"], default="float", help_text=VECTOR_FORMAT_HELP)
 
 
 class SearchTextSerializer(_SearchScope):
@@ -239,6 +372,17 @@ class ErrorSerializer(serializers.Serializer):
     extra = serializers.DictField(help_text="facts of the refusal (limit names and values, fields)")
 
 
+@extend_schema_field({"oneOf": VECTOR_SCHEMA["oneOf"],
+                      "description": "a search with include=vector: the hit's stored vector in the searched "
+                                     "space (the answer's model_id): a list of numbers, or base64 of "
+                                     "little-endian float32 (vector_format=base64)"})
+class SearchVectorField(serializers.JSONField):
+    """``vector`` of a search hit, shown only with ``include=vector`` (the view writes it)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(required=False, **kwargs)
+
+
 class NeighbourSerializer(serializers.Serializer):
     """One search hit (``embeddings.selectors``): cosine score in [-1, 1]."""
 
@@ -250,6 +394,7 @@ class NeighbourSerializer(serializers.Serializer):
     thumbnail_url = serializers.CharField(allow_null=True)
     external_id = serializers.CharField(allow_null=True, required=False, help_text="your id for it")
     metadata = serializers.DictField(required=False, help_text="your attributes")
+    vector = SearchVectorField()
 
 
 class UploadedImageSerializer(serializers.Serializer):
@@ -294,6 +439,9 @@ class JobCreatedSerializer(serializers.Serializer):
     url = serializers.CharField()
     renamed = RenamedSerializer(many=True, help_text="files whose name was replaced")
     reading = serializers.BooleanField(required=False, help_text="a manifest or prefix job: read by the fetch worker")
+    webhooks = WebhookCreatedSerializer(many=True, required=False,
+                                        help_text="the job's own webhook endpoints (`callback_url`), with their "
+                                                  "secrets: shown this once")
 
 
 class FailureSerializer(serializers.Serializer):
@@ -326,11 +474,13 @@ class JobProgressSerializer(JobSerializer):
     batches = serializers.IntegerField()
     utilisation = serializers.DictField(help_text="CPU % / GPU % / GPU MiB while its chunks ran")
     pipeline = serializers.DictField(help_text="the settings it ran with")
+    webhooks = WebhookSerializer(many=True, required=False, help_text="the job's own webhook endpoints "
+                                 "(`callback_url`; account endpoints hear it too: `GET /api/webhooks/`)")
 
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + (
             "counts", "embedded", "skipped", "failed", "finished", "elapsed_s", "throughput_images_per_s", "eta",
-            "at_risk", "failures", "failure_reasons", "timings_ms", "batches", "utilisation", "pipeline")
+            "at_risk", "failures", "failure_reasons", "timings_ms", "batches", "utilisation", "pipeline", "webhooks")
         read_only_fields = fields
 
 

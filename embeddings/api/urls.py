@@ -1,7 +1,10 @@
 from django.urls import path
 
 from embeddings.api import views
+from embeddings.api import embeddings
 from embeddings.api import model_migrations as migrations
+from embeddings.api import webhooks
+from embeddings.api import exports
 
 urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="api-token"),
@@ -11,8 +14,16 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
     path("search/", views.SearchView.as_view(), name="search"),
+    path("embeddings/", embeddings.EmbeddingsView.as_view(), name="embeddings"),
     path("stats/", views.StatsView.as_view(), name="stats"),
+    path("exports/vectors.<str:fmt>", exports.VectorExportView.as_view(), name="vector-export"),
     path("migrations/", migrations.MigrationListView.as_view(), name="migrations"),
     path("migrations/<int:space_id>/", migrations.MigrationDetailView.as_view(), name="migration-detail"),
     path("migrations/<int:space_id>/<str:action>/", migrations.MigrationActionView.as_view(), name="migration-action"),
+    path("webhooks/", webhooks.WebhookListView.as_view(), name="webhooks"),
+    path("webhooks/<uuid:webhook_id>/", webhooks.WebhookDetailView.as_view(), name="webhook-detail"),
+    path("webhooks/<uuid:webhook_id>/rotate/", webhooks.WebhookRotateView.as_view(), name="webhook-rotate"),
+    path("webhooks/<uuid:webhook_id>/deliveries/", webhooks.DeliveryListView.as_view(), name="webhook-deliveries"),
+    path("webhooks/<uuid:webhook_id>/deliveries/<int:delivery_id>/redeliver/",
+         webhooks.DeliveryRedeliverView.as_view(), name="webhook-redeliver"),
 ]

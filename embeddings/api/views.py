@@ -41,10 +41,15 @@ from embeddings.api.serializers import (
     StatsSerializer,
     UploadQuerySerializer,
     UploadResponseSerializer,
+    VECTOR_PARAMETERS,
+    VectorQuerySerializer,
+    VectorView,
 )
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import search as search_services
+from embeddings.services import webhooks as webhook_services
+from embeddings.api.webhook_fields import WebhookCreatedSerializer, WebhookSerializer
 from embeddings.services import upload as request_services
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
@@ -99,6 +104,31 @@ def _check_parts(data, files, *, file_fields: tuple[str, ...]) -> None:
         raise ApplicationError(f"{len(stray)} part(s) of the request cannot be used: "
                                + "; ".join(f"field {p['field']!r}: {p['reason']}" for p in stray),
                                code="unexpected_parts", extra={"parts": stray})
+
+
+def _callbacks_shown(callbacks: list) -> dict:
+    """A new job's own webhook endpoints with their secrets (shown this once), when it has some."""
+    return {"webhooks": WebhookCreatedSerializer(callbacks, many=True).data} if callbacks else {}
+
+
+def _vector_view(request, images) -> VectorView | None:
+    """``include=vector`` of an image request (query parameters): the vectors of ``images`` in the
+    active space, one store call for all of them; None when not asked for.
+
+    Raises:
+        ApplicationError: ``invalid`` (400: an unknown include or vector_format); the store is
+            unavailable (503).
+    """
+    from embeddings import spaces
+    from embeddings.services.vectors import image_vectors
+
+    q = VectorQuerySerializer(data=request.query_params)
+    q.is_valid(raise_exception=True)
+    if "vector" not in q.validated_data.get("include", set()):
+        return None
+    model_id = spaces.active().model_id
+    return VectorView(model_id=model_id, vector_format=q.validated_data["vector_format"],
+                      vectors=image_vectors(images, model_id=model_id))
 
 
 class NewestFirst(CursorPagination):
@@ -177,10 +207,12 @@ class ImageUploadView(GenericAPIView):
                   for im, src in zip(outcome.images, sources)]
         return Response({"images": images, "deadline_s": deadline_s}, status=outcome.status)
 
-    @extend_schema(operation_id="images_list", responses={200: ImageSerializer(many=True), **errors(404)},
+    @extend_schema(operation_id="images_list", responses={200: ImageSerializer(many=True), **errors(400, 404, 503)},
                    parameters=[OpenApiParameter("external_id", str, OpenApiParameter.QUERY,
-                                                description="only the image with this id of yours")],
-                   description="The caller's images (staff: all), newest first, a page at a time.")
+                                                description="only the image with this id of yours"),
+                               *VECTOR_PARAMETERS, RETRY_AFTER],
+                   description="The caller's images (staff: all), newest first, a page at a time; with "
+                               "include=vector each with its stored vector (one store read per page).")
     def get(self, request):
         images = images_visible_to(request.user).select_related("duplicate_of")
         if "external_id" in request.query_params:
@@ -188,7 +220,8 @@ class ImageUploadView(GenericAPIView):
             # no image holds "" (no id) or an id with NUL (PostgreSQL cannot even compare one)
             images = images.filter(external_id=wanted) if wanted and "\x00" not in wanted else images.none()
         page = self.paginate_queryset(images)
-        return self.get_paginated_response(ImageSerializer(page, many=True).data)
+        vectors = _vector_view(request, page)
+        return self.get_paginated_response(ImageSerializer(page, many=True, context={"vectors": vectors}).data)
 
 
 class ImageDetailView(APIView):
@@ -213,10 +246,11 @@ class ImageDetailView(APIView):
         im = image_update(image=im, fields={k: request.data[k] for k in s.validated_data})
         return Response(ImageSerializer(im).data)
 
-    @extend_schema(operation_id="images_retrieve", responses={200: ImageSerializer, **errors(404)})
+    @extend_schema(operation_id="images_retrieve", responses={200: ImageSerializer, **errors(400, 404, 503)},
+                   parameters=[*VECTOR_PARAMETERS, RETRY_AFTER])
     def get(self, request, image_id):
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
-        return Response(ImageSerializer(im).data)
+        return Response(ImageSerializer(im, context={"vectors": _vector_view(request, [im])}).data)
 
     @extend_schema(operation_id="images_destroy", responses={204: None, **errors(404, 503)}, parameters=[RETRY_AFTER])
     def delete(self, request, image_id):
@@ -247,6 +281,9 @@ class JobListView(GenericAPIView):
         s = JobCreateSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data
+        # webhooks (issue 42): the job's callback URLs are checked before any job exists
+        v["callbacks"] = webhook_services.job_callbacks_prepare(owner=request.user, urls=v.get("callback_url") or [],
+                                                                events=v.get("callback_events"))
         manifests = _files(files, "manifest")
         remote = len(manifests) + bool(v.get("manifest_key")) + bool(v.get("prefix"))
         if remote:
@@ -265,16 +302,18 @@ class JobListView(GenericAPIView):
         if not sources:
             raise ApplicationError("send files, a zip, or (staff) a folder", code="no_files")
         job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
-                                      deadline=v["deadline"])
+                                      deadline=v["deadline"], callbacks=v["callbacks"])
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
-                         "renamed": _renamed(sources)}, status=status.HTTP_202_ACCEPTED)
+                         "renamed": _renamed(sources), **_callbacks_shown(v["callbacks"])},
+                        status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
     def _remote(user, v: dict, manifest) -> Response:
         """A job read by the fetch worker: from an uploaded manifest, a bucket manifest or a prefix."""
         from embeddings.services.catalogue import reading
 
-        common = {"owner": user, "name": v["name"], "priority": v["priority"], "deadline": v["deadline"]}
+        common = {"owner": user, "name": v["name"], "priority": v["priority"], "deadline": v["deadline"],
+                  "callbacks": v["callbacks"]}
         if v.get("prefix"):
             exts = [e.strip() for e in (v.get("extensions") or "").split(",") if e.strip()]
             job = reading.job_create_from_prefix(uri=v["prefix"], extensions=exts, **common)
@@ -282,7 +321,7 @@ class JobListView(GenericAPIView):
             job = reading.job_create_from_manifest(upload=manifest, key=v.get("manifest_key"), bucket=v.get("bucket"),
                                                    **common)
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/", "renamed": [],
-                         "reading": True}, status=status.HTTP_202_ACCEPTED)
+                         "reading": True, **_callbacks_shown(v["callbacks"])}, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(operation_id="jobs_list", responses={200: JobSerializer(many=True), **errors(404)},
                    description="The caller's jobs (staff: all), newest first, a page at a time.")
@@ -297,7 +336,8 @@ class JobDetailView(APIView):
     @extend_schema(operation_id="jobs_retrieve", responses={200: JobProgressSerializer, **errors(404)})
     def get(self, request, job_id):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
-        return Response({**JobSerializer(job).data, **job_services.job_progress(job)})
+        return Response({**JobSerializer(job).data, **job_services.job_progress(job),
+                         "webhooks": WebhookSerializer(job.webhooks.all(), many=True).data})
 
 
 class JobActionView(APIView):
@@ -339,11 +379,16 @@ class SearchView(APIView):
         from embeddings import spaces
 
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
+        with_vectors = "vector" in v.get("include", set())
         results = search_services.search(
             user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
             text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
-            where=where,
+            where=where, with_vectors=with_vectors,
         )
+        if with_vectors and v["vector_format"] == "float":  # the store answers base64
+            from embeddings.messages import decode_vector
+
+            results = [{**r, "vector": decode_vector(r["vector"]).tolist()} if "vector" in r else r for r in results]
         answer = cutoff.apply_min_score(results, space=space, kind=cutoff.TEXT if v.get("text") is not None
                                         else cutoff.IMAGE, requested=v.get("min_score"))
         return Response({**answer, "k": v["k"]})

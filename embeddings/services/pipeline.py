@@ -382,11 +382,14 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     return {"items": items, "failed": failed, "timings": timings.as_dict()}
 
 
-def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str]) -> dict:
+def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_ids: list[str],
+                      vectors: bool = False) -> dict:
     """Write an interactive request's points, record outcomes, and find each image's neighbours.
 
     Only images still queued are written (:func:`_write_queued`): one the reconciler expired after
     its deadline, while this task waited, stays expired and gets no point. ``k`` = 0: no search.
+    ``vectors``: each written or shared image's entry also carries its stored vector (``"vector"``,
+    base64 of little-endian float32; ``POST /api/embeddings/`` with ``store``).
 
     Returns:
         ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
@@ -417,9 +420,11 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     for image_id, (pid, vector) in queries.items():
         if k == 0:  # embed only: no neighbours asked for (the store refuses a limit of 0)
             out[image_id] = {"neighbours": []}
-            continue
-        hits = store.search(vector, k=k, owner_id=owner_id, exclude=[pid])
-        out[image_id] = {"neighbours": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
+        else:
+            hits = store.search(vector, k=k, owner_id=owner_id, exclude=[pid])
+            out[image_id] = {"neighbours": hits_to_results(hits, owner_id=owner_id, model_id=model_id)}
+        if vectors:
+            out[image_id]["vector"] = encode_vector(vector)
     for image_id, reason, detail in failed:
         out[image_id] = {"reason": reason, "detail": detail, "neighbours": []}
     return out
@@ -478,13 +483,71 @@ def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
     return {"vector": encode_vector(holder.get().encode_texts([text])[0])}
 
 
+def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dict:
+    """Embed the inputs of one embeddings request (``services.embed``) with space ``model_id``'s
+    model: every image in one ``prepare`` and through the process's dynamic batcher (shared with
+    uploads and queries), every text in one ``encode_texts`` call. Images are temporary blobs the
+    web wrote and deletes; nothing is stored here.
+
+    Args:
+        items: in input order, ``{"text": str}`` or ``{"key": temporary storage key, "sha256": hex}``.
+        deadline_ts: Unix s; once it has passed before decoding, before the batcher hands the
+            images to the model, or before the texts, nothing more is computed.
+
+    Returns:
+        ``{"data": [...], "image_tokens": n}``, ``data`` one entry per item, in order:
+        ``{"vector": base64 of (D,) little-endian float32, L2-normalised}`` (a text's also carries
+        ``"tokens"``: :meth:`workers.model.ClipEncoder.count_tokens`), or ``{"reason", "detail"}``:
+        a refused image's reason code, ``expired`` for every item once the deadline passed,
+        ``model_not_configured`` for every item when this worker may not load that model.
+        ``image_tokens``: what one image counts in the usage (``ClipEncoder.image_tokens``).
+    """
+    from workers.batcher import Expired
+
+    def every(refusal: dict) -> dict:
+        return {"data": [refusal] * len(items), "image_tokens": 0}
+
+    if (refused := _query_expired(deadline_ts)) is not None:
+        return every(refused)
+    images = {str(i): (it["key"], it["sha256"]) for i, it in enumerate(items) if "key" in it}
+    texts = [(i, it["text"]) for i, it in enumerate(items) if "text" in it]
+    try:
+        holder = runtime.encoder_holder(model_id)
+        runner = runtime.batch_runner(model_id) if images else None
+    except ModelNotConfigured as e:
+        return every({"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)})
+    out: list[dict | None] = [None] * len(items)
+    if images:
+        store = runtime.blob_store()
+        prepared = runner.prepare(list(images), lambda key: store.read(*images[key]))
+        for f in prepared.failed:
+            out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
+        if prepared.metas:
+            try:
+                vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
+            except Expired:
+                return every(_query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value,
+                                                             "detail": "deadline passed"})
+            for meta, vector in zip(prepared.metas, vectors):
+                out[int(meta.key)] = {"vector": encode_vector(vector)}
+    encoder = holder.get()
+    if texts:
+        if (refused := _query_expired(deadline_ts)) is not None:  # the images took the time: nobody waits
+            return every(refused)
+        strings = [t for _, t in texts]
+        for (i, _), vector, n in zip(texts, encoder.encode_texts(strings), encoder.count_tokens(strings)):
+            out[i] = {"vector": encode_vector(vector), "tokens": n}
+    return {"data": out, "image_tokens": encoder.image_tokens}
+
+
 def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                  where: dict | None = None) -> dict:
+                  where: dict | None = None, with_vectors: bool = False) -> dict:
     """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection,
     restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the metadata filter
     ``where`` (the API's JSON, ``workers.vector_store.filters``; applied inside the vector query,
     so k results come back whenever k images match). A refused query image (``{"reason",
-    "detail"}``) is passed through unchanged.
+    "detail"}``) is passed through unchanged. ``with_vectors``: each result carries its stored
+    vector (``"vector"``: base64 of little-endian float32), read by the search itself.
 
     Returns:
         ``{"results": [...]}`` or the refusal.
@@ -493,21 +556,23 @@ def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | No
         return query
     flt = filters.parse(where) if where is not None else None
     hits = runtime.vector_store(model_id).search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id,
-                                                 where=flt)
+                                                 where=flt, with_vectors=with_vectors)
     return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)}
 
 
 def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None,
-                 model_id: str, where: dict | None = None) -> list[dict] | None:
+                 model_id: str, where: dict | None = None, with_vectors: bool = False) -> list[dict] | None:
     """Top-k images similar to a stored point (itself included, when it passes the filter) of space
     ``model_id``, restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the
-    metadata filter ``where`` (JSON); ``None`` if the point is missing."""
+    metadata filter ``where`` (JSON); ``None`` if the point is missing. ``with_vectors``: as
+    :func:`vector_search`."""
     store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:
         return None
     flt = filters.parse(where) if where is not None else None
-    hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id, where=flt)
+    hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id, where=flt,
+                        with_vectors=with_vectors)
     return hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)
 
 
@@ -531,6 +596,21 @@ def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:
             return "kept"
         store.delete([pid])
         return "deleted"
+
+
+def point_vectors(*, point_ids: list[str], model_id: str) -> dict:
+    """The stored vectors of points ``point_ids`` (UUID strings) in space ``model_id``'s collection,
+    in one read, packed for a task result: ``{"dim": D, "ids": [found ids, in the order asked],
+    "vectors": base64 of the found vectors, (len(ids), D) little-endian float32, row-major}``. A
+    point not in the store is left out of ``ids`` (and of ``vectors``)."""
+    import numpy as np
+
+    store = runtime.vector_store(model_id)
+    wanted = [uuid.UUID(p) for p in point_ids]
+    got = store.vectors(wanted)
+    found = [(p, u) for p, u in zip(point_ids, wanted) if u in got]
+    matrix = np.stack([got[u] for _, u in found]) if found else np.empty((0, store.dim), np.float32)
+    return {"dim": store.dim, "ids": [p for p, _ in found], "vectors": encode_vector(matrix.reshape(-1))}
 
 
 def point_count(*, model_id: str) -> dict:

@@ -24,10 +24,12 @@ from workers.ids import point_id
 
 def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
            image: SourceFile | None = None, image_id: str | None = None, deadline_s: float | None = None,
-           where: dict | None = None) -> list[dict]:
+           where: dict | None = None, with_vectors: bool = False) -> list[dict]:
     """Top-``k`` images similar to a text, an uploaded image, or a stored image (by id), among
     those whose metadata passes ``where`` (the API's filter JSON, validated by the caller:
-    ``workers.vector_store.filters.parse``), applied inside the vector query.
+    ``workers.vector_store.filters.parse``), applied inside the vector query. ``with_vectors``:
+    each result carries its stored vector in the active space (``"vector"``: base64 of
+    little-endian float32), read by the search query itself.
 
     Only the caller's images are searched (all images for staff), enforced by a payload filter in
     the vector store's query. A ``job_id`` must name one of the caller's jobs (any job for staff):
@@ -58,12 +60,13 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
         or here against a Qdrant server (the query vector comes back in the result)."""
         if not sink.is_direct():
             return wait_for(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts,
-                                                search=(owner_filter, k, job_id), model_id=model_id, where=where),
+                                                search=(owner_filter, k, job_id), model_id=model_id, where=where,
+                                                with_vectors=with_vectors),
                             deadline_ts)
         vector = wait_for(dispatch.send_query(embed=embed, args=args, deadline_ts=deadline_ts, search=None,
                                               model_id=model_id), deadline_ts)
         return None if vector is None else sink.store_call("search_vector", vector, owner_filter, k, job_id, model_id,
-                                                           where)
+                                                           where, with_vectors)
 
     if text is not None:
         if not text.strip():
@@ -107,10 +110,11 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
                                    code="not_embedded", status=409, extra={"model_id": model_id})
         if sink.is_direct():  # a Qdrant server: asked here, an answer or an error, never a timeout
             r = None
-            results = sink.store_call("search_point", str(pid), owner_filter, k, job_id, model_id, where)
+            results = sink.store_call("search_point", str(pid), owner_filter, k, job_id, model_id, where, with_vectors)
         else:
             r = dispatch.send_search_point(point_id=str(pid), owner_id=owner_filter, k=k, job_id=job_id,
-                                           deadline_ts=deadline_ts, model_id=model_id, where=where)
+                                           deadline_ts=deadline_ts, model_id=model_id, where=where,
+                                           with_vectors=with_vectors)
             results = wait_for(r, deadline_ts)
         if results is None and (r is None or r.ready()):  # the store answered: no such point
             raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)

@@ -25,10 +25,12 @@ from embeddings.services.waiting import REASON_STATUS, wait_for
 @dataclasses.dataclass(frozen=True)
 class UploadOutcome:
     """``status``: 200 (all answered), 202 (deadline passed, work continues) or a 4xx when every
-    image was refused; ``images``: one dict per uploaded file, in order."""
+    image was refused; ``images``: one dict per uploaded file, in order; ``vectors``: (asked for)
+    ``{image id: base64 of (D,) little-endian float32}`` of each image embedded or shared in time."""
 
     status: int
     images: list[dict]
+    vectors: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def deadline_for(requested_s: float | None) -> float:
@@ -61,8 +63,10 @@ def image_view(im: Image, neighbours: list | None = None) -> dict:
     return out
 
 
-def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int) -> UploadOutcome:
-    """Embed uploaded images on the interactive lane and return each one's top-``k`` neighbours.
+def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int,
+                  vectors: bool = False) -> UploadOutcome:
+    """Embed uploaded images on the interactive lane and return each one's top-``k`` neighbours
+    (``vectors``: and each one's stored vector, :attr:`UploadOutcome.vectors`).
 
     Waits until ``deadline_s`` has passed at most; after that answers 202 and the work continues.
 
@@ -79,11 +83,12 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     skipped = [str(im.id) for im in images if im.status == ImageStatus.SKIPPED]
     owner_filter = None if owner.is_staff else owner.id
     answers: dict | None = {}
-    work = {"to_embed": to_embed, "skipped": skipped, "owner_id": owner_filter, "k": k, "deadline_ts": deadline_ts}
+    work = {"to_embed": to_embed, "skipped": skipped, "owner_id": owner_filter, "k": k, "deadline_ts": deadline_ts,
+            "vectors": vectors}
     if sink.is_direct() and to_embed:  # a Qdrant server: the interactive worker writes its own points
         answers = wait_for(dispatch.send_upload_direct(**work), deadline_ts)
     elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
-        answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped)
+        answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped, vectors)
     elif to_embed or skipped:
         answers = wait_for(dispatch.send_upload(**work), deadline_ts)
     # the whole admitted→answered time of this request: what the admission's wait model learns from
@@ -92,7 +97,8 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     views = [image_view(fresh[str(im.id)], (answers or {}).get(str(im.id), {}).get("neighbours")) for im in images]
     if answers is None:
         return UploadOutcome(status=202, images=views)
+    found = {i: a["vector"] for i, a in answers.items() if "vector" in a}
     refused = [v for v in views if v["status"] in (ImageStatus.FAILED, ImageStatus.EXPIRED)]
     if views and len(refused) == len(views) and len(views) == 1 and views[0]["reason"] in REASON_STATUS:
-        return UploadOutcome(status=REASON_STATUS[views[0]["reason"]], images=views)
-    return UploadOutcome(status=200, images=views)
+        return UploadOutcome(status=REASON_STATUS[views[0]["reason"]], images=views, vectors=found)
+    return UploadOutcome(status=200, images=views, vectors=found)

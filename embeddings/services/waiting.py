@@ -23,6 +23,7 @@ REASON_STATUS = {
     Reason.NOT_AN_IMAGE.value: 415,
     Reason.UNSUPPORTED_FORMAT.value: 415,
     Reason.DECODE_TIMEOUT.value: 400,
+    Reason.INVALID_BASE64.value: 400,
 }
 
 

@@ -37,7 +37,8 @@ def test_the_served_schema_is_the_versioned_file(served):
 
 
 def test_lists_are_cursor_paginated_objects(served):
-    for path, item, params in (("/api/images/", "Image", ["cursor", "external_id"]), ("/api/jobs/", "Job", ["cursor"])):
+    for path, item, params in (("/api/images/", "Image", ["cursor", "external_id", "include", "vector_format"]),
+                               ("/api/jobs/", "Job", ["cursor"])):
         op = _op(served, path, "get")
         assert [p["name"] for p in op["parameters"]] == params
         page = _ref(served, op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"])
@@ -75,7 +76,10 @@ def test_each_error_status_uses_the_error_component_and_retry_after(served):
 
 def test_every_secured_operation_documents_401_and_every_id_404(served):
     ops = [(path, method, op) for path, item in served["paths"].items() for method, op in item.items()]
-    assert len(ops) == 19  # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13; PATCH image: 41
+    # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13; PATCH image: 41;
+    # issue 42: /api/embeddings/, /v1/embeddings, the export, webhooks (list, create, retrieve, update,
+    # destroy, rotate, deliveries, redeliver)
+    assert len(ops) == 30
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)
