@@ -193,6 +193,9 @@ SPECTACULAR_SETTINGS = {
     # generated client is given its base URL.
     "DESCRIPTION": "CLIP image embeddings: interactive uploads, bulk jobs, similarity search (README.md).",
     "COMPONENT_SPLIT_REQUEST": True,  # request and response shapes as their own components
+    # Tags (a generated client's modules: images, jobs, search, ...) are the path's segment after
+    # /api/ or /v1/; left to guess, the prefix common to both would be "/" and every tag "api".
+    "SCHEMA_PATH_PREFIX": r"/(api|v1)/",
     "ENUM_NAME_OVERRIDES": {"ImageStatusEnum": "embeddings.models.ImageStatus",
                             "JobStatusEnum": "embeddings.models.JobStatus",
                             "WebhookEventEnum": "embeddings.models.WebhookEvent",

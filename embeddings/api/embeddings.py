@@ -8,7 +8,7 @@ import json
 import re
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.parsers import FormParser
 from rest_framework.response import Response
@@ -19,7 +19,7 @@ from embeddings.api.errors import exception_handler
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
-from embeddings.api.serializers import FormSerializer
+from embeddings.api.serializers import ErrorSerializer, FormSerializer
 from embeddings.api.views import _check_parts, _files, _parsed
 from embeddings.errors import ApplicationError
 from embeddings.messages import decode_vector
@@ -89,7 +89,7 @@ class EmbeddingsOptionsSerializer(FormSerializer):
 class EmbeddingsRequestSerializer(EmbeddingsOptionsSerializer):
     """``POST /api/embeddings/`` as JSON."""
 
-    inputs = EmbeddingInputSerializer(many=True, max_length=settings.EMBEDDINGS_MAX_INPUTS,
+    inputs = EmbeddingInputSerializer(many=True, min_length=1, max_length=settings.EMBEDDINGS_MAX_INPUTS,
                                       help_text="1..EMBEDDINGS_MAX_INPUTS inputs; one vector each, in this order")
 
 
@@ -139,6 +139,13 @@ class EmbeddingsResponseSerializer(serializers.Serializer):
     deadline_s = serializers.FloatField()
 
 
+#: A 400/413/415 of ``POST /api/embeddings/``: every input refused (the answer's own shape), or the
+#: request refused as a whole (the error shape).
+EMBEDDINGS_REFUSAL = PolymorphicProxySerializer(
+    component_name="EmbeddingsRefusal", serializers=[EmbeddingsResponseSerializer, ErrorSerializer],
+    resource_type_field_name=None)
+
+
 class OpenAIEmbeddingRequestSerializer(serializers.Serializer):
     """``POST /v1/embeddings`` (OpenAI's request)."""
 
@@ -147,7 +154,7 @@ class OpenAIEmbeddingRequestSerializer(serializers.Serializer):
                                         "with no whitespace; anything else is a text (see modality)")
     model = serializers.CharField(help_text="an embedding space's model id, or its architecture (ViT-B-32)")
     encoding_format = serializers.ChoiceField(choices=ENCODINGS, default="float")
-    dimensions = serializers.IntegerField(required=False, help_text="only the space's own dimension")
+    dimensions = serializers.IntegerField(required=False, min_value=1, help_text="only the space's own dimension")
     user = serializers.CharField(required=False, help_text="accepted and ignored")
     modality = serializers.ChoiceField(choices=("auto", "text", "image"), default="auto",
                                        help_text="this service's extension: text reads every string as a text, "
@@ -281,12 +288,12 @@ class EmbeddingsView(APIView):
                    202: OpenApiResponse(EmbeddingsResponseSerializer,
                                         description="store: the deadline passed; the images continue (their ids "
                                                     "given, their vectors at /api/images/{id}/)"),
-                   400: OpenApiResponse(EmbeddingsResponseSerializer, description="every input refused (in this "
+                   400: OpenApiResponse(EMBEDDINGS_REFUSAL, description="every input refused (in this "
                                         "shape), or: " + ERROR_STATUS[400] + ", no_inputs, too_many_inputs, "
                                         "invalid_input"),
-                   413: OpenApiResponse(EmbeddingsResponseSerializer, description="every input refused as too "
+                   413: OpenApiResponse(EMBEDDINGS_REFUSAL, description="every input refused as too "
                                         "large (in this shape), or: " + ERROR_STATUS[413]),
-                   415: OpenApiResponse(EmbeddingsResponseSerializer, description="every input refused as not an "
+                   415: OpenApiResponse(EMBEDDINGS_REFUSAL, description="every input refused as not an "
                                         "image (in this shape), or: " + ERROR_STATUS[415]),
                    **errors(429, 503, 504)})
     def post(self, request):

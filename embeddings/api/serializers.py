@@ -104,7 +104,7 @@ class VectorQuerySerializer(FormSerializer):
 
 #: The query parameters of the image endpoints that can answer vectors (``VectorQuerySerializer``).
 VECTOR_PARAMETERS = [
-    OpenApiParameter("include", str, OpenApiParameter.QUERY, description=INCLUDE_HELP),
+    OpenApiParameter("include", str, OpenApiParameter.QUERY, enum=list(INCLUDE_CHOICES), description=INCLUDE_HELP),
     OpenApiParameter("vector_format", str, OpenApiParameter.QUERY, enum=["float", "base64"],
                      description=VECTOR_FORMAT_HELP),
 ]

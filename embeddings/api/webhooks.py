@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
@@ -102,12 +103,12 @@ class WebhookListView(GenericAPIView):
     serializer_class = WebhookSerializer
 
     @extend_schema(operation_id="webhooks_list", responses={200: WebhookSerializer(many=True), **errors(400, 404)},
-                   parameters=[OpenApiParameter("job", str, description="only this job's own endpoints")],
+                   parameters=[OpenApiParameter("job", OpenApiTypes.UUID, description="only this job's own endpoints")],
                    description="The caller's webhook endpoints (staff: everyone's), newest first, a page at a time; "
                                "account endpoints and jobs' own (`job`). Secrets are never shown here.")
     def get(self, request):
         qs = _visible(request.user)
-        if request.query_params.get("job"):
+        if "job" in request.query_params:  # given empty is not a job id either
             qs = qs.filter(job_id=_uuid(request.query_params["job"]))
         page = self.paginate_queryset(qs)
         return self.get_paginated_response(WebhookSerializer(page, many=True).data)

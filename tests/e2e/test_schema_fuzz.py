@@ -10,7 +10,9 @@ Where the service's answer depends on what a request's bytes are, and no schema 
 check that valid data is accepted is told the statuses the schema documents for that case (see
 ``CONFIG``): an image file part that does not decode (400/413/415 by reason), a zip that is not
 one, a username and password that name no user, a metadata object whose key names, depth or size
-break the metadata rules (OpenAPI 3.0 cannot constrain an object's key names).
+break the metadata rules (OpenAPI 3.0 cannot constrain an object's key names), an embeddings input
+whose text, base64, data URL or URL turns out not to be an image (or an empty text), a callback URL
+whose address is refused.
 """
 from __future__ import annotations
 
@@ -48,6 +50,20 @@ checks.positive_data_acceptance.expected-statuses = [
 include-operation-id = "images_partial_update"
 checks.positive_data_acceptance.expected-statuses = [
     "2xx", "400", "401", "403", "404", "409", "429", "5xx"]
+[[operations]]
+include-operation-id = "embeddings_create"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "403", "404", "409", "413", "415", "429", "5xx"]
+[[operations]]
+include-operation-id = "openai_embeddings_create"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "401", "403", "404", "409", "413", "415", "429", "5xx"]
+[[operations]]
+include-operation-id = "webhooks_create"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429", "5xx"]
+[[operations]]
+include-operation-id = "webhooks_partial_update"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409", "429", "5xx"]
 [[operations]]
 include-operation-id = "auth_token"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400"]
