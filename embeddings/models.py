@@ -362,6 +362,7 @@ class WebhookDelivery(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
+        verbose_name_plural = "webhook deliveries"
         ordering = ("created_at", "id")
         indexes = [models.Index(fields=["status", "next_attempt_at"])]
         constraints = [
@@ -386,3 +387,6 @@ class WebhookAttempt(models.Model):
 
     class Meta:
         ordering = ("started_at", "id")
+
+    def __str__(self) -> str:
+        return f"attempt {self.number}"

@@ -32,6 +32,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
             ],
             options={
+                'verbose_name_plural': 'webhook deliveries',
                 'ordering': ('created_at', 'id'),
             },
         ),
