@@ -330,10 +330,12 @@ class _RefusedAddress(Exception):
 
     def __init__(self, host: str, address: IPAddress, why: str) -> None:
         kind = f"{'an' if why[0] in 'aeiou' else 'a'} {why} address"
+        # the setting that allows it, named where the refusal is read (the per-row failure, a delivery)
+        allow = "refused unless FETCH_ALLOW_NETWORKS allows it"
         if host.strip("[]") == str(address):
-            super().__init__(f"{host} is {kind}")
+            super().__init__(f"{host} is {kind}, {allow}")
         else:
-            super().__init__(f"{host} resolves to {address}, {kind}")
+            super().__init__(f"{host} resolves to {address}, {kind}, {allow}")
 
 
 class _DeadlineStream(httpcore.NetworkStream):

@@ -368,7 +368,8 @@ def openai_exception_handler(exc, context):
         message = "; ".join(f"{k}: {' '.join(map(str, v)) if isinstance(v, list) else v}"
                             for k, v in extra["fields"].items()) or message
     response.data = {"error": {"message": message, "param": param, "code": body.get("code"),
-                               "type": OPENAI_TYPES.get(response.status_code, "server_error")}}
+                               "type": OPENAI_TYPES.get(response.status_code, "server_error"
+                                                        if response.status_code >= 500 else "invalid_request_error")}}
     return response
 
 

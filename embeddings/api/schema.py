@@ -22,7 +22,8 @@ ERROR_STATUS = {
     404: "no such resource, or one the caller may not see (code: not_found)",
     409: "the resource is not in a state that allows it (code: invalid_transition, not_embedded, vector_missing)",
     413: "a request or an image over a limit; extra names the limit (code: request_too_large, too_large, "
-         "too_many_pixels)",
+         "too_many_pixels; request_exceeds_deadline: so many images miss the deadline even in an empty "
+         "interactive lane, a retry cannot help)",
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
     429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is about what a request admitted at "

@@ -3,6 +3,8 @@ the job endpoints (a job's ``callback_url``): the endpoint as shown (never its s
 (its secret, shown once)."""
 from __future__ import annotations
 
+import json
+
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -53,6 +55,13 @@ class CallbackUrlsField(serializers.Field):
         return dictionary.get(self.field_name, serializers.empty)
 
     def to_internal_value(self, data) -> list[str]:
+        if isinstance(data, list) and len(data) == 1 and isinstance(data[0], str) and data[0].lstrip().startswith("["):
+            data = data[0]  # a form's one part holding a JSON list (what a JSON body sends as a list)
+        if isinstance(data, str) and data.lstrip().startswith("["):
+            try:
+                data = json.loads(data)
+            except ValueError:
+                raise serializers.ValidationError("a URL, or a JSON list of URLs") from None
         values = [data] if isinstance(data, str) else data
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
             raise serializers.ValidationError("a URL or a list of URLs")

@@ -128,6 +128,8 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
     Raises:
         ApplicationError: ``overloaded`` (429) with a ``Retry-After`` header (s) when the predicted
             wait plus margin exceeds the deadline; ``extra`` carries the numbers the decision used.
+            ``request_exceeds_deadline`` (413, no ``Retry-After``) when the request alone, in an
+            empty lane, is predicted to take longer than its deadline.
     """
     from project.celery import app
 
@@ -142,6 +144,15 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
                       max_margin_share=settings.ADMISSION_MAX_MARGIN_SHARE)
     if not decision.admitted:
         decision = _refused(decision, load, deadline_s=deadline_s)
+        if decision.wait_ahead_from == "alone" and decision.wait_ahead_s > deadline_s:
+            # Even in an empty lane a request of this size misses its deadline: a retry never helps
+            # (clients retry a 429 by themselves), so it is refused as too large, without Retry-After.
+            raise ApplicationError(
+                f"a request of {images} images takes about {decision.wait_ahead_s:.2f} s even in an empty "
+                f"interactive lane, longer than its deadline {deadline_s:.2f} s: send fewer per request, or "
+                f"use POST /api/jobs/", code="request_exceeds_deadline", status=413,
+                extra={"images": images, "alone_s": round(decision.wait_ahead_s, 3),
+                       "deadline_s": round(deadline_s, 3)})
         about = {"edge": "a request admitted next waits about",
                  "drain": "the work ahead drains to what this deadline admits in about",
                  "alone": "a request of its size waits about, even in an empty lane,",

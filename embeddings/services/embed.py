@@ -187,6 +187,8 @@ def _source(inp: EmbedInput, index: int, fetcher) -> SourceFile:
     refused = quick_check(head, src.size)
     if refused is not None:
         raise refused
+    if inp.file is not None:  # an uploaded part carries its own (the upload form's external_id / metadata parts)
+        return src
     return dataclasses.replace(src, external_id=inp.external_id, metadata=inp.metadata)
 
 

@@ -91,8 +91,9 @@ def callback_url_check(url: str) -> str:
         allow = tuple(ipaddress.ip_network(n, strict=False) for n in settings.FETCH_ALLOW_NETWORKS)
         why = address_refusal(literal, allow)
         if why is not None:
-            raise ApplicationError(f"callback URL refused: {host} is a {why} address", code=Reason.FETCH_REFUSED_ADDRESS.value,
-                                   extra={"url": str(url)[:2048]})
+            kind = f"{'an' if why[0] in 'aeiou' else 'a'} {why} address"
+            raise ApplicationError(f"callback URL refused: {host} is {kind}, refused unless FETCH_ALLOW_NETWORKS "
+                                   f"allows it", code=Reason.FETCH_REFUSED_ADDRESS.value, extra={"url": str(url)[:2048]})
     out = str(parsed)
     if len(out) > 2048:
         raise ApplicationError("callback URL refused: longer than 2048 characters", code="invalid_callback_url",
@@ -100,17 +101,24 @@ def callback_url_check(url: str) -> str:
     return out
 
 
-def events_check(events: Iterable[str] | None) -> list[str]:
+def events_check(events: Iterable[str] | None, *, migrations: bool = True) -> list[str]:
     """The event types an endpoint subscribes to, sorted and deduplicated (``[]``: every event).
 
+    Args:
+        migrations: whether the endpoint can hear ``migration.*`` events (a staff account's own
+            endpoint); asking for one that it never would hear is refused.
+
     Raises:
-        ApplicationError: ``invalid_events`` (400) naming the unknown types and the known ones.
+        ApplicationError: ``invalid_events`` (400) naming the unknown (or never sent) types and the known ones.
     """
     events = sorted(set(events or ()))
-    unknown = [e for e in events if e not in WebhookEvent.values]
+    known = [e for e in WebhookEvent.values if migrations or not e.startswith("migration.")]
+    unknown = [e for e in events if e not in known]
     if unknown:
-        raise ApplicationError(f"unknown event types: {', '.join(map(str, unknown))}", code="invalid_events",
-                               extra={"unknown": unknown, "known": list(WebhookEvent.values)})
+        why = "unknown event types" if migrations else "event types this endpoint never hears (migration.* go to " \
+                                                       "staff accounts' own endpoints) or unknown ones"
+        raise ApplicationError(f"{why}: {', '.join(map(str, unknown))}", code="invalid_events",
+                               extra={"unknown": unknown, "known": known})
     return events
 
 
@@ -122,14 +130,16 @@ def _check_room(owner, adding: int) -> None:
                                code="too_many_webhooks", extra={"limit": "WEBHOOK_MAX_ENDPOINTS", "value": limit})
 
 
-def endpoint_prepare(*, owner, url: str, events: Iterable[str] | None = None, description: str = "") -> WebhookEndpoint:
+def endpoint_prepare(*, owner, url: str, events: Iterable[str] | None = None, description: str = "",
+                     job_callback: bool = False) -> WebhookEndpoint:
     """An endpoint checked and given its secret, not saved yet (a job's callbacks are saved with
     their job: :func:`job_endpoints_attach`). The caller shows ``endpoint.secret`` once.
 
     Raises:
         ApplicationError: as :func:`callback_url_check` and :func:`events_check`.
     """
-    return WebhookEndpoint(owner=owner, url=callback_url_check(url), events=events_check(events),
+    return WebhookEndpoint(owner=owner, url=callback_url_check(url),
+                           events=events_check(events, migrations=owner.is_staff and not job_callback),
                            description=description[:200], secret=secret_new())
 
 
@@ -143,7 +153,8 @@ def job_callbacks_prepare(*, owner, urls: Iterable[str], events: Iterable[str] |
     if len(urls) > MAX_JOB_CALLBACKS:
         raise ApplicationError(f"a job names at most {MAX_JOB_CALLBACKS} callback URLs", code="too_many_webhooks",
                                extra={"value": MAX_JOB_CALLBACKS})
-    endpoints = [endpoint_prepare(owner=owner, url=u, events=events, description="job callback") for u in urls]
+    endpoints = [endpoint_prepare(owner=owner, url=u, events=events, description="job callback", job_callback=True)
+                 for u in urls]
     if endpoints:
         _check_room(owner, len(endpoints))
     return endpoints
@@ -182,7 +193,7 @@ def endpoint_update(*, endpoint: WebhookEndpoint, url: str | None = None, events
     if url is not None:
         endpoint.url = callback_url_check(url)
     if events is not None:
-        endpoint.events = events_check(events)
+        endpoint.events = events_check(events, migrations=endpoint.owner.is_staff and endpoint.job_id is None)
     if active is not None:
         endpoint.active = active
     if description is not None:

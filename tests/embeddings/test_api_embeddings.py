@@ -124,6 +124,16 @@ def test_store_makes_the_images_yours_with_their_stored_vectors(service, api, us
     assert again["status"] == "skipped" and np.array_equal(vec(again), vec(first))
 
 
+def test_multipart_store_keeps_each_files_external_id_and_metadata(service, api, user):
+    files = [SimpleUploadedFile(f"p{n}.jpg", pixels_jpeg(n), "image/jpeg") for n in (31, 32)]
+    r = api.post("/api/embeddings/", {"files": files, "store": "true", "external_id": ["MP-A", "MP-B"],
+                                      "metadata": ['{"k": 1}', '{"k": 2}']}, format="multipart")
+    assert r.status_code == 200, r.json()
+    stored = [Image.objects.get(id=item["image_id"]) for item in r.json()["data"]]
+    assert [(im.owner_id, im.external_id, im.metadata) for im in stored] == [
+        (user.id, "MP-A", {"k": 1}), (user.id, "MP-B", {"k": 2})]
+
+
 def test_a_refused_input_fails_alone_with_its_reason(service, api):
     r = post(api, {"inputs": [
         {"image": "@@@ not base64 @@@"}, {"image": data_url(b"hello", "text/plain")},

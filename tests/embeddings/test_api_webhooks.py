@@ -4,6 +4,7 @@ rotate. Messages are checked by the reference library (``standardwebhooks``) at 
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import pytest
 import standardwebhooks
@@ -66,6 +67,34 @@ def test_a_callback_url_to_a_refused_address_is_refused_at_creation(service, api
     r = api.post("/api/jobs/", {"files": [upload("a.jpg", jpeg_bytes(1))], "callback_url": url}, format="multipart")
     assert r.status_code == 400 and r.json()["code"] == code, r.content
     assert not Job.objects.exists() and not WebhookEndpoint.objects.exists()
+
+
+def test_a_refused_address_names_the_setting_that_allows_it(service, api):
+    r = api.post("/api/webhooks/", {"url": "http://0.0.0.0/hook"}, format="json")
+    assert r.json()["message"] == ("callback URL refused: 0.0.0.0 is an unspecified address, refused unless "
+                                   "FETCH_ALLOW_NETWORKS allows it")
+
+
+def test_migration_events_only_for_a_staff_accounts_own_endpoints(service, api, user, receiver):
+    """A non-staff account, or a job's callback, never hears migration.*: subscribing to one is refused."""
+    r = api.post("/api/webhooks/", {"url": f"{receiver.url}/a", "events": ["migration.ready"]}, format="json")
+    assert r.status_code == 400 and r.json()["code"] == "invalid_events", r.content
+    assert r.json()["extra"]["unknown"] == ["migration.ready"] and "migration.ready" not in r.json()["extra"]["known"]
+    user.is_staff = True
+    user.save()
+    r = api.post("/api/webhooks/", {"url": f"{receiver.url}/a", "events": ["migration.ready"]}, format="json")
+    assert r.status_code == 201, r.content
+    r = api.post("/api/jobs/", {"files": [upload("a.jpg", jpeg_bytes(1))], "callback_url": f"{receiver.url}/j",
+                                "callback_events": "migration.promoted"}, format="multipart")
+    assert r.status_code == 400 and r.json()["code"] == "invalid_events", r.content
+
+
+def test_callback_url_as_one_form_part_holding_a_json_list(service, api, receiver):
+    urls = [f"{receiver.url}/one", f"{receiver.url}/two"]
+    r = api.post("/api/jobs/", {"files": [upload("a.jpg", jpeg_bytes(1))], "callback_url": json.dumps(urls)},
+                 format="multipart")
+    assert r.status_code == 202, r.content
+    assert sorted(h["url"] for h in r.json()["webhooks"]) == urls
 
 
 def test_a_jobs_callback_urls_get_its_events_signed(service, api, user, receiver):

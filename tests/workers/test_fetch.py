@@ -117,10 +117,10 @@ def test_loopback_is_refused_before_any_request_without_the_allowance(server):
     with Fetcher(FetchPolicy(retries=2)) as fetcher:
         errors = [rejected(fetcher, url) for url in urls]
     assert [e.reason for e in errors] == [Reason.FETCH_REFUSED_ADDRESS] * 5
-    assert errors[0].detail == "127.0.0.1 is a loopback address"
-    assert errors[1].detail == "localhost resolves to 127.0.0.1, a loopback address"
-    assert errors[2].detail == "2130706433 resolves to 127.0.0.1, a loopback address"
-    assert errors[4].detail == "0.0.0.0 is an unspecified address"
+    assert errors[0].detail == "127.0.0.1 is a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
+    assert errors[1].detail == "localhost resolves to 127.0.0.1, a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
+    assert errors[2].detail == "2130706433 resolves to 127.0.0.1, a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
+    assert errors[4].detail == "0.0.0.0 is an unspecified address, refused unless FETCH_ALLOW_NETWORKS allows it"
     assert (server.count(), server.connections_opened) == (0, 0)
 
 
@@ -132,7 +132,7 @@ def test_ipv6_literal_of_loopback_is_refused(server, host, allow, why):
     with Fetcher(policy(allow_networks=allow)) as fetcher:
         error = rejected(fetcher, f"http://{host}:{server.port}/img/1.jpg")
     assert error.reason == Reason.FETCH_REFUSED_ADDRESS
-    assert error.detail.endswith(f" {why} address")
+    assert error.detail.endswith(f" {why} address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert (server.count(), server.connections_opened) == (0, 0)
 
 
@@ -147,7 +147,7 @@ def test_redirect_to_an_inside_address_is_refused_even_with_loopback_allowed(ser
     with Fetcher(policy(retries=2)) as fetcher:
         error = rejected(fetcher, f"{server.url}/redirect-to?url={target}")
     assert error.reason == Reason.FETCH_REFUSED_ADDRESS
-    assert error.detail.endswith(f" {why} address")
+    assert error.detail.endswith(f" {why} address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert server.count() == 1  # the redirect itself, nothing after
 
 
@@ -190,7 +190,7 @@ def test_connection_goes_to_the_checked_address_without_a_second_lookup(server, 
     with Fetcher(policy()) as fetcher:
         error = rejected(fetcher, f"http://rebind.test:{server.port}/img/7.jpg")
     assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS,
-                                            "rebind.test resolves to 10.0.0.1, a private address")
+                                            "rebind.test resolves to 10.0.0.1, a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert lookups["rebind.test"] == 2
     assert server.count() == 2
 
@@ -207,7 +207,7 @@ def test_a_name_with_any_refused_address_is_refused(server, monkeypatch):
     with Fetcher(policy()) as fetcher:
         error = rejected(fetcher, f"http://mixed.test:{server.port}/img/1.jpg")
     assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS,
-                                            "mixed.test resolves to 10.0.0.1, a private address")
+                                            "mixed.test resolves to 10.0.0.1, a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert server.count() == 0
 
 

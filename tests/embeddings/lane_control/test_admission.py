@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
+from embeddings.errors import ApplicationError
 from embeddings.lane_control import admission, bulk_yield, keys, reports
 from embeddings.models import Image, ImageStatus, Job
 from project import lanes
@@ -238,6 +239,25 @@ def overloaded(service, lane_redis, measured, tracker):
                                            max_s=service.ADMISSION_MAX_MARGIN_SHARE * deadline)
         assert wait - edge > edge
         yield {"wait": wait, "ahead": wait_model.drain_s(curve, backlog, max_batch), "first": wait - edge}
+
+
+def test_a_request_that_misses_its_deadline_even_alone_is_a_413_without_retry_after(service, lane_redis, measured,
+                                                                                    tracker):
+    """No retry could help a request whose own images need longer than its deadline, whatever is
+    queued ahead of it (here one message: an empty lane admits anything and lets the deadline judge)."""
+    _, publisher = lane_redis
+    reports.interactive_report(measured, worker="celery@test")
+    publish(publisher, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=1)
+    curve, max_batch = wait_model.update_batch_curve({}, measured), reports._max_batch()
+    images, deadline = 256, 0.5
+    assert wait_model.drain_s(curve, images, max_batch) > deadline  # its own passes alone
+    with celery_publishing_to(service.REDIS_URL), pytest.raises(ApplicationError) as refused:
+        admission.interactive_admit(deadline_s=deadline, images=images)
+    e = refused.value
+    assert (e.status, e.code, e.headers) == (413, "request_exceeds_deadline", {})
+    assert e.extra["images"] == images and e.extra["alone_s"] > deadline
+    with celery_publishing_to(service.REDIS_URL):
+        assert admission.interactive_admit(deadline_s=5.0, images=1).admitted  # one image fits
 
 
 def test_upload_answers_429_with_retry_after_and_stores_nothing(overloaded, api, service):
