@@ -22,7 +22,7 @@ def catalogue(space: EmbeddingSpace):
     """The users' live originals that ``space`` must hold a copy of: rows with no ``source`` and no
     ``duplicate_of``, queued or embedded, in any other space, and no copy in ``space`` yet. A
     catalogue row not fetched yet (no bytes, so no sha256) is not one: its copy is made when its
-    bytes arrive (``fetching.rows_resolve`` → ``images._dual_copies``)."""
+    bytes arrive (``fetching.rows_resolve`` → ``images.dual_copies``)."""
     have = Image.objects.filter(model_id=space.model_id, source__isnull=False).values("source_id")
     return (Image.objects.filter(source__isnull=True, duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES)
             .exclude(model_id=space.model_id).exclude(id__in=have).exclude(sha256=""))

@@ -31,10 +31,10 @@ from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, J
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.images import (
-    _dual_copies,
-    _lock_bytes,
-    _make_duplicate,
+    dual_copies,
     images_mark_failed,
+    lock_bytes,
+    make_duplicate,
     quick_check,
 )
 from workers.errors import ImageRejected, Reason
@@ -107,7 +107,7 @@ def rows_resolve(fetched: list[tuple[Image, str, str, int, bytes]]) -> list[str]
     if not fetched:
         return []
     with transaction.atomic():
-        _lock_bytes(sha for _, _, sha, _, _ in fetched)
+        lock_bytes(sha for _, _, sha, _, _ in fetched)
         still = set(Image.objects.select_for_update().filter(
             id__in=[r.id for r, *_ in fetched], status=ImageStatus.QUEUED, sha256="").values_list("id", flat=True))
         fetched = [f for f in fetched if f[0].id in still]
@@ -125,13 +125,13 @@ def rows_resolve(fetched: list[tuple[Image, str, str, int, bytes]]) -> list[str]
             if rejected is not None:
                 row.status, row.reason, row.reason_detail = ImageStatus.FAILED, rejected.reason.value, rejected.detail
             elif original is not None:
-                _make_duplicate(row, original)
+                make_duplicate(row, original)
             else:
                 seen[(row.model_id, sha)] = row
         rows = [r for r, *_ in fetched]
         changed = claims_settle(rows)
         originals = _save_resolved(rows)
-        _dual_copies([r for r in rows if r.id in originals])
+        dual_copies([r for r in rows if r.id in originals])
     if changed:
         transaction.on_commit(lambda: payloads_refresh(changed, wait=False))
     return [str(r.id) for r in rows if r.id in originals]
@@ -158,7 +158,7 @@ def _save_resolved(rows: list[Image]) -> set:
                 status__in=LIVE_ORIGINAL_STATUSES, duplicate_of__isnull=True).first()
             if winner is None:
                 raise
-            _make_duplicate(row, winner)
+            make_duplicate(row, winner)
             Image.objects.filter(id=row.id).update(**{f: getattr(row, f) for f in _RESOLVED_FIELDS})
         if row.status == ImageStatus.QUEUED and row.duplicate_of_id is None:
             originals.add(row.id)

@@ -131,7 +131,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
     with transaction.atomic():
         # A deletion may have removed a blob we found already stored, before our rows name it:
         # under the bytes' lock (the one _forget deletes under) store it again where it is missing.
-        _lock_bytes(sha for _, key, sha, _, _ in stored if key.startswith("blob/"))
+        lock_bytes(sha for _, key, sha, _, _ in stored if key.startswith("blob/"))
         for src, key, sha, _, _ in stored:
             if key.startswith("blob/") and not runtime.blob_store().exists(key):
                 _store(src)
@@ -155,7 +155,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
             if rejected is not None:
                 im.status, im.reason, im.reason_detail = ImageStatus.FAILED, rejected.reason.value, rejected.detail
             elif original is not None:
-                _make_duplicate(im, original)
+                make_duplicate(im, original)
             else:
                 seen[sha] = im
             rows.append(im)
@@ -163,14 +163,14 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
         _insert_originals(list(seen.values()))
         for im in rows:  # in-request duplicates of a row that lost its insert follow it to the winner
             if im.status == ImageStatus.SKIPPED and im.duplicate_of.duplicate_of_id is not None:
-                _make_duplicate(im, im.duplicate_of.duplicate_of)
+                make_duplicate(im, im.duplicate_of.duplicate_of)
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
-        _dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
+        dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
     return rows, changed
 
 
-def _dual_copies(originals: list[Image]) -> None:
+def dual_copies(originals: list[Image]) -> None:
     """During a migration, and while a standby space exists (``spaces.dual_targets``): a copy of
     each new original in every such space, in the creating transaction, queued on the bulk lane
     at background priority after commit (``copies.dual_embed``): the interactive answer never
@@ -184,7 +184,7 @@ def _dual_copies(originals: list[Image]) -> None:
         copies.dual_embed(space=space, originals=originals)
 
 
-def _lock_bytes(shas: Iterable[str]) -> None:
+def lock_bytes(shas: Iterable[str]) -> None:
     """Serialise, per sha256, "rows come to name this blob" (:func:`images_create` committing) with
     "no row names this blob: delete it" (:func:`_forget`), so a blob is never deleted under an
     upload of the same bytes. PostgreSQL: transaction-level advisory locks, taken in sha order (no
@@ -196,7 +196,7 @@ def _lock_bytes(shas: Iterable[str]) -> None:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [int(sha[:15], 16)])  # 60 bits: a bigint
 
 
-def _make_duplicate(im: Image, original: Image) -> None:
+def make_duplicate(im: Image, original: Image) -> None:
     """Turn an unsaved row into a ``skipped`` duplicate of ``original`` with its facts."""
     im.status, im.duplicate_of, im.reason, im.reason_detail = ImageStatus.SKIPPED, original, "", ""
     im.width, im.height, im.format = original.width, original.height, original.format
@@ -234,7 +234,7 @@ def _insert_originals(candidates: list[Image]) -> None:
                 if winner is not None:
                     log.info("image %s: %s was inserted by another request first (image %s); skipped",
                              im.id, im.sha256[:12], winner.id)
-                    _make_duplicate(im, winner)
+                    make_duplicate(im, winner)
                     break
         else:
             raise IntegrityError(f"could not insert image {im.id}: its original kept changing")
@@ -550,7 +550,7 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     finally:
         key, store = image.storage_key, runtime.blob_store()
         with transaction.atomic():
-            _lock_bytes([image.sha256] if image.sha256 else [])
+            lock_bytes([image.sha256] if image.sha256 else [])
             if key and not Image.objects.filter(storage_key=key).exists():
                 store.delete(key)
             if image.sha256 and not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes
