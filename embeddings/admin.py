@@ -4,9 +4,13 @@ services, so points, blobs and duplicates are settled as for the API (``image_de
 from __future__ import annotations
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.contrib.auth import admin as auth_admin
+from django.contrib.auth.models import Group, User
+from django.core.exceptions import ValidationError
 from django.http import Http404
 from django.urls import path, reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
 from embeddings.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -14,6 +18,56 @@ from embeddings.services import webhooks as webhook_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
 from embeddings.services.catalogue.jobs import images_retry
+
+
+class CheckedActionsMixin:
+    """A ``ModelAdmin`` whose list actions refuse selected ids that are not keys of the model (a
+    tampered form: ``_selected_action=junk`` on a uuid or integer key, an integer past the database's
+    range), with a message and the list again; Django's admin filters by them as they are, and the
+    key field raises ``ValidationError`` or the database driver ``OverflowError`` (a 500). An empty
+    ``?_to_field=`` on an object's page names the primary key, as when it is absent."""
+
+    def get_object(self, request, object_id, from_field=None):
+        # Django checks a non-empty _to_field (to_field_allowed: 400) but passes "" on to
+        # _meta.get_field(""), which raises FieldDoesNotExist (a 500)
+        return super().get_object(request, object_id, from_field or None)
+
+    def response_action(self, request, queryset):
+        try:
+            for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                self.model._meta.pk.clean(pk, None)  # type, then the range validators of the database
+        except ValidationError:
+            self.message_user(request, "The selection holds ids that are not this list's: nothing was changed.",
+                              messages.ERROR)
+            return None  # the admin shows the list again
+        return super().response_action(request, queryset)
+
+
+def view_on_site(request, content_type_id, object_id):
+    """``/admin/r/<content type id>/<object id>/``: Django's "view on site" redirect
+    (``contenttypes.views.shortcut``), with a 404 for an id the model's key cannot hold: Django
+    catches the ``ValueError`` of an integer key, not the ``ValidationError`` of a uuid key (a 500).
+    Mounted before the admin's own by ``project.urls``, behind ``admin.site.admin_view`` as it is."""
+    from django.contrib.contenttypes.views import shortcut
+
+    try:
+        return shortcut(request, content_type_id, object_id)
+    except ValidationError:
+        raise Http404(f"no object {object_id!r} of content type {content_type_id}") from None
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+
+
+@admin.register(User)
+class UserAdmin(CheckedActionsMixin, auth_admin.UserAdmin):
+    pass
+
+
+@admin.register(Group)
+class GroupAdmin(CheckedActionsMixin, auth_admin.GroupAdmin):
+    pass
 
 
 class ImageInline(admin.TabularInline):
@@ -33,7 +87,7 @@ class ImageInline(admin.TabularInline):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("__str__", "owner", "kind", "status", "priority", "progress", "total", "created_at", "finished_at")
     list_filter = ("kind", "status", "priority")
     readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings",
@@ -52,10 +106,8 @@ class JobAdmin(admin.ModelAdmin):
         rows = job_services.stage_summary(BatchStat.objects.filter(job=job))
         return format_html(
             "<table><tr><th>stage</th><th>min</th><th>avg</th><th>max</th><th>p95</th></tr>{}</table>",
-            format_html("".join(
-                f"<tr><td>{s}</td><td>{v['min']}</td><td>{v['avg']}</td><td>{v['max']}</td><td>{v['p95']}</td></tr>"
-                for s, v in rows.items()
-            )),
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                             ((s, v["min"], v["avg"], v["max"], v["p95"]) for s, v in rows.items())),
         )
 
     def _transition(self, request, queryset, to):
@@ -86,7 +138,7 @@ class JobAdmin(admin.ModelAdmin):
 
 
 @admin.register(Image)
-class ImageAdmin(admin.ModelAdmin):
+class ImageAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("thumbnail", "original_name", "external_id", "owner", "status", "reason", "lane", "width", "height",
                     "created_at")
     list_filter = ("status", "reason", "lane")
@@ -136,14 +188,14 @@ class ImageAdmin(admin.ModelAdmin):
 
 
 @admin.register(BatchStat)
-class BatchStatAdmin(admin.ModelAdmin):
+class BatchStatAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("created_at", "lane", "job", "images", "failed", "decode_ms", "preprocess_ms", "embed_ms",
                     "upsert_ms", "total_ms")
     list_filter = ("lane",)
 
 
 @admin.register(EmbeddingSpace)
-class EmbeddingSpaceAdmin(admin.ModelAdmin):
+class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
     """Embedding spaces (issue 13, docs/operations.md "Changing the model"): promote (through the
     quality gate), roll back, drop. Started from the API or ``manage.py model_migration start``."""
 
@@ -210,7 +262,7 @@ class WebhookAttemptInline(admin.TabularInline):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("url", "owner", "job", "active", "events", "description", "created_at")
     list_filter = ("active",)
     search_fields = ("url", "description", "owner__username")
@@ -222,7 +274,7 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(WebhookDelivery)
-class WebhookDeliveryAdmin(admin.ModelAdmin):
+class WebhookDeliveryAdmin(CheckedActionsMixin, admin.ModelAdmin):
     # one row fits a laptop's width: the last answer is one column (a status code, or a reason)
     list_display = ("message_id", "event", "endpoint", "status", "attempts", "last_answer", "next_attempt_at")
     list_filter = ("status", "event", "last_reason")

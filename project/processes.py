@@ -35,6 +35,11 @@ from typing import Mapping
 
 from project import configuration, lanes
 
+#: Bytes of the request line (method, URL, protocol) gunicorn reads: its largest value
+#: (gunicorn/http/message.py ``MAX_REQUEST_LINE``), above its default 4094 because the site's search form
+#: puts the search in the URL; ``embeddings.site.fields.search_maxlengths`` sizes the form to fit.
+REQUEST_LINE_BYTES = 8190
+
 
 def worker(queues: tuple[str, ...] | str, *, pool: str, concurrency: int, name: str) -> str:
     """``celery worker`` command line for ``queues`` (listed first = taken first)."""
@@ -50,7 +55,8 @@ def commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
                                  "FETCH_WORKER_THREADS"))
     return {
         "web": (f"gunicorn project.wsgi -b {v['WEB_BIND']}:{v['WEB_PORT']} -k gthread --workers 2 "
-                f"--threads {v['WEB_THREADS']} --timeout 120 --keep-alive 75 --access-logfile -"),
+                f"--threads {v['WEB_THREADS']} --timeout 120 --keep-alive 75 --limit-request-line {REQUEST_LINE_BYTES} "
+                f"--access-logfile -"),
         "worker-interactive": worker(lanes.INTERACTIVE, pool="threads", concurrency=v["INTERACTIVE_THREADS"],
                                      name="interactive"),
         # BULK_PROCESSES also sizes each child's threads (PipelineConfig.threads)

@@ -9,15 +9,22 @@ same way.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import re
+import uuid
 from typing import Any, Sequence
+from urllib.parse import urlencode
 
 from django import forms
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import DisallowedRedirect
+from django.urls import reverse
 
 from embeddings.api.catalogue_fields import search_filter
 from embeddings.errors import ApplicationError
 from embeddings.models import JobPriority
+from project.processes import REQUEST_LINE_BYTES
 from workers.vector_store.filters import MAX_STRING
 
 #: Name endings a manifest file chooser offers (``manifests.sniff_format`` reads the bytes anyway).
@@ -31,6 +38,18 @@ FILTER_PREFIX = "m-"
 TEXT_FORM = "text-search"
 #: Bool inputs' answers.
 _YES_NO = (("", "any"), ("yes", "yes"), ("no", "no"))
+#: Characters of a search text on its own (the API's ``SearchSerializer.text``); the page's form may
+#: allow fewer (:func:`search_maxlengths`).
+SEARCH_TEXT_CHARS = 2000
+#: Characters of a number input: ``-9223372036854775808`` is 20, a float's shortest form at most 24
+#: (``-1.7976931348623157e+308``). Number inputs are text inputs (``inputmode``): ``maxlength`` does not
+#: apply to ``type="number"``, whose value may be any number of digits.
+NUMBER_CHARS = 24
+#: The character that makes a URL longest per ``maxlength`` unit: 3 UTF-8 bytes, each percent-encoded
+#: (9 bytes in the search URL, 15 once that URL is the ``next`` of the sign-in URL).
+_WIDEST = "\u4e2d"
+#: The longest value a browser's date input sends (year 275760, the end of ECMAScript's time range).
+_LONGEST_DATE = "275760-09-13"
 
 
 class _JobFields(forms.Form):
@@ -124,9 +143,13 @@ class FilterForm(forms.Form):
     def __init__(self, declared: dict[str, str], data=None) -> None:
         super().__init__(data=data)
         self.declared = dict(declared)
+        maxlengths = search_maxlengths(self.declared)
         for field, kind in self.declared.items():
             for suffix, form_field in _inputs(field, kind):
-                self.fields[FILTER_PREFIX + field + suffix] = form_field
+                name = FILTER_PREFIX + field + suffix
+                if name in maxlengths:  # what the browser lets a person type; the server checks its own limits
+                    form_field.widget.attrs["maxlength"] = str(maxlengths[name])
+                self.fields[name] = form_field
 
     def groups(self) -> list[dict]:
         """For the template, one entry per declared field: ``{"field", "type", "inputs": [(label,
@@ -197,17 +220,62 @@ def _inputs(field: str, kind: str) -> list[tuple[str, forms.Field]]:
         return [("", forms.ChoiceField(required=False, choices=_YES_NO, label=field, widget=forms.Select(attrs=attrs)))]
     if kind == "integer":
         return [(s, forms.IntegerField(required=False, label=label, min_value=-(2**63), max_value=2**63 - 1,
-                                       widget=forms.NumberInput(attrs=attrs)))
+                                       widget=forms.TextInput(attrs={**attrs, "inputmode": "numeric"})))
                 for s, label in (("-min", "min"), ("-max", "max"))]
     if kind == "float":
         return [(s, forms.FloatField(required=False, label=label,
-                                     widget=forms.NumberInput(attrs={**attrs, "step": "any"})))
+                                     widget=forms.TextInput(attrs={**attrs, "inputmode": "decimal"})))
                 for s, label in (("-min", "min"), ("-max", "max"))]
     if kind == "datetime":
         return [(s, forms.DateField(required=False, label=label,
                                     widget=forms.DateInput(attrs={**attrs, "type": "date"}, format="%Y-%m-%d")))
                 for s, label in (("-from", "from"), ("-to", "to"))]
     raise ValueError(f"metadata field {field!r}: unknown type {kind!r}")
+
+
+def search_maxlengths(declared: dict[str, str]) -> dict[str, int]:
+    """``{input name: maxlength}`` of the search page's text form: ``q`` and the filter inputs a person
+    types into (a keyword, a number), so that the longest URL the form can send, and the sign-in URL
+    that carries it in ``next`` once the session has ended, fit gunicorn's request line
+    (``project.processes.REQUEST_LINE_BYTES``); a longer one gets gunicorn's bare 414 page. Numbers
+    keep :data:`NUMBER_CHARS`; ``q`` and the keywords share the rest in proportion to what each takes
+    on its own (:data:`SEARCH_TEXT_CHARS`, ``filters.MAX_STRING``): about 530 characters for ``q``
+    with no filter field declared, more than the model's 77 tokens read. ``declared``: ``{field: type}``."""
+    return dict(_search_maxlengths(tuple(declared.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _search_maxlengths(declared: tuple[tuple[str, str], ...]) -> tuple[tuple[str, int], ...]:
+    an_id = str(uuid.UUID(int=0))
+    fixed = {"like": an_id, "job": an_id, "all": "1"}  # the page's own links add like / all to the form's fields
+    numbers, shared = {}, {"q": SEARCH_TEXT_CHARS}
+    for field, kind in declared:
+        for suffix, _ in _inputs(field, kind):
+            name = FILTER_PREFIX + field + suffix
+            if kind == "keyword":
+                shared[name] = MAX_STRING
+            elif kind in ("integer", "float"):
+                numbers[name] = NUMBER_CHARS
+            else:
+                fixed[name] = _LONGEST_DATE if kind == "datetime" else "yes"
+    room = REQUEST_LINE_BYTES - len("GET  HTTP/1.1")
+
+    def sizes(per_mille: int) -> dict[str, int]:
+        return {**numbers, **{name: max(1, n * per_mille // 1000) for name, n in shared.items()}}
+
+    def longest(per_mille: int) -> int:
+        url = reverse("site-search") + "?" + urlencode(
+            {**fixed, **{name: _WIDEST * n for name, n in sizes(per_mille).items()}})
+        try:
+            return max(len(url), len(redirect_to_login(url)["Location"]))
+        except DisallowedRedirect:  # Django's own bound on a Location (16,384 characters): far too long
+            return len(url) * 2
+
+    low, high = 0, 1000  # the largest share that fits (the longest URL grows with it)
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if longest(mid) <= room else (low, mid - 1)
+    return tuple(sizes(low).items())
 
 
 def metadata_pairs(metadata: dict | None, *, cut: int | None = VALUE_CHARS,

@@ -26,7 +26,14 @@ from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue import reading
 from embeddings.services.catalogue.sources import from_uploads
-from embeddings.site.fields import FilterForm, ManifestJobForm, PrefixJobForm, form_error, metadata_pairs
+from embeddings.site.fields import (
+    FilterForm,
+    ManifestJobForm,
+    PrefixJobForm,
+    form_error,
+    metadata_pairs,
+    search_maxlengths,
+)
 from embeddings.site.words import REASON_WORDS, reason_words
 from workers.thumbnail import LONG_SIDE, thumbnail_size
 
@@ -79,10 +86,12 @@ def search(request):
     query = {"text": q} if q else {"image_id": like} if like else {}
     if request.method == "POST" and request.FILES.get("image"):
         query = {"image": from_uploads([request.FILES["image"]])[0]}
-    filters = FilterForm(reading.declared_types(), source if any(k.startswith("m-") for k in source) else None)
+    declared = reading.declared_types()
+    filters = FilterForm(declared, source if any(k.startswith("m-") for k in source) else None)
     used = filters.used()
     ctx = {"q": q, "like": like, "job": job, "jobs": jobs, "results": None, "error": None, "status": 200,
-           "filters": filters, "filters_used": used, "filter_qs": urlencode(used)}
+           "filters": filters, "filters_used": used, "filter_qs": urlencode(used),
+           "q_maxlength": search_maxlengths(declared)["q"]}
     if not all(_is_uuid(x) for x in (like, job) if x):
         ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
     elif query:

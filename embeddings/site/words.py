@@ -56,6 +56,16 @@ REASON_WORDS: dict[str, str] = {
     "mixed_sources": "A job reads one source.",
     "invalid_filter": "The filter cannot be used.",
     "invalid": "Some of the values are not valid.",
+    # the request itself (embeddings.transport: the site's error page)
+    "bad_request": "This request cannot be read.",
+    "invalid_characters": "The address or a field holds a control character (such as NUL) that cannot be used.",
+    "csrf_failed": "This form could not be verified: reload the page and send it again (cookies must be on).",
+    "permission_denied": "You may not do this.",
+    "method_not_allowed": "This page cannot be used that way.",
+    "length_required": "The upload did not say its length.",
+    "request_too_large": "What was sent is larger than the limit.",
+    "too_many_fields": "The form has more fields than the limit.",
+    "internal_error": "Something went wrong on our side; it has been logged.",
 }
 REASON_WORDS = {str(k): v for k, v in REASON_WORDS.items()}
 

@@ -199,9 +199,10 @@ def test_unknown_urls_and_ids_under_api_answer_json_404(service, api, url):
     assert body["message"]
 
 
-def test_unknown_urls_outside_api_keep_djangos_page(client):
+def test_unknown_urls_outside_api_get_the_sites_page(client):
     r = client.get("/nope/")
     assert r.status_code == 404 and r["Content-Type"].startswith("text/html")
+    assert "/static/site/site.css" in r.content.decode() and "(404 not_found: no such resource: /nope/)" in r.content.decode()
 
 
 def test_an_unhandled_error_answers_json_500(service, user, monkeypatch):

@@ -423,8 +423,9 @@ def test_the_search_page_filters_by_the_declared_fields(catalogue, api, user):
     assert page.status_code == 200 and external_ids(html) == ["A-1", "A-2", "A-3", "A-4"]
     assert re.findall(r'name="(m-[^"]+)"', html) == ["m-category", "m-price-min", "m-price-max", "m-count-min",
                                                      "m-count-max", "m-added-from", "m-added-to", "m-sale"]
-    assert re.findall(r'type="(\w+)" name="m-', html) == ["text", "number", "number", "number", "number", "date",
-                                                          "date"]
+    # numbers are text inputs with a numeric keyboard: maxlength does not apply to type="number"
+    assert re.findall(r'type="(\w+)" name="m-', html) == ["text", "text", "text", "text", "text", "date", "date"]
+    assert re.findall(r'inputmode="(\w+)"', html) == ["decimal", "decimal", "numeric", "numeric"]
     cases = [
         ({"m-category": "shoes"}, ["A-1", "A-3"]),
         ({"m-price-min": "10"}, ["A-1", "A-2"]),
