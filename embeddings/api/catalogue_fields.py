@@ -6,10 +6,10 @@ error shape with a stable code.
 from __future__ import annotations
 
 import dataclasses
-import json
 
 from django.conf import settings
 
+from embeddings.api import json_input
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.metadata import (
     MetadataError,
@@ -57,9 +57,11 @@ def with_identities(data, sources: list[SourceFile]) -> list[SourceFile]:
             if metas:
                 raw = metas[0] if len(metas) == 1 else metas[i]
                 try:
-                    obj = json.loads(raw) if isinstance(raw, (str, bytes)) else raw
-                except (ValueError, RecursionError) as e:
+                    obj = json_input.loads(raw, field="metadata") if isinstance(raw, (str, bytes)) else raw
+                except ValueError as e:
                     raise MetadataError("metadata_invalid", f"not JSON: {e}") from e
+                except ApplicationError as e:  # json_too_deep: far deeper than metadata may nest
+                    raise MetadataError("metadata_too_deep", e.message) from e
                 meta = check_declared(validate_metadata(obj, max_bytes=settings.METADATA_MAX_BYTES), declared_types())
         except MetadataError as e:
             raise ApplicationError(f"file {i}: {e.message}", code=e.code, extra={"index": i}) from e
@@ -77,14 +79,15 @@ def search_filter(value) -> dict | None:
     ``workers.vector_store.filters.parse``; None when not given.
 
     Raises:
-        ApplicationError: ``invalid_filter`` (400, ``extra.path``: where in the object).
+        ApplicationError: ``invalid_filter`` (400, ``extra.path``: where in the object);
+            ``json_too_deep`` / ``parse_error`` (400) for JSON text ``json_input.loads`` refuses.
     """
     if value is None or value == "":
         return None
     if isinstance(value, (str, bytes)):
         try:
-            value = json.loads(value)
-        except (ValueError, RecursionError) as e:
+            value = json_input.loads(value, field="filter")
+        except ValueError as e:
             raise ApplicationError(f"filter is not JSON: {e}", code="invalid_filter", extra={"path": ""}) from e
     try:
         filters.parse(value)

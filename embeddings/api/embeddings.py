@@ -4,7 +4,6 @@ call ``services.embed.embeddings_create`` and serialise (docs/embeddings-api.md)
 """
 from __future__ import annotations
 
-import json
 import re
 
 from django.conf import settings
@@ -14,12 +13,13 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api import json_input
 from embeddings.api.catalogue_fields import with_identities
 from embeddings.api.errors import exception_handler
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
-from embeddings.api.serializers import ErrorSerializer, FormSerializer
+from embeddings.api.serializers import ErrorSerializer, FormSerializer, StrictBooleanField
 from embeddings.api.views import _check_parts, _files, _parsed
 from embeddings.errors import ApplicationError
 from embeddings.messages import decode_vector
@@ -79,7 +79,7 @@ class EmbeddingsOptionsSerializer(FormSerializer):
     """Options of ``POST /api/embeddings/`` (JSON body fields, or form fields beside the files)."""
 
     encoding_format = serializers.ChoiceField(choices=ENCODINGS, default="float")
-    store = serializers.BooleanField(default=False, help_text="the images become your images (as POST /api/images/: "
+    store = StrictBooleanField(default=False, help_text="the images become your images (as POST /api/images/: "
                                                               "ids, external_id, metadata); texts are never stored")
     # not positive: 400 invalid_deadline (upload.deadline_for); longer than the default: the default
     deadline = serializers.FloatField(required=False, min_value=0.001,
@@ -139,7 +139,7 @@ class EmbeddingsResponseSerializer(serializers.Serializer):
     deadline_s = serializers.FloatField()
 
 
-#: A 400/413/415 of ``POST /api/embeddings/``: every input refused (the answer's own shape), or the
+#: A 400/413/415/422 of ``POST /api/embeddings/``: every input refused (the answer's own shape), or the
 #: request refused as a whole (the error shape).
 EMBEDDINGS_REFUSAL = PolymorphicProxySerializer(
     component_name="EmbeddingsRefusal", serializers=[EmbeddingsResponseSerializer, ErrorSerializer],
@@ -224,7 +224,7 @@ def _entries(raw, offset: int) -> list[dict]:
         return []
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = json_input.loads(raw, field="inputs")
         except ValueError as e:
             raise ApplicationError(f"inputs is not JSON: {e}", code="invalid_input", extra={"index": None}) from e
     if not isinstance(raw, list):
@@ -281,7 +281,7 @@ class EmbeddingsView(APIView):
         parameters=[RETRY_AFTER],
         description="One vector per input (texts; images as files, base64, data URLs or http(s) URLs), in input "
                     "order, computed on the interactive lane within the deadline. A refused input answers its "
-                    "reason in its entry; when every input is refused the status follows the reasons (400/413/415) "
+                    "reason in its entry; when every input is refused the status follows the reasons (400/413/415/422) "
                     "in the same shape. With store the images become your images (their ids in the answer; 202 if "
                     "the deadline passes: they continue). Without store nothing is kept. docs/embeddings-api.md.",
         responses={200: EmbeddingsResponseSerializer,
@@ -295,6 +295,8 @@ class EmbeddingsView(APIView):
                                         "large (in this shape), or: " + ERROR_STATUS[413]),
                    415: OpenApiResponse(EMBEDDINGS_REFUSAL, description="every input refused as not an "
                                         "image (in this shape), or: " + ERROR_STATUS[415]),
+                   422: OpenApiResponse(EMBEDDINGS_REFUSAL, description="every input refused in this shape: "
+                                        + ERROR_STATUS[422]),
                    **errors(429, 503, 504)})
     def post(self, request):
         data, files = _parsed(request)

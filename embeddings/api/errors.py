@@ -2,18 +2,25 @@
 from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.http import Http404, JsonResponse
-from django.views import defaults
+from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from embeddings.api.answer_size import bounded_error
 from embeddings.errors import ApplicationError
 
 
 def as_application_error(exc: Exception) -> ApplicationError | None:
-    """Django's request-limit exceptions → an :class:`ApplicationError` naming the limit."""
+    """Django's request-limit exceptions → an :class:`ApplicationError` naming the limit; a write
+    the broker's Redis refused (full, or not reachable) → its 503 (``sink.broker_refusal``)."""
     from django.conf import settings
+
+    from embeddings.sink import broker_refusal
+
+    refused = broker_refusal(exc)
+    if refused is not None:
+        return refused
 
     if isinstance(exc, RequestDataTooBig):
         return ApplicationError(
@@ -37,8 +44,8 @@ def as_application_error(exc: Exception) -> ApplicationError | None:
 
 
 def error_response(err: ApplicationError) -> Response:
-    """Render an :class:`ApplicationError`."""
-    return Response({"message": err.message, "code": err.code, "extra": err.extra}, status=err.status,
+    """Render an :class:`ApplicationError`, its size bounded (``answer_size.bounded_error``)."""
+    return Response(bounded_error({"message": err.message, "code": err.code, "extra": err.extra}), status=err.status,
                     headers=err.headers)
 
 
@@ -63,29 +70,8 @@ def exception_handler(exc, context):
         detail = response.data.get("detail", "") if isinstance(response.data, dict) else response.data
         code = getattr(getattr(exc, "detail", None), "code", None) or exc.__class__.__name__.lower()
         body = {"message": str(detail), "code": str(code), "extra": {}}
-    response.data = body
+    response.data = bounded_error(body)  # DRF lists every invalid item of a list: a few KB at most
     return response
 
 
-def _is_api(request) -> bool:
-    return request.path.startswith("/api/")
-
-
-def handler404(request, exception):
-    """``handler404``: a URL no view matches (or a malformed id) → the one error shape under /api/,
-    Django's page elsewhere."""
-    if not _is_api(request):
-        return defaults.page_not_found(request, exception)
-    return JsonResponse({"message": f"no such resource: {request.path}", "code": "not_found", "extra": {}},
-                        status=404)
-
-
-def handler500(request):
-    """``handler500``: an unhandled exception → the one error shape under /api/ (no details: they are
-    logged), Django's page elsewhere."""
-    if not _is_api(request):
-        return defaults.server_error(request)
-    return JsonResponse({"message": "internal error", "code": "internal_error", "extra": {}}, status=500)
-
-
-__all__ = ["exception_handler", "error_response", "as_application_error", "handler404", "handler500", "status"]
+__all__ = ["exception_handler", "error_response", "as_application_error", "status"]

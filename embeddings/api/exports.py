@@ -9,19 +9,10 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.views import APIView
 
-from embeddings.api.parsers import ContentNegotiation
+from embeddings.api.parsers import AnyAccept
 from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.api.serializers import VectorExportQuerySerializer
 from embeddings.services import exports as export_services
-
-
-class AnyAccept(ContentNegotiation):
-    """Negotiation that never refuses for ``Accept``: an export answers its own media type, and an
-    error the JSON shape, whatever the client said it accepts (DRF would answer 406 to
-    ``Accept: application/vnd.apache.parquet``)."""
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
 
 
 class VectorExportView(APIView):

@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import RETRY_AFTER, errors
-from embeddings.api.serializers import JobProgressSerializer, JobSerializer
+from embeddings.api.serializers import JobProgressSerializer, JobSerializer, StrictBooleanField
 from embeddings.models import EmbeddingSpace, SpaceState
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.lifecycle import gate
@@ -35,18 +35,20 @@ class MigrationCreateSerializer(serializers.Serializer):
 
 
 class PromoteSerializer(serializers.Serializer):
-    """``POST /api/migrations/{id}/promote/``."""
+    """The body of ``POST /api/migrations/{id}/{promote|rollback|gate}/`` (only ``promote`` uses it)."""
 
-    force = serializers.BooleanField(default=False, help_text="promote although the quality gate refuses "
+    force = StrictBooleanField(default=False, help_text="promote although the quality gate refuses "
                                                              "(recorded in gate_report.forced); never past an "
-                                                             "unfinished migration")
+                                                             "unfinished migration. gate and rollback check it "
+                                                             "and ignore it")
 
 
 class SpaceSerializer(serializers.ModelSerializer):
     """An embedding space: one model's collection and its role."""
 
-    source = serializers.SlugRelatedField(slug_field="model_id", read_only=True,
-                                          help_text="the space the migration re-embeds from")
+    source = serializers.SlugRelatedField(slug_field="model_id", read_only=True, allow_null=True,
+                                          help_text="the space the migration re-embeds from; null for the "
+                                                    "space a deployment started with (no migration filled it)")
     url = serializers.SerializerMethodField()
 
     class Meta:
@@ -138,7 +140,7 @@ class MigrationActionView(APIView):
     actions = ("gate", "promote", "rollback")
 
     @extend_schema(operation_id="migrations_action", request=PromoteSerializer,
-                   responses={200: MigrationSerializer, 202: MigrationSerializer, **errors(403, 409)},
+                   responses={200: MigrationSerializer, 202: MigrationSerializer, **errors(400, 403, 409)},
                    parameters=[OpenApiParameter("action", str, OpenApiParameter.PATH, enum=list(actions))],
                    extensions={"x-staff-only": True},
                    description=STAFF_ONLY + " `promote`: make this space the active one (409 "
@@ -151,9 +153,11 @@ class MigrationActionView(APIView):
         space = get_object_or_404(EmbeddingSpace, id=space_id)
         if action not in self.actions:
             raise ApplicationError(f"unknown action {action!r}", code="not_found", status=404)
+        # every action reads the body its schema declares: one the schema refuses (force=AAA, a
+        # list) is a 400 for gate and rollback too, never taken as no body
+        s = PromoteSerializer(data=request.data)
+        s.is_valid(raise_exception=True)
         if action == "promote":
-            s = PromoteSerializer(data=request.data)
-            s.is_valid(raise_exception=True)
             space = migrations.promote(space, force=s.validated_data["force"], by=request.user.get_username())
         elif action == "rollback":
             if space.state != SpaceState.ACTIVE:

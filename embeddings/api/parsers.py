@@ -12,7 +12,10 @@ part between the first boundary and the closing one is accounted for:
   part's 1-based position in the body) when nothing usable is left. The uploaded file carries
   ``part`` (N) and ``raw_name`` (the name as sent, decoded leniently);
 - a part without a usable ``Content-Disposition`` (missing, or without ``name``) is refused: the
-  request fails with :class:`RefusedParts` listing every such part;
+  request fails with :class:`RefusedParts`, which counts every such part and lists the first
+  :data:`LISTED_PARTS`;
+- every part counts against :func:`max_parts` (Django's limits count fields and files, and a part
+  without a name is neither): past it the body is parsed no further (:class:`TooManyParts`);
 - a body that cannot be split into parts (no closing boundary, headers longer than 1 KiB, broken
   base64) fails with :class:`~django.http.multipartparser.MultiPartParserError`.
 
@@ -45,21 +48,66 @@ from django.http.multipartparser import MultiPartParser as DjangoMultiPartParser
 from django.utils.datastructures import MultiValueDict
 from django.utils.http import parse_header_parameters
 from rest_framework import parsers as drf_parsers
-from rest_framework.exceptions import ParseError
 from rest_framework.negotiation import DefaultContentNegotiation
 
+from embeddings.api import json_input
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.sources import safe_name
 
 
-class RefusedParts(MultiPartParserError):
-    """Parts of a multipart body that cannot be used; ``parts`` lists each as
-    ``{"part": N (1-based position in the body), "reason": str}``."""
+#: Refused parts an answer lists; the others are only counted, so that an answer stays a few KB
+#: whatever the body holds (20,000 parts without headers once made a 1.98 MB answer to 260 KB).
+LISTED_PARTS = 10
 
-    def __init__(self, parts: list[dict]) -> None:
-        self.parts = parts
-        listed = ", ".join(f"part {p['part']} ({p['reason']})" for p in parts)
-        super().__init__(f"unusable multipart parts: {listed}")
+
+def listed(parts: list[dict], count: int, describe) -> str:
+    """``"a; b; c"`` of the first :data:`LISTED_PARTS` of ``parts`` (``describe(part)`` each),
+    then ``"; and N more"`` when ``count`` is larger."""
+    text = "; ".join(describe(p) for p in parts[:LISTED_PARTS])
+    return text + (f"; and {count - LISTED_PARTS} more" if count > LISTED_PARTS else "")
+
+
+class RefusedParts(MultiPartParserError):
+    """Parts of a multipart body that cannot be used: ``count`` of them, the first
+    :data:`LISTED_PARTS` in ``parts`` as ``{"part": N (1-based position in the body), "reason": str}``."""
+
+    def __init__(self, parts: list[dict], count: int) -> None:
+        self.parts, self.count = parts[:LISTED_PARTS], count
+        super().__init__(f"{count} unusable multipart part(s): "
+                         + listed(parts, count, lambda p: f"part {p['part']} ({p['reason']})"))
+
+
+class TooManyParts(RefusedParts):
+    """More parts than :func:`max_parts` (``limit``); ``parts`` and ``count``: the refused parts
+    among those read before the limit, as :class:`RefusedParts`."""
+
+    def __init__(self, limit: int, parts: list[dict], count: int) -> None:
+        super().__init__(parts, count)
+        self.limit = limit
+        self.args = (f"more than {limit} parts (DATA_UPLOAD_MAX_NUMBER_FIELDS + DATA_UPLOAD_MAX_NUMBER_FILES), "
+                     f"parsed no further" + (f"; of the first {limit}, {self.args[0]}" if count else ""),)
+
+
+class _Refused:
+    """Refused parts as a body is read: all counted, the first :data:`LISTED_PARTS` kept."""
+
+    def __init__(self) -> None:
+        self.first: list[dict] = []
+        self.count = 0
+
+    def add(self, n: int, reason: str) -> None:
+        self.count += 1
+        if len(self.first) < LISTED_PARTS:
+            self.first.append({"part": n, "reason": reason})
+
+
+def max_parts() -> int | None:
+    """Most parts a multipart body may have: ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` +
+    ``DATA_UPLOAD_MAX_NUMBER_FILES`` (every usable part is a field or a file, each counted against
+    its own limit; a part that is neither would otherwise be read without bound). None when either
+    limit is off (None), as Django reads None."""
+    fields, files = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS, settings.DATA_UPLOAD_MAX_NUMBER_FILES
+    return None if fields is None or files is None else fields + files
 
 
 def header_params(value: str) -> tuple[str, dict[str, str]]:
@@ -162,8 +210,12 @@ class MultiPartParser(DjangoMultiPartParser):
 
     Raises:
         MultiPartParserError: a Content-Type or body that cannot be parsed; :class:`RefusedParts`
-            when parts without a usable Content-Disposition were sent.
+            when parts without a usable Content-Disposition were sent; :class:`TooManyParts`.
         TooManyFilesSent, TooManyFieldsSent, RequestDataTooBig: Django's limits.
+
+    Whatever it raises, no uploaded file is left open: the files already parsed and the one being
+    received (a temporary file on disk for a large part) are closed, which deletes them; and the
+    rest of a refused body is read and dropped unparsed (:func:`_drain`).
     """
 
     def __init__(self, META, input_data, upload_handlers, encoding=None):
@@ -171,6 +223,15 @@ class MultiPartParser(DjangoMultiPartParser):
             super().__init__(META, input_data, upload_handlers, encoding)
         except ValueError as e:  # parse_header_parameters on the request's Content-Type
             raise MultiPartParserError(f"Content-Type cannot be parsed: {e}") from e
+
+    def parse(self):
+        try:
+            return super().parse()  # closes the files in self._files when _parse raises
+        except BaseException as e:
+            self._close_files()  # and the one a handler was receiving when it raised
+            if isinstance(e, Exception):  # not on a worker's timeout abort (SystemExit)
+                _drain(self._input_data)
+            raise
 
     def _parse(self):
         if self._content_length == 0:
@@ -183,28 +244,30 @@ class MultiPartParser(DjangoMultiPartParser):
         self._post = QueryDict(mutable=True)
         self._files = MultiValueDict()
         self._field_bytes = self._n_fields = self._n_files = 0
-        refused = []
+        refused, limit = _Refused(), max_parts()
         stream = LazyStream(ChunkIter(self._input_data, self._chunk_size))
         try:
             for n, headers, body in _parts(stream, self._boundary):
+                if limit is not None and n > limit:
+                    raise TooManyParts(limit, refused.first, refused.count)
                 disposition = (headers or {}).get("content-disposition")
                 if headers is None:
-                    refused.append({"part": n, "reason": "no header block"})
+                    refused.add(n, "no header block")
                 elif disposition is None:
-                    refused.append({"part": n, "reason": "no Content-Disposition header"})
+                    refused.add(n, "no Content-Disposition header")
                 elif "name" not in disposition[1]:
-                    refused.append({"part": n, "reason": "Content-Disposition without a name"})
+                    refused.add(n, "Content-Disposition without a name")
                 elif "filename" in disposition[1]:
                     problem = self._file(n, headers, body)
                     if problem:
-                        refused.append({"part": n, "reason": problem})
+                        refused.add(n, problem)
                 else:
                     self._field(headers, body)
         except StopUpload as e:  # a handler gave up on the whole request: never a silent partial parse
             self._close_files()
             raise MultiPartParserError(f"an upload handler stopped the upload: {e!r}") from e
-        if refused:
-            raise RefusedParts(refused)
+        if refused.count:
+            raise RefusedParts(refused.first, refused.count)
         any(handler.upload_complete() for handler in self._upload_handlers)
         self._post._mutable = False
         return self._post, self._files
@@ -277,6 +340,19 @@ class MultiPartParser(DjangoMultiPartParser):
         return "no upload handler kept it"
 
 
+def _drain(stream) -> None:
+    """Read what is left of a refused body and drop it, unparsed (a read costs the body's size and
+    no more; ``stream`` stops at ``Content-Length``). gunicorn closes a keep-alive connection
+    whose previous body has more than 64 KiB unread (``gunicorn/http/parser.py``
+    ``_DRAIN_MAX_BYTES``) after answering ``Connection: keep-alive``: a client that reuses it then
+    fails its next request."""
+    try:
+        while stream.read(1 << 16):
+            pass
+    except Exception:  # the client went away, or the stream cannot be read: nothing left to keep
+        pass
+
+
 #: Longest extension handed to the upload handlers: the temporary-file handler puts it in the file's
 #: name (".upload" + extension), and a file name has at most 255 bytes (ext4, XFS, APFS).
 _MAX_EXT_BYTES = 32
@@ -328,11 +404,16 @@ def content_type_error(request) -> ApplicationError | None:
 
 class ContentNegotiation(DefaultContentNegotiation):
     """DRF's negotiation, except that a ``Content-Type`` whose parameters cannot be parsed is a 400
-    ``malformed_request`` (DRF would treat it as matching no parser: 415).
+    ``malformed_request`` (DRF would treat it as matching no parser: 415), and an ``Accept`` header
+    in which DRF finds no media type (empty, only commas, only over-long tokens) counts as absent:
+    any type, as RFC 9110 §12.5.1 says of a request without one (DRF would answer 406).
 
     Raises:
         ApplicationError: ``malformed_request`` (400).
     """
+
+    def get_accept_list(self, request):
+        return super().get_accept_list(request) or ["*/*"]
 
     def select_parser(self, request, parsers):
         error = content_type_error(request)
@@ -341,12 +422,24 @@ class ContentNegotiation(DefaultContentNegotiation):
         return super().select_parser(request, parsers)
 
 
+class AnyAccept(ContentNegotiation):
+    """Negotiation that never refuses for ``Accept`` or ``?format=``, for views that answer one
+    media type of their own whatever the client said it accepts: an export (and an error the JSON
+    shape; DRF would answer 406 to ``Accept: application/vnd.apache.parquet``), a thumbnail
+    (``Accept: image/webp``), the API docs page."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
 class DrfMultiPartParser(drf_parsers.BaseParser):
     """DRF parser for ``multipart/form-data`` using :class:`MultiPartParser`.
 
     Raises:
         ApplicationError: ``malformed_multipart`` (400) for a body that cannot be parsed, with
-            ``extra.parts`` listing refused parts when there are some.
+            ``extra.parts`` listing the first refused parts (:data:`LISTED_PARTS`) and
+            ``extra.refused_count`` counting them all; ``too_many_parts`` (400) past
+            :func:`max_parts` (``extra.value``), with the refused parts read before it.
     """
 
     media_type = "multipart/form-data"
@@ -358,26 +451,33 @@ class DrfMultiPartParser(drf_parsers.BaseParser):
         try:
             data, files = MultiPartParser(meta, stream, request.upload_handlers,
                                           drf_parsers.get_encoding(parser_context)).parse()
+        except TooManyParts as e:
+            raise ApplicationError(f"the request has too many parts: {e}", code="too_many_parts",
+                                   extra={"limit": "DATA_UPLOAD_MAX_NUMBER_FIELDS + DATA_UPLOAD_MAX_NUMBER_FILES",
+                                          "value": e.limit, "parts": e.parts, "refused_count": e.count}) from e
         except RefusedParts as e:
             raise ApplicationError(f"the request has parts that cannot be used: {e}", code="malformed_multipart",
-                                   extra={"parts": e.parts}) from e
+                                   extra={"parts": e.parts, "refused_count": e.count}) from e
         except (MultiPartParserError, SuspiciousMultipartForm) as e:  # the latter: Django's parser got stuck
             raise ApplicationError(f"the multipart body cannot be parsed: {e}", code="malformed_multipart",
-                                   extra={"parts": []}) from e
+                                   extra={"parts": [], "refused_count": 0}) from e
         return drf_parsers.DataAndFiles(data, files)
 
 
 class JSONParser(drf_parsers.JSONParser):
-    """DRF's JSON parser, with a body nested past Python's recursion limit refused as malformed.
+    """DRF's JSON parser, the body then checked by ``json_input.checked``: depth bounded
+    (``JSON_MAX_DEPTH``), strings only text.
 
     Raises:
-        ParseError: ``parse_error`` (400), as for any malformed JSON: ``json`` raises
-            ``RecursionError`` (not a ``ValueError``, which DRF turns into a 400) on ``[[[…]]]``
-            nested deeper than the interpreter's recursion limit, a few KB of body.
+        ParseError: ``parse_error`` (400): not JSON.
+        ApplicationError: ``json_too_deep`` (400): nested deeper than ``JSON_MAX_DEPTH`` levels
+            (``json`` raises ``RecursionError``, not the ``ValueError`` DRF turns into a 400, on
+            ``[[[…]]]`` a few thousand levels deep); ``parse_error`` (400): an unpaired surrogate.
     """
 
     def parse(self, stream, media_type=None, parser_context=None):
         try:
-            return super().parse(stream, media_type, parser_context)
-        except RecursionError as e:
-            raise ParseError("JSON parse error - nested too deeply") from e
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise json_input.too_deep() from None
+        return json_input.checked(data)

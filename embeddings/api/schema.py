@@ -5,26 +5,39 @@ Views declare their own statuses with :func:`errors`; :func:`postprocess` (a drf
 postprocessing hook, ``SPECTACULAR_SETTINGS``) adds the ones that follow from the URL and the
 authentication alone, for views this module does not own too (the thumbnail): 401 on every
 operation that needs a token or a session, 404 on every operation with a path parameter.
+:class:`SchemaView` serves it at ``/api/schema/``.
 """
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+import inspect
 
+from django.conf import settings
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.renderers import JSONRenderer
+
+from embeddings.api.parsers import AnyAccept
 from embeddings.api.serializers import ErrorSerializer
 
 #: What each error status means in this service (README "API"); the ``code`` values are stable.
 ERROR_STATUS = {
     400: "the request is invalid (code: invalid, invalid_query, no_files, too_many_files, malformed_request, "
-         "malformed_multipart, unexpected_parts, a refused query image's reason ...)",
+         "malformed_multipart, unexpected_parts, too_many_parts, parse_error, json_too_deep, zip_unsafe, "
+         "invalid_characters: a control character in the path or the query string, a refused query image's "
+         "reason ...; an extra that would list many items lists 10 and counts the rest)",
     401: "no or a wrong token / session (code: not_authenticated, authentication_failed)",
     403: "staff only (code: forbidden, permission_denied)",
     404: "no such resource, or one the caller may not see (code: not_found)",
+    406: "Accept names only media types this operation does not answer (code: not_acceptable)",
     409: "the resource is not in a state that allows it (code: invalid_transition, not_embedded, vector_missing)",
+    411: "a body sent with Transfer-Encoding and no Content-Length (code: length_required): send its length",
     413: "a request or an image over a limit; extra names the limit (code: request_too_large, too_large, "
          "too_many_pixels; request_exceeds_deadline: so many images miss the deadline even in an empty "
          "interactive lane, a retry cannot help)",
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
+    422: "the model gave no usable vector for an input: NaN or infinity (code: non_finite_embedding) or all zeros "
+         "(code: zero_embedding); nothing was stored, and the same input gives the same vector",
     429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is about what a request admitted at "
          "this moment waits, learnt from what the requests admitted around earlier refusals of deadlines "
@@ -42,7 +55,7 @@ ERROR_STATUS = {
          "of predicted_wait_s, at most ADMISSION_MAX_MARGIN_SHARE of deadline_s), learnt_margin_s, retry_margin_s, "
          "beside_bulk (a bulk chunk computes now: the wait model learnt beside bulk work was used)",
     503: "a worker or the vector store is unavailable: retry after Retry-After seconds "
-         "(code: vectors_unavailable, worker_error)",
+         "(code: vectors_unavailable, worker_error, broker_full, broker_unavailable)",
     504: "the search or the embeddings did not finish in time (code: deadline_exceeded)",
 }
 
@@ -65,16 +78,29 @@ def errors(*statuses: int) -> dict[int, OpenApiResponse]:
     return {s: OpenApiResponse(ErrorSerializer, description=ERROR_STATUS[s]) for s in statuses}
 
 
+#: A query string's text holds no control character other than tab, LF and CR: the service refuses
+#: one before any view (``embeddings.transport.CONTROL``, 400 ``invalid_characters``).
+NO_CONTROL_CHARACTERS = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
+#: Methods whose request body a view reads (``embeddings.transport``: 411 without a length).
+_BODY_METHODS = frozenset({"post", "put", "patch", "delete"})
+
+
 def _error_ref() -> dict:
     return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 
 
+def _openai_error_ref() -> dict:
+    """The error shape under ``/v1/`` (OpenAI's, ``embeddings.api.embeddings``)."""
+    return {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/OpenAIError"}}}}
+
+
 def postprocess(result: dict, generator, request, public) -> dict:
-    """drf-spectacular postprocessing hook: 401 on every secured operation and 404 on every
-    operation with a path parameter, in the ``Error`` shape, where the view did not say; the
+    """drf-spectacular postprocessing hook: 401 on every secured operation, 404 on every operation
+    with a path parameter, 400 and 406 on every operation, 411 on every operation with a body, in the
+    ``Error`` shape, where the view did not say; the
     ``MetadataFilter`` components of the search filter."""
     for path, item in result.get("paths", {}).items():
-        for op in item.values():
+        for method, op in item.items():
             if not isinstance(op, dict) or "responses" not in op:
                 continue
             responses = op["responses"]
@@ -84,6 +110,17 @@ def postprocess(result: dict, generator, request, public) -> dict:
                 responses["401"] = {"description": ERROR_STATUS[401], **_error_ref()}
             if "{" in path and "404" not in responses:
                 responses["404"] = {"description": ERROR_STATUS[404], **_error_ref()}
+            # embeddings.transport refuses these before any view: a control character anywhere in the
+            # URL (400), a body without a length (411); content negotiation, an Accept it cannot meet (406)
+            for parameter in op.get("parameters", []):
+                schema = parameter.get("schema", {})
+                if parameter.get("in") == "query" and schema.get("type") == "string" \
+                        and not ({"pattern", "format", "enum"} & set(schema)):
+                    schema["pattern"] = NO_CONTROL_CHARACTERS
+            shape = _openai_error_ref() if path.startswith("/v1/") else _error_ref()
+            for status, applies in ((400, True), (406, True), (411, method in _BODY_METHODS)):
+                if applies and str(status) not in responses:
+                    responses[str(status)] = {"description": ERROR_STATUS[status], **shape}
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     schemas.update(metadata_filter_components())
     if "PatchedImagePatchRequest" in schemas:  # PATCH names what may change; anything else is a 400
@@ -110,3 +147,48 @@ def metadata_filter_components() -> dict:
         alternatives.append({"$ref": ref + name})
     components["MetadataFilter"] = {**components["MetadataFilter"], "oneOf": alternatives}
     return components
+
+
+class SchemaView(SpectacularAPIView):
+    """``GET /api/schema/``: drf-spectacular's schema view with its query parameters made harmless.
+
+    - ``version`` is ignored: this API has one version (``SPECTACULAR_SETTINGS["VERSION"]``), and
+      drf-spectacular copies the value into the schema's ``info.version`` and into the
+      ``Content-Disposition`` file name (a CR/LF there was a 500; a quote added a second
+      ``filename``);
+    - ``lang`` is read only when it is one of ``LANGUAGES`` (the enum the schema shows), else
+      ignored: Django caches a translation object for every distinct language string activated;
+    - ``format``: ``yaml`` or ``json`` (DRF's override; another is 404 ``not_found``).
+
+    Every error answers the API's JSON error shape (DRF would render it with the YAML renderer).
+    """
+
+    def _get_version_parameter(self, request):
+        return None
+
+    @extend_schema(description=inspect.cleandoc(str(SpectacularAPIView.__doc__)), **SCHEMA_KWARGS)  # not this docstring
+    def get(self, request, *args, **kwargs):
+        lang = request.query_params.get("lang")
+        if lang is not None and lang not in dict(settings.LANGUAGES):
+            query = request._request.GET.copy()
+            del query["lang"]
+            request._request.GET = query
+        return super().get(request, *args, **kwargs)
+
+    def handle_exception(self, exc):
+        self.request.accepted_renderer, self.request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return super().handle_exception(exc)
+
+
+class DocsView(SpectacularSwaggerView):
+    """``GET /api/docs/``: drf-spectacular's Swagger UI page, whatever ``Accept`` or ``?format=`` say
+    (:class:`AnyAccept`; DRF would answer a plain-text 406), for GET and HEAD only, its errors in the
+    API's JSON error shape (drf-spectacular renders them with the page's template renderer: a
+    plain-text 405, and a 500 for ``OPTIONS``, which has no template)."""
+
+    http_method_names = ["get", "head"]
+    content_negotiation_class = AnyAccept
+
+    def handle_exception(self, exc):
+        self.request.accepted_renderer, self.request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
+        return super().handle_exception(exc)

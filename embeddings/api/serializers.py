@@ -8,6 +8,7 @@ from django.core.validators import RegexValidator
 from drf_spectacular.utils import OpenApiParameter, PolymorphicProxySerializer, extend_schema_field
 from rest_framework import serializers
 
+from embeddings.api.json_input import JSONField
 from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
 from embeddings.models import Image, ImageStatus, Job, JobPriority, WebhookEvent
 
@@ -29,6 +30,24 @@ class FormSerializer(serializers.Serializer):
             if blank:
                 raise serializers.ValidationError(blank)
         return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A boolean as the schema says one is: JSON ``true`` / ``false``, or in a form, multipart part
+    or query string the text ``true`` / ``false`` (any case: form encoders write Python's ``True``).
+    DRF's own field also takes ``1``, ``0``, ``"yes"``, ``"off"``, ``"t"`` ... which the schema
+    (``type: boolean``) does not allow: a client sending one has made a mistake it should hear about.
+
+    Raises:
+        ValidationError: ``"Must be a valid boolean."`` (400 ``invalid``).
+    """
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        if isinstance(data, str) and data.lower() in ("true", "false"):
+            return data.lower() == "true"
+        self.fail("invalid", input=data)
 
 
 class UploadQuerySerializer(FormSerializer):
@@ -187,7 +206,7 @@ class SearchSerializer(FormSerializer):
     """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``; ``filter``
     (an object in JSON, its JSON text in a form) is validated by the view (``invalid_filter``)."""
 
-    filter = serializers.JSONField(required=False)
+    filter = JSONField(required=False)
 
     text = serializers.CharField(required=False, max_length=2000)
     image = serializers.FileField(required=False)
@@ -264,7 +283,7 @@ class ImagePatchSerializer(serializers.Serializer):
 
     external_id = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256,
                                         help_text="your id; \"\" or null removes it")
-    metadata = serializers.JSONField(required=False, help_text="replaces the whole metadata object")
+    metadata = JSONField(required=False, help_text="replaces the whole metadata object")
 
 
 # --- Request bodies as the schema shows them (the views read the multipart parts themselves) -------
@@ -321,7 +340,7 @@ FILTER_HELP = ('metadata filter: {"field": "category", "eq": "shoes"}, {"field":
 
 
 @extend_schema_field({"$ref": "#/components/schemas/MetadataFilter"})
-class MetadataFilterField(serializers.JSONField):
+class MetadataFilterField(JSONField):
     """A search's metadata filter (``workers.vector_store.filters``): typed in the schema as the
     ``MetadataFilter`` component (added by ``embeddings.api.schema.postprocess``)."""
 

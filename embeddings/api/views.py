@@ -13,16 +13,16 @@ from rest_framework import status
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.generics import GenericAPIView
-from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api.catalogue_fields import search_filter, with_identities
 from embeddings.api.errors import as_application_error
+from embeddings.api.pagination import NewestFirst
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
-from embeddings.api.parsers import content_type_error
+from embeddings.api.parsers import LISTED_PARTS, content_type_error, listed
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
 from embeddings.api.serializers import (
     ErrorSerializer,
@@ -91,7 +91,8 @@ def _check_parts(data, files, *, file_fields: tuple[str, ...]) -> None:
     (a part without ``filename``) in one of its file fields, would otherwise vanish unanswered.
 
     Raises:
-        ApplicationError: ``unexpected_parts`` (400), ``extra.parts`` listing each such part.
+        ApplicationError: ``unexpected_parts`` (400), ``extra.parts`` listing the first such parts
+            (``parsers.LISTED_PARTS``), ``extra.refused_count`` counting them all.
     """
     stray = [{"part": getattr(f, "part", None), "field": field, "filename": f.name,
               "reason": f"a file in a field this endpoint does not read ({', '.join(file_fields)})"}
@@ -102,8 +103,9 @@ def _check_parts(data, files, *, file_fields: tuple[str, ...]) -> None:
                   for field in file_fields for v in data.getlist(field) if isinstance(v, str)]
     if stray:
         raise ApplicationError(f"{len(stray)} part(s) of the request cannot be used: "
-                               + "; ".join(f"field {p['field']!r}: {p['reason']}" for p in stray),
-                               code="unexpected_parts", extra={"parts": stray})
+                               + listed(stray, len(stray), lambda p: f"field {p['field']!r}: {p['reason']}"),
+                               code="unexpected_parts",
+                               extra={"parts": stray[:LISTED_PARTS], "refused_count": len(stray)})
 
 
 def _callbacks_shown(callbacks: list) -> dict:
@@ -131,14 +133,6 @@ def _vector_view(request, images) -> VectorView | None:
                       vectors=image_vectors(images, model_id=model_id))
 
 
-class NewestFirst(CursorPagination):
-    """Lists newest first, ``page_size`` (100) per page; ``next`` / ``previous`` are URLs with an
-    opaque ``cursor`` (stable while new rows arrive; a cursor that is not one: 404 ``not_found``)."""
-
-    ordering = ("-created_at", "-id")
-    page_size = 100
-
-
 #: A single refused file answers the upload's own shape with its reason's status; a request refused
 #: as a whole answers the error shape (README "API").
 UPLOAD_REFUSAL = PolymorphicProxySerializer(
@@ -153,6 +147,8 @@ def _upload_refusal(status_code: int) -> OpenApiResponse:
 
 class TokenView(ObtainAuthToken):
     """``POST /api/auth/token/``: a user's token for a username and password (no authentication)."""
+
+    parser_classes = (FormParser, MultiPartParser, JSONParser)  # ours: DRF's view names DRF's own
 
     @extend_schema(operation_id="auth_token", auth=[], request=AuthTokenSerializer,
                    responses={200: AuthTokenSerializer, **errors(400)})
@@ -176,12 +172,13 @@ class ImageUploadView(GenericAPIView):
         operation_id="images_upload", request={"multipart/form-data": ImageUploadSerializer},
         parameters=[RETRY_AFTER],
         description="Embed 1..INTERACTIVE_MAX_FILES images and answer each one's neighbours within the deadline. "
-                    "When the only file is refused the status follows its reason (400/413/415) in the same shape; "
+                    "When the only file is refused the status follows its reason (400/413/415/422) in the same shape; "
                     "a request refused as a whole answers the error shape.",
         responses={200: UploadResponseSerializer,
                    202: OpenApiResponse(UploadResponseSerializer,
                                         description="the deadline passed: the work continues, poll each image's url"),
-                   400: _upload_refusal(400), 413: _upload_refusal(413), 415: _upload_refusal(415), **errors(429, 503)})
+                   400: _upload_refusal(400), 413: _upload_refusal(413), 415: _upload_refusal(415),
+                   422: _upload_refusal(422), **errors(429, 503)})
     def post(self, request):
         data, files = _parsed(request)
         _check_parts(data, files, file_fields=("files", "file", "image"))
@@ -294,7 +291,8 @@ class JobListView(GenericAPIView):
         sources = with_identities(data, from_uploads(_files(files, "files", "file")))
         for archive in _files(files, "zip"):
             sources += from_zip(archive, max_entries=settings.ZIP_MAX_ENTRIES,
-                                max_uncompressed=settings.ZIP_MAX_UNCOMPRESSED_BYTES)
+                                max_uncompressed=settings.ZIP_MAX_UNCOMPRESSED_BYTES,
+                                max_ratio=settings.ZIP_MAX_RATIO, max_entry_bytes=settings.PIPELINE.max_image_bytes)
         if v.get("folder"):
             if not request.user.is_staff:
                 raise ApplicationError("server-side folders are for staff only", code="forbidden", status=403)
@@ -366,10 +364,15 @@ class SearchView(APIView):
         parameters=[RETRY_AFTER],
         description="Top-k of the caller's images (staff: all) by exactly one of a text, an uploaded image "
                     "(multipart) or a stored image's id.",
-        responses={200: SearchResponseSerializer, **errors(400, 404, 409, 413, 415, 429, 503, 504)})
+        responses={200: SearchResponseSerializer, **errors(400, 404, 409, 413, 415, 422, 429, 503, 504)})
     def post(self, request):
         data, files = _parsed(request)
         _check_parts({}, files, file_fields=("image",))
+        # multipart is the image's form (the schema's SearchImage): a text or an id goes as JSON
+        if request.content_type.startswith("multipart/") and "image" not in files:
+            raise ApplicationError("a multipart search carries the image file part 'image'; search by text or "
+                                   "image_id with a JSON body", code="invalid_query", status=400,
+                                   extra={"fields": ["image"]})
         s = SearchSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data

@@ -3,11 +3,10 @@ the job endpoints (a job's ``callback_url``): the endpoint as shown (never its s
 (its secret, shown once)."""
 from __future__ import annotations
 
-import json
-
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from embeddings.api import json_input
 from embeddings.models import WebhookEndpoint, WebhookEvent
 
 
@@ -59,7 +58,7 @@ class CallbackUrlsField(serializers.Field):
             data = data[0]  # a form's one part holding a JSON list (what a JSON body sends as a list)
         if isinstance(data, str) and data.lstrip().startswith("["):
             try:
-                data = json.loads(data)
+                data = json_input.loads(data, field=self.field_name)
             except ValueError:
                 raise serializers.ValidationError("a URL, or a JSON list of URLs") from None
         values = [data] if isinstance(data, str) else data

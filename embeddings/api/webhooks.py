@@ -16,7 +16,8 @@ from rest_framework.views import APIView
 
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import errors
-from embeddings.api.views import NewestFirst
+from embeddings.api.serializers import StrictBooleanField
+from embeddings.api.pagination import NewestFirst
 from embeddings.api.webhook_fields import WebhookCreatedSerializer, WebhookSerializer
 from embeddings.errors import ApplicationError
 from embeddings.models import (
@@ -49,7 +50,7 @@ class WebhookUpdateSerializer(serializers.Serializer):
     url = serializers.CharField(max_length=2048, required=False)
     events = serializers.ListField(child=serializers.ChoiceField(choices=WebhookEvent.choices), required=False,
                                    max_length=len(WebhookEvent.choices), help_text="event types; empty: all")
-    active = serializers.BooleanField(required=False, help_text="false: no message is made or sent to it")
+    active = StrictBooleanField(required=False, help_text="false: no message is made or sent to it")
     description = serializers.CharField(max_length=200, required=False, allow_blank=True)
 
 

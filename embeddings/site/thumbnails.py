@@ -14,6 +14,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.views import APIView
 
 from embeddings import runtime
+from embeddings.api.parsers import AnyAccept
 from embeddings.selectors import images_visible_to
 from embeddings.errors import ApplicationError
 from embeddings.storage import thumbnail_read
@@ -45,6 +46,8 @@ def thumbnail_response(request, image) -> HttpResponse:
 
 class ThumbnailView(APIView):
     """``GET /api/images/{id}/thumbnail/``: ``image/webp``, 256 px on the long side."""
+
+    content_negotiation_class = AnyAccept  # the image whatever Accept says (DRF: 406 to image/webp)
 
     @extend_schema(operation_id="images_thumbnail",
                    responses={(200, CONTENT_TYPE): OpenApiResponse(OpenApiTypes.BINARY), 304: None})

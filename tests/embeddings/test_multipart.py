@@ -61,6 +61,7 @@ class Wsgi:
         if self.token:
             environ["HTTP_AUTHORIZATION"] = f"Token {self.token}"
         environ.update({f"HTTP_{k.upper()}": v for k, v in headers.items()})
+        self.last_environ = environ
         started = []
         # As Django's test client does: the test's database connection must survive the request.
         request_started.disconnect(close_old_connections)
@@ -165,13 +166,15 @@ def test_shared_case_bogus_content_type(wsgi):
 
 @pytest.mark.parametrize("path", ["/api/search/", "/api/jobs/"])
 def test_json_nested_past_the_recursion_limit_is_a_400_in_the_error_shape(wsgi, path):
-    """``json`` raises RecursionError, not ValueError, on deep ``[[[…]]]``: a 400 ``parse_error``
-    as for any malformed JSON, never a 500 (the shared case p02, and one made here)."""
+    """``json`` raises RecursionError, not ValueError, on deep ``[[[…]]]``: a 400 ``json_too_deep``
+    naming the limit (``JSON_MAX_DEPTH``), never a 500 (the shared case p02, and one made here);
+    malformed JSON stays a ``parse_error``."""
     made = b'{"text": ' + b"[" * 50_000 + b"]" * 50_000 + b', "k": 3}'
     shared = CASES / "p02_nested_arrays_50000.json"
     for data in [made, *([shared.read_bytes()] if shared.exists() else [])]:
         r = wsgi.request("POST", path, data, "application/json")
-        assert r.status == 400 and r.error()["code"] == "parse_error", r.status
+        assert r.status == 400 and r.error()["code"] == "json_too_deep", r.status
+        assert r.error()["extra"] == {"limit": "JSON_MAX_DEPTH", "value": 64, "field": None}
     assert wsgi.request("POST", path, b'{"text": [1,', "application/json").error()["code"] == "parse_error"
 
 

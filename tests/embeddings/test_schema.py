@@ -62,13 +62,14 @@ def test_each_error_status_uses_the_error_component_and_retry_after(served):
     error = served["components"]["schemas"]["Error"]
     assert error["required"] == ["code", "extra", "message"]
     responses = _op(served, "/api/search/", "post")["responses"]
-    assert sorted(responses) == ["200", "400", "401", "404", "409", "413", "415", "429", "503", "504"]
+    assert sorted(responses) == ["200", "400", "401", "404", "406", "409", "411", "413", "415", "422", "429", "503",
+                                 "504"]
     for status in ("401", "404", "409", "429", "503", "504"):
         assert responses[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
     for status in ("429", "503"):
         assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
     upload = _op(served, "/api/images/", "post")["responses"]
-    assert sorted(upload) == ["200", "202", "400", "401", "413", "415", "429", "503"]
+    assert sorted(upload) == ["200", "202", "400", "401", "406", "411", "413", "415", "422", "429", "503"]
     refusal = _ref(served, upload["415"]["content"]["application/json"]["schema"]["$ref"])
     assert refusal == {"oneOf": [{"$ref": "#/components/schemas/UploadResponse"},
                                  {"$ref": "#/components/schemas/Error"}]}
@@ -85,6 +86,13 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
         assert ("401" in op["responses"]) == bool(secured), (path, method)
         if "{" in path:
             assert "404" in op["responses"], (path, method)
+        # refused before any view (embeddings.transport): control characters, a body without a length
+        assert "400" in op["responses"] and "406" in op["responses"], (path, method)
+        assert ("411" in op["responses"]) == (method in ("post", "put", "patch", "delete")), (path, method)
+        for parameter in op.get("parameters", []):
+            if parameter["in"] == "query" and parameter["schema"].get("type") == "string" \
+                    and not {"format", "enum"} & set(parameter["schema"]):
+                assert "pattern" in parameter["schema"], (path, method, parameter["name"])
     assert "security" not in _op(served, "/api/auth/token/", "post")  # no authentication: no 401
 
 
@@ -103,6 +111,15 @@ def test_stats_is_marked_staff_only(served):
     assert sorted(staff) == [("/api/migrations/", "get"), ("/api/migrations/", "post"),
                      ("/api/migrations/{space_id}/", "delete"), ("/api/migrations/{space_id}/", "get"),
                      ("/api/migrations/{space_id}/{action}/", "post"), ("/api/stats/", "get")]
+
+
+def test_a_migrations_source_may_be_null_and_every_action_may_refuse_its_body(served):
+    # the space a deployment started with has no source: the schema must allow the null it answers
+    for name in ("Space", "Migration"):
+        source = served["components"]["schemas"][name]["properties"]["source"]
+        assert (source["type"], source.get("nullable")) == ("string", True)
+    action = _op(served, "/api/migrations/{space_id}/{action}/", "post")
+    assert "400" in action["responses"]  # force that is not a boolean, for gate and rollback too
 
 
 def test_job_actions_are_an_enum(served):

@@ -104,12 +104,15 @@ def job_create_from_manifest(*, owner, upload=None, key: str | None = None, buck
             ``Retry-After``: the object storage cannot be reached or failed).
     """
     types = declared_types()
+    blob = None
     try:
         if upload is not None:
             head = upload.read(64)
             upload.seek(0)
             fmt = sniff_format(upload.name or "", head)
             check_header(upload, fmt, types=types)
+            if bucket:  # checked before the manifest is stored: a refused request leaves no blob
+                allowed().check(*parse_s3_uri(bucket))
             blob, _, size = runtime.blob_store().put_file(upload)
             source = {"kind": "manifest", "format": fmt, "key": blob, "name": safe_name(upload.name, fallback="manifest"),
                       "bytes": size}
@@ -129,8 +132,13 @@ def job_create_from_manifest(*, owner, upload=None, key: str | None = None, buck
             source["bucket"] = b
     except (ManifestError, ObjectError) as e:
         raise _refusal(e) from e
-    return _job(owner=owner, source=source, name=name or source["name"], priority=priority, deadline=deadline,
-                callbacks=callbacks)
+    try:
+        return _job(owner=owner, source=source, name=name or source["name"], priority=priority, deadline=deadline,
+                    callbacks=callbacks)
+    except BaseException:
+        if blob is not None:  # no job will read it: the request leaves nothing behind
+            _drop_manifest_blob(blob, None)
+        raise
 
 
 def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), name: str = "",
@@ -406,8 +414,8 @@ def _queued(job: Job, limit: int) -> int:
 
 
 def _drop_manifest_blob(key: str, job_id) -> None:
-    """An uploaded manifest, once read, is not kept (no image row names it), unless another job still
-    reads the same bytes."""
+    """An uploaded manifest, once read (or when its job could not be made: ``job_id`` None), is not
+    kept (no image row names it), unless another job still reads the same bytes."""
     if Job.objects.filter(reading=True, source__key=key).exclude(id=job_id).exists():
         return
     if Image.objects.filter(storage_key=key).exists():

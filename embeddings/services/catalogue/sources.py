@@ -1,9 +1,12 @@
 """Upload sources turned into one shape, :class:`SourceFile`: uploaded files, zip entries, folders.
 
 Zip archives are read entry by entry without extracting to disk by name; entries with absolute
-paths or ``..`` are refused (zip slip), and the entry count and total uncompressed size are bounded
-before anything is read (zip bombs). Folders are confined to ``settings.INGEST_ROOTS`` unless the
-caller is the server's own command line; symlinks that leave the folder are refused.
+paths or ``..`` are refused (zip slip), and before any entry is inflated the archive's layout is
+checked (entries that overlap or leave the file: CVE-2024-0450's bomb, which Python's own zipfile
+only refuses from 3.11.8 / 3.12.2) and the entry count and the bytes it would inflate to are
+bounded, absolutely and by a ratio of the archive's own size (zip bombs). Folders are confined to
+``settings.INGEST_ROOTS`` unless the caller is the server's own command line; symlinks that leave
+the folder are refused.
 
 Every uploaded file and every zip entry that is not a directory becomes one source, whatever its
 name: the display name is :func:`safe_name` of the name sent, and a name with nothing usable left
@@ -14,7 +17,10 @@ of the zip). ``SourceFile.raw_name`` keeps the name as sent when the display nam
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import os
+import struct
 import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
@@ -98,40 +104,54 @@ def from_uploads(files) -> list[SourceFile]:
     return out
 
 
-def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceFile]:
-    """Entries of a zip archive (directories skipped) → sources.
+def from_zip(upload, *, max_entries: int, max_uncompressed: int, max_ratio: float | None = None,
+             max_entry_bytes: int | None = None) -> list[SourceFile]:
+    """Entries of a zip archive (directories skipped) → sources, checked without inflating any.
 
     A directory is an entry whose name ends in ``/`` and that holds no bytes; an entry with bytes
     is a file whatever its name, named by :func:`safe_name` (directories kept) with the fallback
     ``entry-N`` (N: its 1-based position in the archive's central directory).
 
-    Entries are read lazily, never more than their declared size; one whose data turns out damaged
-    (bad CRC, broken deflate stream) raises :class:`~workers.errors.ImageRejected` ``corrupt`` when
-    read, so it fails alone.
+    Checked from the central directory and the entries' local headers only, in this order: the
+    number of entries; the layout (:func:`_check_layout`: no entry overlaps another, none leaves
+    the file); each entry's path, encryption and compression method; then the bytes the archive
+    would inflate to. An entry declared larger than ``max_entry_bytes`` is never inflated: it
+    becomes a source whose ``open`` raises ``too_large``, so it fails alone; the other entries'
+    declared sizes must add up to at most ``max_uncompressed`` and, with ``max_ratio``, to at most
+    ``max_ratio`` × the archive's size (but always allow ``max_entry_bytes``: one image's worth).
+
+    Entries are read lazily, never more than their declared size, so a header that understates an
+    entry's size cannot inflate more than it declares; one whose data turns out damaged (bad CRC,
+    broken deflate stream) raises :class:`~workers.errors.ImageRejected` ``corrupt`` when read, so
+    it fails alone.
+
+    Args:
+        upload: the archive, a seekable binary file.
+        max_entries: ``ZIP_MAX_ENTRIES``.
+        max_uncompressed: ``ZIP_MAX_UNCOMPRESSED_BYTES``.
+        max_ratio: ``ZIP_MAX_RATIO``; None: no ratio bound.
+        max_entry_bytes: ``MAX_IMAGE_BYTES``; None: no per-entry bound.
 
     Raises:
-        ApplicationError: ``zip_invalid`` (400), ``zip_unsafe_path`` (400), ``zip_unsupported``
-            (400: an encrypted entry or an unknown compression method), ``zip_too_many_entries`` (413)
-            or ``zip_too_large`` (413).
+        ApplicationError: ``zip_invalid`` (400), ``zip_unsafe`` (400: entries that overlap or point
+            outside the archive), ``zip_unsafe_path`` (400), ``zip_unsupported`` (400: an encrypted
+            entry or an unknown compression method), ``zip_too_many_entries`` (413) or
+            ``zip_too_large`` (413: ``extra.limit`` names the bound, ``ZIP_MAX_UNCOMPRESSED_BYTES``
+            or ``ZIP_MAX_RATIO``).
     """
     try:
         archive = zipfile.ZipFile(upload)
-        infos = [(n, i) for n, i in enumerate(archive.infolist(), start=1) if not (i.is_dir() and i.file_size == 0)]
-    except (zipfile.BadZipFile, OSError) as e:
+        every = archive.infolist()
+        infos = [(n, i) for n, i in enumerate(every, start=1) if not (i.is_dir() and i.file_size == 0)]
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
         raise ApplicationError(f"not a readable zip archive: {e}", code="zip_invalid") from e
     if len(infos) > max_entries:
         raise ApplicationError(
             f"zip has {len(infos)} entries; the limit is {max_entries}", code="zip_too_many_entries", status=413,
             extra={"limit": max_entries, "entries": len(infos)},
         )
-    total = sum(i.file_size for _, i in infos)
-    if total > max_uncompressed:
-        raise ApplicationError(
-            f"zip expands to {total} bytes; the limit is {max_uncompressed}", code="zip_too_large", status=413,
-            extra={"limit": max_uncompressed, "uncompressed_bytes": total},
-        )
-    out = []
-    for n, info in infos:
+    _check_layout(upload, list(enumerate(every, start=1)), archive.start_dir)
+    for _, info in infos:
         p = PurePosixPath(info.filename.replace("\\", "/"))
         if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
             raise ApplicationError(
@@ -143,10 +163,86 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int) -> list[SourceF
                 f"zip entry {info.filename!r} is encrypted or uses an unsupported compression method "
                 f"({info.compress_type})", code="zip_unsupported", extra={"entry": info.filename},
             )
+    oversized = {n for n, i in infos if max_entry_bytes is not None and i.file_size > max_entry_bytes}
+    total = sum(i.file_size for n, i in infos if n not in oversized)
+    upload.seek(0, os.SEEK_END)
+    archive_bytes = upload.tell()
+    bounds = [("ZIP_MAX_UNCOMPRESSED_BYTES", max_uncompressed)]
+    if max_ratio is not None:
+        bounds.append(("ZIP_MAX_RATIO", max(int(max_ratio * archive_bytes), max_entry_bytes or 0)))
+    for name, limit in bounds:
+        if total > limit:
+            raise ApplicationError(
+                f"zip expands to {total} bytes; the limit is {limit} ({name})", code="zip_too_large", status=413,
+                extra={"limit": name, "value": limit, "uncompressed_bytes": total, "archive_bytes": archive_bytes},
+            )
+    out = []
+    for n, info in infos:
         name = safe_name(info.filename, fallback=f"entry-{n}", keep_dirs=True)
-        out.append(SourceFile(name=name, size=info.file_size, open=lambda info=info: _BoundedEntry(archive, info),
+        if n in oversized:
+            opener = functools.partial(_refuse_too_large, info.filename, info.file_size, max_entry_bytes)
+        else:
+            opener = functools.partial(_BoundedEntry, archive, info)
+        out.append(SourceFile(name=name, size=info.file_size, open=opener,
                               raw_name=None if name == info.filename else info.filename))
     return out
+
+
+#: A local file header: signature, then 22 bytes of versions, flags, method, time, CRC and sizes,
+#: then the name's and the extra field's lengths (APPNOTE.TXT 4.3.7); 30 bytes in all.
+_LOCAL_HEADER = struct.Struct("<4s22xHH")
+
+
+def _check_layout(f: BinaryIO, infos: list[tuple[int, zipfile.ZipInfo]], start_dir: int) -> None:
+    """Refuse an archive whose entries overlap or leave the file, reading each local header.
+
+    Each entry occupies ``[header_offset, header_offset + 30 + name + extra + compress_size)``,
+    the name's and the extra field's lengths read from its local header. Those ranges must start
+    with a local header's signature, end at or before the central directory (``start_dir``) and
+    not overlap: 24 directory entries pointing at one 60 MiB deflate stream inflate 1.4 GiB from
+    62 KB (CVE-2024-0450; CPython's fix bounds each entry by the next entry's offset, and fails
+    when one is opened). Every entry is checked here, directories too, before any is inflated.
+
+    Args:
+        infos: ``(1-based position in the central directory, entry)`` of every entry.
+
+    Raises:
+        ApplicationError: ``zip_unsafe`` (400), ``extra.entries`` naming the one or two entries
+            (``{"entry": position, "name": name}``).
+    """
+    spans = []
+    for n, info in infos:
+        head = b""
+        if 0 <= info.header_offset < start_dir:
+            f.seek(info.header_offset)
+            head = f.read(_LOCAL_HEADER.size)
+        if len(head) < _LOCAL_HEADER.size or head[:4] != zipfile.stringFileHeader:
+            raise _unsafe(f"zip entry {n} ({info.filename!r}) has no local header where the directory says",
+                          (n, info))
+        name_len, extra_len = _LOCAL_HEADER.unpack(head)[1:]
+        end = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len + info.compress_size
+        if end > start_dir:
+            raise _unsafe(f"zip entry {n} ({info.filename!r}) runs past the archive's data into its directory",
+                          (n, info))
+        spans.append((info.header_offset, end, (n, info)))
+    spans.sort(key=lambda s: (s[0], s[1]))
+    for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+        if start < end:
+            raise _unsafe(f"zip entries {a[0]} ({a[1].filename!r}) and {b[0]} ({b[1].filename!r}) overlap: "
+                          "a zip bomb (CVE-2024-0450)", a, b)
+
+
+def _unsafe(message: str, *infos: tuple[int, zipfile.ZipInfo]) -> ApplicationError:
+    return ApplicationError(message, code="zip_unsafe",
+                            extra={"entries": [{"entry": n, "name": i.filename} for n, i in infos]})
+
+
+def _refuse_too_large(name: str, size: int, limit: int):
+    """``open`` of an entry declared over the per-image limit: refused ``too_large``, never inflated."""
+    from workers.errors import ImageRejected, Reason
+
+    raise ImageRejected(Reason.TOO_LARGE, f"zip entry {name!r} declares {size} bytes > limit {limit} bytes; "
+                                          "not inflated")
 
 
 #: Compression methods Python's zipfile reads (others raise NotImplementedError on open).

@@ -14,6 +14,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from embeddings.models import Image, Job
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.sources import from_folder, from_zip
+from tests.conftest import SHARED
 from tests.embeddings.conftest import client_for
 from tests.embeddings.test_api import jpeg_bytes
 from workers.errors import ImageRejected
@@ -157,6 +158,112 @@ def test_an_oversized_file_is_refused_without_being_stored(service, api):
     im = Image.objects.get()
     blobs = [p for p in Path(service.BLOB_ROOT).rglob("*") if p.is_file()] if Path(service.BLOB_ROOT).exists() else []
     assert im.storage_key == "" and blobs == []
+
+
+# --- zip bombs that the directory hides: overlap, declared sizes, inflation ratio (issue 44) ------
+
+CASES = SHARED / "data" / "cases"
+needs_cases = pytest.mark.skipif(not (CASES / "README.md").exists(), reason=f"{CASES} is not present")
+
+
+def overlapping(n: int, size: int = 2_000_000) -> bytes:
+    """A zip whose ``n`` directory entries all point at one deflated stream of ``size`` zeros (the
+    shape of CVE-2024-0450's bomb, as ``p08_zip_overlap_24x60MiB.zip``)."""
+    data = make_zip([("same.jpg", b"\0" * size)])
+    cd = data.rfind(b"PK\x01\x02")
+    eocd = data.rfind(b"PK\x05\x06")
+    record = data[cd:eocd]
+    out = bytearray(data[:cd] + record * n + data[eocd:])
+    end = len(out) - (len(data) - eocd)
+    struct.pack_into("<HHI", out, end + 8, n, n, len(record) * n)
+    return bytes(out)
+
+
+def test_overlapping_entries_refuse_the_archive_before_any_is_inflated(monkeypatch):
+    bomb = overlapping(24)
+    monkeypatch.setattr(zipfile.ZipFile, "open", lambda *a, **k: pytest.fail("an entry was inflated"))
+    with pytest.raises(ApplicationError) as e:
+        from_zip(io.BytesIO(bomb), **LIMITS)
+    assert (e.value.code, e.value.status) == ("zip_unsafe", 400)
+    assert e.value.extra == {"entries": [{"entry": 1, "name": "same.jpg"}, {"entry": 2, "name": "same.jpg"}]}
+
+
+def test_an_entry_pointing_into_another_ones_data_is_unsafe():
+    data = bytearray(make_zip([("a.jpg", b"\xff\xd8" + os.urandom(5000)), ("b.jpg", b"b" * 100)]))
+    second = data.rfind(b"PK\x01\x02")
+    struct.pack_into("<I", data, second + 42, 1000)  # b's local header: inside a's data
+    with pytest.raises(ApplicationError) as e:
+        from_zip(io.BytesIO(bytes(data)), **LIMITS)
+    assert e.value.code == "zip_unsafe" and "no local header" in e.value.message
+
+
+def test_an_entry_whose_data_runs_into_the_directory_is_unsafe():
+    data = make_zip([("a.jpg", os.urandom(5000))], zipfile.ZIP_STORED)
+    longer = patch_headers(data, offset_local=18, offset_central=20, fmt="<I", value=6000)  # compressed size
+    with pytest.raises(ApplicationError) as e:
+        from_zip(io.BytesIO(longer), **LIMITS)
+    assert (e.value.code, e.value.extra) == ("zip_unsafe", {"entries": [{"entry": 1, "name": "a.jpg"}]})
+
+
+@needs_cases
+def test_shared_case_p08_overlap_is_unsafe():
+    with pytest.raises(ApplicationError) as e:
+        from_zip(io.BytesIO((CASES / "p08_zip_overlap_24x60MiB.zip").read_bytes()), max_entries=100_000,
+                 max_uncompressed=4 << 30, max_ratio=20, max_entry_bytes=50 << 20)
+    assert e.value.code == "zip_unsafe" and [x["entry"] for x in e.value.extra["entries"]] == [1, 2]
+
+
+def test_an_entry_declared_over_the_image_limit_is_refused_without_inflating(monkeypatch):
+    data = make_zip([("big.jpg", b"\0" * 3_000_000), ("small.jpg", b"\xff\xd8small")])
+    big, small = from_zip(io.BytesIO(data), **LIMITS, max_ratio=20, max_entry_bytes=1_000_000)
+    assert (big.name, big.size, small.size) == ("big.jpg", 3_000_000, 7)
+    monkeypatch.setattr(zipfile.ZipFile, "open", lambda *a, **k: pytest.fail("the oversized entry was inflated"))
+    with pytest.raises(ImageRejected) as e:
+        big.open()
+    assert e.value.reason == "too_large" and "declares 3000000 bytes > limit 1000000 bytes" in e.value.detail
+
+
+def test_an_entry_declared_under_the_limit_cannot_inflate_past_it():
+    data = make_zip([("big.jpg", b"\0" * 3_000_000)])
+    lying = patch_headers(data, offset_local=22, offset_central=24, fmt="<I", value=999_999)
+    (src,) = from_zip(io.BytesIO(lying), **LIMITS, max_ratio=None, max_entry_bytes=1_000_000)
+    f, got = src.open(), 0
+    with pytest.raises(ImageRejected) as e:  # its CRC is that of 3 MB: damaged, after at most 999,999 bytes
+        while chunk := f.read(1 << 16):
+            got += len(chunk)
+    assert got <= 999_999 and e.value.reason == "corrupt"
+
+
+def test_inflation_is_bounded_by_a_ratio_of_the_archive_but_always_allows_one_image():
+    entries = [(f"{i}.jpg", b"\0" * 400_000) for i in range(3)]
+    data = make_zip(entries)
+    limits = {**LIMITS, "max_entry_bytes": 1_000_000}
+    assert len(from_zip(io.BytesIO(make_zip(entries[:2])), **limits, max_ratio=20)) == 2  # 800 kB: one image's worth
+    with pytest.raises(ApplicationError) as e:
+        from_zip(io.BytesIO(data), **limits, max_ratio=20)
+    assert (e.value.code, e.value.status) == ("zip_too_large", 413)
+    assert e.value.extra == {"limit": "ZIP_MAX_RATIO", "value": 1_000_000, "uncompressed_bytes": 1_200_000,
+                             "archive_bytes": len(data)}
+    assert len(from_zip(io.BytesIO(data), **limits, max_ratio=1_200_000 / len(data) + 1)) == 3
+    # entries refused without inflating do not count: only what would be inflated does
+    assert len(from_zip(io.BytesIO(data), **LIMITS, max_ratio=20, max_entry_bytes=300_000)) == 3
+
+
+@needs_cases
+@pytest.mark.django_db(transaction=True)
+def test_api_shared_cases_p08(service, api, monkeypatch):
+    monkeypatch.setattr(zipfile.ZipFile, "open", lambda *a, **k: pytest.fail("an entry was inflated"))
+    overlap = (CASES / "p08_zip_overlap_24x60MiB.zip").read_bytes()
+    r = api.post("/api/jobs/", {"zip": [SimpleUploadedFile("p08.zip", overlap)]}, format="multipart")
+    assert (r.status_code, r.json()["code"]) == (400, "zip_unsafe")
+    assert Job.objects.count() == 0 and Image.objects.count() == 0
+    single = (CASES / "p08_zip_single_60MiB.zip").read_bytes()
+    r = api.post("/api/jobs/", {"zip": [SimpleUploadedFile("single.zip", single)]}, format="multipart")
+    assert (r.status_code, r.json()["total"]) == (202, 1)
+    p = api.get(f"/api/jobs/{r.json()['id']}/").json()
+    assert (p["status"], p["failed"]) == ("done", 1)
+    assert [(f["original_name"], f["reason"]) for f in p["failures"]] == [("same.jpg", "too_large")]
+    assert Image.objects.get().size_bytes == 60 * 2**20
 
 
 # --- server-side folders -----------------------------------------------------------------------------
