@@ -10,6 +10,13 @@ Two hooks run :func:`time_limit_errors`:
 - a Django system check (``manage.py check``, ``migrate``, ``runserver``) reports them as errors;
 - a Celery ``worker_init`` handler refuses to start a worker (exit status 78, EX_CONFIG), because
   Celery runs Django's checks without acting on them.
+
+The broker's Redis must keep every queued message: at its ``maxmemory`` it must refuse writes
+(``noeviction``, which Celery's docs ask for; the API then answers 503 ``broker_full``), never
+evict keys, which would drop queued messages, results and lane state silently.
+:func:`broker_eviction_warning` says so as the system check ``embeddings.W003`` and in each
+worker's log at start-up; a warning, not a refusal: Redis is someone else's to configure, and
+nothing is lost until memory fills.
 """
 from __future__ import annotations
 
@@ -74,6 +81,51 @@ def check_configured_model(app_configs, **kwargs) -> list[checks.CheckMessage]:
         return []
     return [checks.Warning(warning, id="embeddings.W002", hint="python manage.py model_migration start --model ... "
                            "(docs/operations.md \"Changing the model\"), or set CLIP_MODEL back")]
+
+
+def broker_eviction_warning(client=None) -> str | None:
+    """A sentence when the broker's Redis may evict keys at its memory limit, else None.
+
+    Read with ``INFO memory`` (``CONFIG`` is often disabled on managed Redis): a ``maxmemory``
+    set (not 0) with a ``maxmemory_policy`` other than ``noeviction``. None too when Redis cannot
+    be read (its outage is reported where it is used).
+
+    Args:
+        client: a ``redis.Redis`` on the broker; default one on ``CELERY_BROKER_URL`` with
+            half-second timeouts (a check must not hang when Redis is away).
+    """
+    import redis
+
+    try:
+        if client is None:
+            client = redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=0.5, socket_connect_timeout=0.5)
+        memory = client.info("memory")
+    except (redis.RedisError, OSError, ValueError):
+        return None
+    limit, policy = int(memory.get("maxmemory") or 0), str(memory.get("maxmemory_policy") or "noeviction")
+    if not limit or policy == "noeviction":
+        return None
+    return (f"the broker's Redis evicts keys at its memory limit (maxmemory {limit} bytes, maxmemory-policy "
+            f"{policy}): when it fills, queued messages, results and lane state are dropped without a word")
+
+
+@checks.register(checks.Tags.compatibility)
+def check_broker_eviction(app_configs, **kwargs) -> list[checks.CheckMessage]:
+    """Django system check ``embeddings.W003``: :func:`broker_eviction_warning`."""
+    warning = broker_eviction_warning()
+    if warning is None:
+        return []
+    return [checks.Warning(warning, id="embeddings.W003", hint="set maxmemory-policy noeviction on the broker's "
+                           "Redis (the API then answers 503 broker_full when it is full; docs/operations.md)")]
+
+
+@worker_init.connect(dispatch_uid="embeddings.checks.warn_evicting_broker")
+def warn_evicting_broker(sender=None, **kwargs) -> None:
+    """Log :func:`broker_eviction_warning` when a Celery worker starts (Celery runs Django's checks
+    without showing their warnings)."""
+    warning = broker_eviction_warning()
+    if warning is not None:
+        log.warning("%s; set maxmemory-policy noeviction (docs/operations.md)", warning)
 
 
 @worker_init.connect(dispatch_uid="embeddings.checks.refuse_unsafe_worker")

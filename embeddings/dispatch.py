@@ -8,12 +8,14 @@ tasks module re-exports.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 
 from celery import chain
 from celery.canvas import Signature
 
 from project import lanes
 from project.celery import app
+from project.results import RESULT_DEADLINE_HEADER
 
 #: Module whose tasks this names (``embeddings/tasks.py``; registered by Celery's autodiscovery).
 TASKS = "embeddings.tasks"
@@ -36,13 +38,29 @@ def expires_at(deadline_ts: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
 
 
+def read_by(deadline_ts: float) -> dict:
+    """``apply_async`` options for a task whose result someone waits for until ``deadline_ts``
+    (Unix s): the result backend keeps its result no longer than that (``project.results``), read
+    or not; the reader forgets it at once (``services.waiting``)."""
+    return {"headers": {RESULT_DEADLINE_HEADER: deadline_ts}}
+
+
+#: ``apply_async`` option for a task whose result nobody reads: an inner step of a chain hands its
+#: value to the next step inside that step's message, so storing it too would only leave a key
+#: (with the query vector) in Redis. Its failure is still stored (``store_errors_even_if_ignored``
+#: on the task), so the chain's last result reports it.
+UNREAD = {"ignore_result": True}
+
+
 def interactive_options(deadline_ts: float) -> dict:
     """Options for interactive work: highest priority; the message expires at its deadline (Unix
     s), when the person who sent it has had their answer (``deadline_exceeded`` or ``202``), so a
     worker that comes back after an outage never computes stale work ahead of fresh. The task
     itself also refuses to compute once the deadline has passed (a message received just before
-    it, then waiting for a thread or for the batcher)."""
-    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": expires_at(deadline_ts)}
+    it, then waiting for a thread or for the batcher). Its result is kept until the deadline at
+    most (:func:`read_by`)."""
+    return {"queue": lanes.INTERACTIVE, "priority": lanes.PRIORITY_INTERACTIVE, "expires": expires_at(deadline_ts),
+            **read_by(deadline_ts)}
 
 
 def vectors_options(*, interactive: bool, priority: str = "background", deadline_ts: float | None = None) -> dict:
@@ -50,8 +68,9 @@ def vectors_options(*, interactive: bool, priority: str = "background", deadline
 
     Args:
         deadline_ts: Unix s after which nobody waits for the result: the message then expires
-            (searches). Never for writes: an interactive upload's outcome is recorded whatever the
-            time (its images end embedded or ``expired``), a bulk chunk has no deadline here.
+            (searches), and so does its result (:func:`read_by`). Never for writes: an interactive
+            upload's outcome is recorded whatever the time (its images end embedded or
+            ``expired``), a bulk chunk has no deadline here.
     """
     if interactive:
         p = lanes.PRIORITY_INTERACTIVE
@@ -59,7 +78,7 @@ def vectors_options(*, interactive: bool, priority: str = "background", deadline
         p = lanes.PRIORITY_BULK_URGENT if priority == "urgent" else lanes.PRIORITY_BULK_BACKGROUND
     options = {"queue": lanes.VECTORS, "priority": p}
     if deadline_ts is not None:
-        options["expires"] = expires_at(deadline_ts)
+        options.update(expires=expires_at(deadline_ts), **read_by(deadline_ts))
     return options
 
 
@@ -79,6 +98,17 @@ def send(name: str, args: tuple, kwargs: dict | None = None, **options):
     if registered is not None:
         return registered.apply_async(**call)
     return app.send_task(f"{TASKS}.{name}", **call)
+
+
+def forget(result) -> None:
+    """Delete a task's stored result and its chain's (``AsyncResult.forget``: the parents too) and
+    stop listening for it: nothing a request waited for stays in Redis once it is read. A result
+    not stored yet (the deadline passed first) is written later with its deadline's expiry
+    (:func:`read_by`). Never raises: a broken connection leaves the keys to that expiry."""
+    try:
+        result.forget()
+    except Exception as e:  # noqa: BLE001 - the answer is known; the keys expire by themselves
+        logging.getLogger(__name__).warning("could not forget result %s: %s", getattr(result, "id", "?"), e)
 
 
 def run_here(name: str, *args):
@@ -162,8 +192,9 @@ def send_index_chunk(*, job_id: str, stat_id: int | None, items: list[dict], pri
 
 def send_forget_point(*, point_id: str, sha256: str, interactive: bool, model_id: str):
     """Queue ``forget_point`` (delete a point of space ``model_id``, or rewrite its payload) for the
-    vectors worker: at interactive priority, or at background bulk priority (cascades, bulk deletes)."""
-    return send("forget_point", (point_id, sha256, model_id), **vectors_options(interactive=interactive))
+    vectors worker: at interactive priority, or at background bulk priority (cascades, bulk deletes).
+    Nobody reads its result: none is stored."""
+    return send("forget_point", (point_id, sha256, model_id), **vectors_options(interactive=interactive), **UNREAD)
 
 
 # --- interactive lane ----------------------------------------------------------------------------
@@ -173,13 +204,17 @@ def send_upload(*, to_embed: list[str], skipped: list[str], owner_id: int | None
     """Queue an interactive upload: ``embed_interactive`` (interactive queue, expires at
     ``deadline_ts``) chained to ``index_interactive`` (vectors queue, interactive priority); only the
     latter when nothing is to be embedded (every image a copy of stored bytes). ``vectors``: the
-    answer carries each image's stored vector too. Returns the last task's ``AsyncResult``."""
+    answer carries each image's stored vector too. Returns the last task's ``AsyncResult``: the
+    only result stored (until ``deadline_ts`` at most), the embedding's goes inside the index's
+    message."""
     more = (True,) if vectors else ()  # messages without it stay as they were
     if not to_embed:
         return task("index_interactive", {}, owner_id, k, skipped, *more, immutable=True,
-                    **vectors_options(interactive=True)).apply_async()
-    embed = task("embed_interactive", to_embed, deadline_ts, immutable=True, **interactive_options(deadline_ts))
-    index = task("index_interactive", owner_id, k, skipped, *more, **vectors_options(interactive=True))
+                    **vectors_options(interactive=True), **read_by(deadline_ts)).apply_async()
+    embed = task("embed_interactive", to_embed, deadline_ts, immutable=True, **interactive_options(deadline_ts),
+                 **UNREAD)
+    index = task("index_interactive", owner_id, k, skipped, *more, **vectors_options(interactive=True),
+                 **read_by(deadline_ts))
     return chain(embed, index).apply_async()
 
 
@@ -200,11 +235,13 @@ def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | N
     deadline and the space ``model_id``, interactive queue) and, when ``search`` =
     ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
     vectors queue, with the metadata filter ``where`` (its JSON) and ``with_vectors`` (each result
-    with its stored vector); every message expires at ``deadline_ts``. Returns the last task's
-    ``AsyncResult`` (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
-    sig = task(embed, *args, deadline_ts, model_id, immutable=True, **interactive_options(deadline_ts))
+    with its stored vector); every message expires at ``deadline_ts``, and so does the one result
+    stored, the last task's. Returns that ``AsyncResult`` (the embedding alone, a ``{"vector"}``
+    answer, when ``search`` is None)."""
+    options = interactive_options(deadline_ts)
     if search is None:
-        return sig.apply_async()
+        return task(embed, *args, deadline_ts, model_id, immutable=True, **options).apply_async()
+    sig = task(embed, *args, deadline_ts, model_id, immutable=True, **options, **UNREAD)
     return chain(sig, task("search_vector", *search, model_id, where, *_vectors_flag(with_vectors),
                            **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 

@@ -15,6 +15,7 @@ worker, or here, in the calling process.
 from __future__ import annotations
 
 import enum
+import time
 
 from django.conf import settings
 from kombu.exceptions import OperationalError
@@ -27,9 +28,36 @@ from embeddings.errors import ApplicationError
 RETRY_AFTER_S = 5
 
 
+def broker_refusal(exc: BaseException | None) -> ApplicationError | None:
+    """The API's 503 (``Retry-After``) for a message or write the broker's Redis refused, or None
+    when ``exc`` is something else:
+
+    - ``broker_full``: Redis is at its ``maxmemory`` under ``noeviction`` (the policy Celery asks
+      for: it refuses writes rather than drop queued messages); redis-py's ``OutOfMemoryError``,
+      raised as is or as the cause of kombu's ``OperationalError``. Workers free memory as they
+      take messages off the queues.
+    - ``broker_unavailable``: kombu's ``OperationalError`` for anything else (Redis cannot be reached).
+    """
+    import redis
+
+    seen, e = [], exc
+    while e is not None and e not in seen:  # the exception and what it was raised from
+        seen.append(e)
+        e = e.__cause__ or e.__context__
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    if any(isinstance(x, redis.exceptions.OutOfMemoryError) for x in seen):
+        return ApplicationError("the message broker is full (Redis is at its maxmemory and refuses writes): "
+                                "nothing was queued", code="broker_full", status=503, headers=headers)
+    if isinstance(exc, OperationalError):
+        return ApplicationError(f"the message broker cannot be reached: {exc}", code="broker_unavailable",
+                                status=503, headers=headers)
+    return None
+
+
 def vectors_call(task, *args, timeout_s: float | None = None):
     """Run ``task(*args)`` on the ``vectors`` queue (the vector store's owner) at interactive
-    priority and return its result.
+    priority and return its result, forgotten once read (kept until ``timeout_s`` from now at most
+    if never read: ``dispatch.read_by``).
 
     Args:
         task: the name of a task of ``embeddings.tasks`` (sent through ``embeddings.dispatch``),
@@ -37,25 +65,27 @@ def vectors_call(task, *args, timeout_s: float | None = None):
         timeout_s: how long to wait (s); default ``VECTORS_CALL_TIMEOUT_S``.
 
     Raises:
-        ApplicationError: ``broker_unavailable`` (503) when the message cannot be sent;
+        ApplicationError: ``broker_full`` / ``broker_unavailable`` (503) when the message cannot be
+            sent (:func:`broker_refusal`);
             ``vectors_unavailable`` (503) when the wait failed: no answer within ``timeout_s`` (the
             vectors worker is down or restarting) or the result connection broke (Redis restarted);
             ``worker_error`` (503) when the task itself raised. Each carries ``Retry-After``.
     """
     timeout_s = settings.VECTORS_CALL_TIMEOUT_S if timeout_s is None else timeout_s
     headers = {"Retry-After": str(RETRY_AFTER_S)}
-    options = dispatch.vectors_options(interactive=True)
+    options = {**dispatch.vectors_options(interactive=True), **dispatch.read_by(time.time() + timeout_s)}
     try:
         result = dispatch.send(task, args, **options) if isinstance(task, str) else task.apply_async(args=args, **options)
     except OperationalError as e:
-        raise ApplicationError(f"the message broker cannot be reached: {e}", code="broker_unavailable",
-                               status=503, headers=headers) from e
+        raise broker_refusal(e) from e
     try:
         value = result.get(timeout=timeout_s, propagate=False)  # a task's own failure is not raised here...
         failed = result.failed()
     except Exception as e:  # ...so whatever is raised is the wait: timeout, broken connection, retries spent
         raise ApplicationError(f"the vector store did not answer within {timeout_s:g} s ({type(e).__name__}: {e})",
                                code="vectors_unavailable", status=503, headers=headers) from e
+    finally:
+        dispatch.forget(result)
     if failed:  # the task raised: systemic, not the caller's fault
         raise ApplicationError(f"the vector store failed: {type(value).__name__}: {value}", code="worker_error",
                                status=503, headers=headers)
@@ -97,11 +127,12 @@ def store_call(name: str, *args, timeout_s: float | None = None):
 
 def store_send(name: str, *args, interactive: bool) -> None:
     """Have store task ``embeddings.tasks.<name>(*args)`` done without waiting for its result: here
-    and now (``DIRECT``), else queued for the vectors worker at interactive or background priority."""
+    and now (``DIRECT``), else queued for the vectors worker at interactive or background priority,
+    its result not stored (nobody reads it)."""
     if is_direct():
         _here(name, *args)
     else:
-        dispatch.send(name, args, **dispatch.vectors_options(interactive=interactive))
+        dispatch.send(name, args, **dispatch.vectors_options(interactive=interactive), **dispatch.UNREAD)
 
 
 def _here(name: str, *args):

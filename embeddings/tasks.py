@@ -45,7 +45,13 @@ log = logging.getLogger(__name__)
 _STORE_ERRORS = pipeline.STORE_ERRORS
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
+# ignore_result on every task whose result nobody reads: storing it would leave a key in Redis for
+# CELERY_RESULT_EXPIRES (its outcome is in the database; the lane tests read a chunk's turn from
+# its task-succeeded event). store_errors_even_if_ignored on the tasks that open a chain someone
+# waits for: their value travels inside the next message (dispatch.UNREAD), their failure must
+# still reach the chain's last result, which the web reads.
+@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S,
+             ignore_result=True)
 def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
     """Embed one bulk chunk (≤ ``BULK_BATCH_SIZE`` image ids), one chunk at a time per process (a
     worker serving both lanes holds a second one on deck: ``lane_control.bulk_turn``). The result adds
@@ -90,7 +96,7 @@ def _in_flight(task, images: int):
     return lane_control.interactive_in_flight(task.request.id, images)
 
 
-@shared_task(bind=True)
+@shared_task(bind=True, ignore_result=True, store_errors_even_if_ignored=True)
 def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
     """Embed an interactive request's images (deadline as Unix time, s); then report the dynamic
     batcher's batches (service time for admission control, batch sizes and queue delays)."""
@@ -135,7 +141,7 @@ def _end_if_expired(task, out: dict, deadline_ts: float) -> dict:
     return out
 
 
-@shared_task(bind=True)
+@shared_task(bind=True, store_errors_even_if_ignored=True)
 def embed_query(self, storage_key: str, sha256: str, deadline_ts: float, model_id: str) -> dict:
     """Embed a query image with space ``model_id``'s model → ``{"vector": base64}`` or ``{"reason",
     "detail"}``; reason ``expired`` without running the model once ``deadline_ts`` (Unix s) has passed."""
@@ -144,7 +150,7 @@ def embed_query(self, storage_key: str, sha256: str, deadline_ts: float, model_i
                                                           deadline_ts=deadline_ts, model_id=model_id), deadline_ts)
 
 
-@shared_task(bind=True)
+@shared_task(bind=True, store_errors_even_if_ignored=True)
 def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
     """Embed a text query with space ``model_id``'s model → ``{"vector": base64}``; ``{"reason":
     "expired", "detail"}`` without running the model once ``deadline_ts`` (Unix s) has passed."""
@@ -251,7 +257,7 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
     return runtime.drop_collection(model_id, collection, dim)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def migration_fill(space_id: int) -> int:
     """Create and queue a migration's copy rows, a batch at a time (``model_migrations.migration_fill``)."""
     from embeddings.services.lifecycle.model_migrations import migration_fill as fill
@@ -259,7 +265,7 @@ def migration_fill(space_id: int) -> int:
     return fill(space_id=space_id)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def job_done(job_id: str) -> None:
     """A job has just finished: a finished migration job's space gets its quality gate
     (``services.lifecycle.model_migrations.migration_job_done``)."""
@@ -277,7 +283,7 @@ def collection_stats(model_id: str) -> dict:
     return pipeline.point_count(model_id=model_id)
 
 
-@shared_task
+@shared_task(ignore_result=True)
 def reconcile() -> dict | None:
     """One reconciler round (``embeddings/services/reconcile.py``); ``None`` if a round is running."""
     from embeddings.services import reconcile as reconcile_services
@@ -288,7 +294,8 @@ def reconcile() -> dict | None:
 
 # --- quality gate and cutoff (embeddings/services/lifecycle/gate.py, cutoff.py) -------------------
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S)
+@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S,
+             ignore_result=True)
 def gate_embed(model_id: str, picks: list[dict], reference: str | None) -> dict:
     """Embed the quality gate's re-encoded copies with space ``model_id``'s model and the
     ``reference`` space's (None: no reference space) (bulk queue, one bulk turn: it computes like a chunk)."""
@@ -298,7 +305,7 @@ def gate_embed(model_id: str, picks: list[dict], reference: str | None) -> dict:
         return gate.gate_embed(model_id=model_id, picks=picks, reference=reference)
 
 
-@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def gate_check(embedded: dict, model_id: str, run: str) -> dict:
     """Search each copy's top-1 in space ``model_id``'s collection and record the gate report."""
     from embeddings.services.lifecycle import gate
@@ -306,7 +313,7 @@ def gate_check(embedded: dict, model_id: str, run: str) -> dict:
     return gate.gate_check(embedded=embedded, model_id=model_id, run=run)
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True)
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def cutoff_encode_texts(model_id: str) -> dict:
     """The calibration prompts through space ``model_id``'s text tower (bulk queue)."""
     from embeddings.services.lifecycle import cutoff
@@ -314,7 +321,7 @@ def cutoff_encode_texts(model_id: str) -> dict:
     return cutoff.encode_prompts(model_id=model_id)
 
 
-@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5)
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def cutoff_compute(texts: dict, model_id: str) -> dict:
     """Compute and store space ``model_id``'s cutoffs from its stored vectors (vectors queue)."""
     from embeddings.services.lifecycle import cutoff

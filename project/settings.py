@@ -61,9 +61,13 @@ MIDDLEWARE = [
     # Static files from the web process itself, under gunicorn as under runserver (issue 12)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    # Django's, with a 308 (method and body kept) for a URL missing its trailing slash (embeddings/transport.py)
+    "embeddings.transport.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # a body without a length (411), control characters in the URL or a site form (400); before the
+    # CSRF check reads the body, after the user is known (the site's error page shows who is signed in)
+    "embeddings.transport.RequestGuardMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -140,6 +144,7 @@ UPLOAD_MAX_REQUEST_BYTES = config["UPLOAD_MAX_REQUEST_BYTES"]
 INTERACTIVE_MAX_FILES = config["INTERACTIVE_MAX_FILES"]
 ZIP_MAX_ENTRIES = config["ZIP_MAX_ENTRIES"]
 ZIP_MAX_UNCOMPRESSED_BYTES = config["ZIP_MAX_UNCOMPRESSED_BYTES"]
+ZIP_MAX_RATIO = config["ZIP_MAX_RATIO"]
 #: Server-side folders staff may ingest from (path traversal and symlinks out are refused).
 INGEST_ROOTS = [Path(p).resolve() for p in config["INGEST_ROOTS"]]
 
@@ -183,6 +188,9 @@ REST_FRAMEWORK = {
         "embeddings.api.parsers.DrfMultiPartParser",
     ],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "embeddings.api.parsers.ContentNegotiation",
+    # JSON only: DRF's browsable renderer fails (500) on views without a queryset, and a browser's
+    # Accept (text/html, ..., */*) gets the JSON; an Accept nothing matches gets 406 not_acceptable
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "CLIP embeddings", "VERSION": "1.0.0",
@@ -305,7 +313,9 @@ VECTORS_WRITE_SLICE = config["VECTORS_WRITE_SLICE"]
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
 REDIS_URL = config["REDIS_URL"]
 CELERY_BROKER_URL = REDIS_URL
-CELERY_RESULT_BACKEND = REDIS_URL
+# Celery's Redis backend, keeping a result someone waits for only until that wait's deadline
+# (project/results.py); CELERY_RESULT_EXPIRES is the ceiling for any other stored result.
+CELERY_RESULT_BACKEND = "project.results:DeadlineRedisBackend+" + REDIS_URL
 CELERY_RESULT_EXPIRES = 3600
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -420,6 +430,8 @@ if config["DJANGO_BEHIND_PROXY"]:
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 CSRF_TRUSTED_ORIGINS = config["DJANGO_CSRF_TRUSTED_ORIGINS"]
 X_FRAME_OPTIONS = "DENY"
+# A form posted without its CSRF token: the site's page (or the API's shape under /api/, /v1/)
+CSRF_FAILURE_VIEW = "embeddings.transport.csrf_failure"
 
 LOGGING = {
     "version": 1,

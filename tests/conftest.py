@@ -1,6 +1,7 @@
 """Shared fixtures: the shared real-image data, a random-weights model, isolated state folders."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import shutil
@@ -51,9 +52,10 @@ def encoder(random_config):
     return ClipEncoder(random_config)
 
 
-@pytest.fixture
-def private_redis(tmp_path):
-    """A redis-server of the test's own on a free port: ``(url, client)``; skipped when not installed."""
+@contextlib.contextmanager
+def redis_server(folder: Path, *options: str):
+    """A redis-server of the caller's own on a free port, with more ``options`` (``"--maxmemory",
+    "2mb"``): ``(url, client)``; the test is skipped when redis-server is not installed."""
     server = shutil.which("redis-server")
     if server is None:
         pytest.skip("redis-server is not installed")
@@ -63,7 +65,7 @@ def private_redis(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     p = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+                          "--dir", str(folder), *options], stdout=subprocess.DEVNULL)
     client = redis.Redis(port=port)
     for _ in range(100):
         try:
@@ -71,6 +73,15 @@ def private_redis(tmp_path):
             break
         except redis.ConnectionError:
             time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0", client
-    p.kill()
-    p.wait()
+    try:
+        yield f"redis://127.0.0.1:{port}/0", client
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    """A redis-server of the test's own on a free port: ``(url, client)``; skipped when not installed."""
+    with redis_server(tmp_path) as server:
+        yield server

@@ -46,7 +46,8 @@ Jobs left ``running`` with no queued image (a crash between the last write and t
 are refreshed to ``done``.
 
 Each round also does the webhooks' periodic work (:func:`webhooks_round`): ``job.at_risk`` for
-jobs that now miss their deadline, and every delivery attempt that is due (docs/webhooks.md).
+jobs that now miss their deadline, and every delivery attempt that is due (docs/webhooks.md); and
+deletes the temporary files of requests whose process died before deleting them (:func:`temporaries_round`).
 
 The reconciler runs as a loop in the ``vectors`` worker (:func:`reconciler_start`, started on
 ``worker_ready``) every ``RECONCILE_INTERVAL_S``, and on demand as ``manage.py reconcile``. A Redis
@@ -119,10 +120,13 @@ class ReconcileReport:
     #: catalogue jobs still ``reading`` whose ``job_read`` no live message names: read again (each
     #: read continues after the rows already made)
     reads_resent: int = 0
+    #: temporary files (``tmp/``) left by requests whose process died: deleted (:func:`temporaries_round`)
+    temporaries_deleted: int = 0
 
     @property
     def acted(self) -> bool:
-        return bool(self.redispatched or self.expired or self.exhausted or self.jobs_refreshed or self.reads_resent)
+        return bool(self.redispatched or self.expired or self.exhausted or self.jobs_refreshed or self.reads_resent
+                    or self.temporaries_deleted)
 
 
 def _message_ids(raw: bytes | str) -> tuple[str | None, set[str]]:
@@ -298,6 +302,23 @@ def webhooks_round() -> tuple[int, int]:
         return 0, 0
 
 
+def temporaries_round(*, grace_s: float, now: dt.datetime | None = None) -> int:
+    """Delete the temporary files (query images, embeddings requests' images) of requests whose
+    process died before deleting them: older than the longest a request may keep one (its deadline:
+    ``VECTORS_CALL_TIMEOUT_S`` for a search, at most ``INTERACTIVE_DEADLINE_S`` otherwise), twice
+    over plus 30 s, and than ``grace_s``. A failure is logged, never fails the round. Returns how
+    many were deleted."""
+    from embeddings import runtime
+
+    longest = max(settings.INTERACTIVE_DEADLINE_S, settings.VECTORS_CALL_TIMEOUT_S)
+    age_s = max(grace_s, 2 * longest + 30)
+    try:
+        return runtime.blob_store().temporaries_delete(older_than=(now or timezone.now()) - dt.timedelta(seconds=age_s))
+    except Exception:
+        log.exception("reconcile: deleting old temporary files failed; the next round tries again")
+        return 0
+
+
 def redis_client():
     """A Redis client on the broker's server (``settings.CELERY_BROKER_URL``)."""
     import redis
@@ -326,7 +347,8 @@ def reconcile_once(*, client=None, grace_s: float | None = None) -> ReconcileRep
             return snap.live_ids
 
         report = reconcile(live_ids=live, grace_s=grace, max_attempts=settings.BULK_MAX_ATTEMPTS)
-        report = dataclasses.replace(report, orphaned_messages=len(orphans or ()))
+        report = dataclasses.replace(report, orphaned_messages=len(orphans or ()),
+                                     temporaries_deleted=temporaries_round(grace_s=grace))
         webhooks_round()
     finally:
         try:

@@ -13,6 +13,7 @@ import datetime as dt
 import time
 
 from django.conf import settings
+from kombu.exceptions import OperationalError
 
 from embeddings import dispatch, lane_control, sink
 from embeddings.errors import ApplicationError
@@ -20,6 +21,7 @@ from embeddings.models import Image, ImageStatus, Lane
 from embeddings.services.catalogue.images import images_create
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.waiting import REASON_STATUS, wait_for
+from workers.errors import Reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +47,19 @@ def deadline_for(requested_s: float | None) -> float:
     if requested_s <= 0:
         raise ApplicationError("deadline must be a positive number of seconds", code="invalid_deadline")
     return min(float(requested_s), default)
+
+
+def _not_sent(image_ids: list[str], why: str) -> None:
+    """Record queued images whose work the broker refused as ``expired`` (reason ``expired``, the
+    outcome the reconciler gives interactive images no message names once their deadline passed),
+    now: no row of a refused request stays queued."""
+    if not image_ids:
+        return
+    from embeddings import metrics
+    from embeddings.services.catalogue.images import images_mark_failed
+
+    images_mark_failed([(i, Reason.EXPIRED.value, f"not queued: {why}") for i in image_ids])
+    metrics.count_images(lane=Lane.INTERACTIVE, status="expired", n=len(image_ids))
 
 
 def image_view(im: Image, neighbours: list | None = None) -> dict:
@@ -73,6 +88,9 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     Raises:
         ApplicationError: ``overloaded`` (429, ``Retry-After``) when the lane's predicted wait is
             longer than ``deadline_s``: nothing is stored or queued (``embeddings.lane_control``).
+            ``broker_full`` / ``broker_unavailable`` (503, ``Retry-After``) when the broker refuses
+            the work (``sink.broker_refusal``): the images made for it are ``expired`` at once,
+            as the reconciler would record them once their deadline passed, and nothing is queued.
     """
     admitted = lane_control.interactive_admit(deadline_s=deadline_s, images=len(sources))
     started = time.time()
@@ -85,12 +103,18 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     answers: dict | None = {}
     work = {"to_embed": to_embed, "skipped": skipped, "owner_id": owner_filter, "k": k, "deadline_ts": deadline_ts,
             "vectors": vectors}
-    if sink.is_direct() and to_embed:  # a Qdrant server: the interactive worker writes its own points
-        answers = wait_for(dispatch.send_upload_direct(**work), deadline_ts)
-    elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
-        answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped, vectors)
-    elif to_embed or skipped:
-        answers = wait_for(dispatch.send_upload(**work), deadline_ts)
+    try:
+        if sink.is_direct() and to_embed:  # a Qdrant server: the interactive worker writes its own points
+            answers = wait_for(dispatch.send_upload_direct(**work), deadline_ts)
+        elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
+            answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped, vectors)
+        elif to_embed or skipped:
+            answers = wait_for(dispatch.send_upload(**work), deadline_ts)
+    except OperationalError as e:  # the message was not sent (kombu raises before anything is queued)
+        refused = sink.broker_refusal(e)
+        _not_sent(to_embed, refused.message)
+        lane_control.interactive_answered(admitted, images=0, status=refused.status)
+        raise refused from e
     # the whole admitted→answered time of this request: what the admission's wait model learns from
     lane_control.interactive_answered(admitted, images=len(to_embed), status=202 if answers is None else 200)
     fresh = {str(im.id): im for im in Image.objects.filter(id__in=[im.id for im in images])}

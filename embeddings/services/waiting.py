@@ -1,6 +1,7 @@
 """What the request-level services share while someone waits for an answer: the wait for a chain's
-last result until the request's deadline, with no database connection held meanwhile, and the HTTP
-status of a refused image (an upload of one image, a query image).
+last result until the request's deadline, with no database connection held meanwhile, the result
+forgotten once the wait ends, and the HTTP status of a refused image (an upload of one image, a
+query image).
 """
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 
+from embeddings.dispatch import forget
 from embeddings.errors import ApplicationError
 from embeddings.sink import RETRY_AFTER_S
 from workers.errors import Reason
 
-#: HTTP status for a refused image, by reason code: 400 bad bytes, 413 too large, 415 not an image we read.
+#: HTTP status for a refused image, by reason code: 400 bad bytes, 413 too large, 415 not an image we
+#: read, 422 an input the model gave no usable vector for (NaN, infinity or zeros: ``workers.screen``;
+#: the request is well formed, and sending it again gives the same vector).
 REASON_STATUS = {
     Reason.EMPTY.value: 400,
     Reason.TRUNCATED.value: 400,
@@ -24,6 +28,8 @@ REASON_STATUS = {
     Reason.UNSUPPORTED_FORMAT.value: 415,
     Reason.DECODE_TIMEOUT.value: 400,
     Reason.INVALID_BASE64.value: 400,
+    Reason.NON_FINITE_EMBEDDING.value: 422,
+    Reason.ZERO_EMBEDDING.value: 422,
 }
 
 
@@ -38,9 +44,10 @@ def release_database() -> None:
         connection.close()
 
 
-def wait_for(result, deadline_ts: float):
-    """The chain's result, or ``None`` when the deadline passes first. The thread's database
-    connection is released for the wait (:func:`release_database`).
+def wait_for(result, deadline_ts: float, *, timed_out=None):
+    """The chain's result, or ``timed_out`` when the deadline passes first. The thread's database
+    connection is released for the wait (:func:`release_database`); the result is forgotten when
+    the wait ends, however it ends (``dispatch.forget``).
 
     Raises:
         ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
@@ -49,9 +56,11 @@ def wait_for(result, deadline_ts: float):
     try:
         return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
     except CeleryTimeout:
-        return None
+        return timed_out
     except Exception as e:  # a task raised or was revoked: systemic, not the caller's fault...
         if isinstance(e, TaskRevokedError) and "expired" in str(e):  # ...unless its message outlived the deadline
-            return None
+            return timed_out
         raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
                                status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
+    finally:
+        forget(result)

@@ -18,6 +18,7 @@ class _Result:
     def __init__(self, outcome, task_error=None):
         self.outcome, self.task_error = outcome, task_error
         self.timeout = None
+        self.forgotten = 0
 
     def get(self, timeout, propagate=True):
         assert propagate is False
@@ -28,6 +29,9 @@ class _Result:
 
     def failed(self):
         return self.task_error is not None
+
+    def forget(self):
+        self.forgotten += 1
 
 
 class _Task:
@@ -46,12 +50,19 @@ class _Task:
 
 
 def test_answer_comes_back_and_the_call_goes_to_the_vectors_queue_at_interactive_priority(settings):
+    import time
+
     from project import lanes
+    from project.results import RESULT_DEADLINE_HEADER
 
     task = _Task({"points": 3})
+    before = time.time()
     assert vectors_call(task, "a", 1) == {"points": 3}
+    read_by = task.sent.pop("headers")[RESULT_DEADLINE_HEADER]  # its result is kept no longer than the wait
+    assert before + settings.VECTORS_CALL_TIMEOUT_S <= read_by <= time.time() + settings.VECTORS_CALL_TIMEOUT_S
     assert task.sent == {"args": ("a", 1), "queue": lanes.VECTORS, "priority": lanes.PRIORITY_INTERACTIVE}
     assert task.result.timeout == settings.VECTORS_CALL_TIMEOUT_S
+    assert task.result.forgotten == 1  # nothing left in the result backend once read
 
 
 @pytest.mark.parametrize("task", [
@@ -65,6 +76,7 @@ def test_a_failed_wait_is_a_503_vectors_unavailable_with_retry_after(task):
         vectors_call(task, timeout_s=0.5)
     assert (e.value.status, e.value.code) == (503, "vectors_unavailable")
     assert e.value.headers == {"Retry-After": str(RETRY_AFTER_S)}
+    assert task.result.forgotten == 1
 
 
 def test_a_task_that_raised_is_a_503_worker_error_naming_it():
@@ -78,3 +90,14 @@ def test_a_broker_that_cannot_be_reached_is_a_503_broker_unavailable():
     with pytest.raises(ApplicationError) as e:
         vectors_call(_Task(send_error=OperationalError("Error 111 connecting")))
     assert (e.value.status, e.value.code, e.value.headers["Retry-After"]) == (503, "broker_unavailable", "5")
+
+
+def test_a_broker_at_its_memory_limit_is_a_503_broker_full():
+    from redis.exceptions import OutOfMemoryError
+
+    refused = OperationalError("Command # 1 (LPUSH vectors) of pipeline caused error: command not allowed when "
+                               "used memory > 'maxmemory'.")
+    refused.__cause__ = OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+    with pytest.raises(ApplicationError) as e:
+        vectors_call(_Task(send_error=refused))
+    assert (e.value.status, e.value.code, e.value.headers["Retry-After"]) == (503, "broker_full", "5")

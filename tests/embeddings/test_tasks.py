@@ -56,6 +56,23 @@ def test_search_messages_on_the_vectors_queue_expire_with_their_deadline_and_wri
     assert "expires" not in tasks.vectors_options(interactive=False, priority="urgent")
 
 
+def test_a_result_someone_waits_for_names_its_deadline_and_unread_results_are_not_stored():
+    from project.results import RESULT_DEADLINE_HEADER
+
+    for options in (tasks.interactive_options(DEADLINE), tasks.vectors_options(interactive=True, deadline_ts=DEADLINE)):
+        assert options["headers"] == {RESULT_DEADLINE_HEADER: DEADLINE}  # kept that long at most (project.results)
+    assert "headers" not in tasks.vectors_options(interactive=False)
+    unread = {t.name for t in (tasks.embed_chunk, tasks.embed_interactive, tasks.index_chunk, tasks.job_read,
+                               tasks.fetch_chunk, tasks.send_webhook_delivery, tasks.migration_fill, tasks.job_done,
+                               tasks.reconcile, tasks.gate_embed, tasks.gate_check, tasks.cutoff_encode_texts,
+                               tasks.cutoff_compute)}
+    from project.celery import app
+
+    assert {name for name, t in app.tasks.items() if name.startswith("embeddings.") and t.ignore_result} == unread
+    # a chain's first step: its value rides in the next message, its failure is still stored for the last
+    assert all(t.store_errors_even_if_ignored for t in (tasks.embed_interactive, tasks.embed_query, tasks.encode_text))
+
+
 @pytest.fixture
 def spy(service, monkeypatch):
     """Counts the real model's text and image forward passes (each still runs)."""

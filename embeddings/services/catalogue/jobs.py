@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import logging
 import time
 from typing import Iterable
 
@@ -14,6 +15,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Count
 from django.utils import timezone
+from kombu.exceptions import OperationalError
 
 from embeddings import dispatch, runtime
 from embeddings.models import (
@@ -34,6 +36,8 @@ from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import images_cancelled, images_create
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services import webhooks
+
+log = logging.getLogger(__name__)
 
 #: Allowed transitions of the job state machine (HackSoftware style: a service guards them).
 _TRANSITIONS = {
@@ -89,7 +93,7 @@ def job_create(
     made = 0
 
     def send(ids: list[str]) -> None:
-        transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=ids))
+        transaction.on_commit(lambda: _chunks_send(job=job, image_ids=ids))
 
     try:
         start = 0
@@ -112,6 +116,18 @@ def job_create(
     if made and not pending:  # nothing to embed (duplicates, refusals): the job is done already
         job_refresh(job_id=job.id)
     return job
+
+
+def _chunks_send(*, job: Job, image_ids: list[str]) -> None:
+    """Send a new job's chunks. A broker that refuses them (full, or down: kombu's
+    ``OperationalError``) leaves their rows queued and committed, which the reconciler sends again
+    once they are older than ``RECONCILE_GRACE_S`` (as after a Redis restart): the upload goes on,
+    and the job is answered as accepted, for that is what it is."""
+    try:
+        dispatch.send_job_chunks(job=job, image_ids=image_ids)
+    except OperationalError as e:
+        log.warning("job %s: %d images not queued now (%s); the reconciler sends them again", job.id,
+                    len(image_ids), e)
 
 
 def job_delete(*, job: Job) -> None:

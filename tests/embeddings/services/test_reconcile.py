@@ -1,6 +1,7 @@
 """Recovery in one process: the reconciler's decisions, the broker snapshot it reads (on a private
 redis-server with real Celery messages), the vector-write retry with backoff on a store that
-refuses connections, idempotent redelivery of a chunk, and the start-up check on time limits.
+refuses connections, idempotent redelivery of a chunk, the start-up check on time limits, and the
+temporary files of dead requests.
 """
 from __future__ import annotations
 
@@ -429,3 +430,27 @@ def test_time_limit_must_stay_inside_the_visibility_timeout(settings):
 def test_the_bulk_task_carries_the_configured_time_limit(settings):
     assert tasks.embed_chunk.time_limit == settings.CELERY_BULK_TIME_LIMIT_S < settings.CELERY_VISIBILITY_TIMEOUT_S
     assert tasks.embed_chunk.acks_late and tasks.embed_chunk.reject_on_worker_lost
+
+
+def test_a_round_deletes_the_temporary_files_of_requests_whose_process_died(service, private_redis):
+    """A query image whose web process was killed before its ``finally`` ran stays in ``tmp/``; the
+    round deletes what is older than a request may keep one, never a request's that is running."""
+    import os
+    import time
+
+    from embeddings.services.reconcile import reconcile_once
+
+    url, client = private_redis
+    service.CELERY_BROKER_URL = url
+    store = runtime.blob_store()
+    left, running = (store.put_temporary([f"query {i}".encode()])[0] for i in range(2))
+    old = time.time() - (2 * max(service.INTERACTIVE_DEADLINE_S, service.VECTORS_CALL_TIMEOUT_S) + 31)
+    os.utime(store.storage.path(left), (old, old))
+    cut = os.path.join(store.storage.location, "tmp", ".upload-cut")  # a write cut short by the same kill
+    open(cut, "wb").close()
+    os.utime(cut, (old, old))
+    report = reconcile_once(client=client, grace_s=GRACE)
+    assert report.temporaries_deleted == 2 and report.acted
+    assert (store.exists(left), store.exists(running)) == (False, True)
+    assert sorted(os.listdir(os.path.join(store.storage.location, "tmp"))) == [running.removeprefix("tmp/")]
+    assert reconcile_once(client=client, grace_s=GRACE).temporaries_deleted == 0

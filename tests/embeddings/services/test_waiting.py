@@ -1,5 +1,5 @@
 """``embeddings/services/waiting.py``: the web's wait for a chain's last result, bounded by the
-request's deadline; what a failed or expired task means to the caller.
+request's deadline, forgotten however it ends; what a failed or expired task means to the caller.
 """
 from __future__ import annotations
 
@@ -20,12 +20,16 @@ class Result:
 
     def __init__(self, value=None, error: BaseException | None = None) -> None:
         self.value, self.error, self.timeout = value, error, None
+        self.forgotten = 0
 
     def get(self, timeout: float, propagate: bool):
         self.timeout = timeout
         if self.error is not None:
             raise self.error
         return self.value
+
+    def forget(self) -> None:
+        self.forgotten += 1
 
 
 def test_the_wait_ends_at_the_deadline_and_a_failed_task_is_a_503_to_retry():
@@ -40,6 +44,16 @@ def test_the_wait_ends_at_the_deadline_and_a_failed_task_is_a_503_to_retry():
         with pytest.raises(ApplicationError) as e:
             waiting.wait_for(Result(error=error), time.time() + 1)
         assert (e.value.code, e.value.status, e.value.headers) == ("worker_error", 503, {"Retry-After": "5"})
+
+
+def test_the_result_is_forgotten_once_however_the_wait_ends_and_a_timeout_can_be_told_from_none():
+    timed_out = object()
+    answered, late, failed = Result(None), Result(error=CeleryTimeout("no answer")), Result(error=ValueError("x"))
+    assert waiting.wait_for(answered, time.time() + 1, timed_out=timed_out) is None  # the task's own None
+    assert waiting.wait_for(late, time.time() + 1, timed_out=timed_out) is timed_out
+    with pytest.raises(ApplicationError):
+        waiting.wait_for(failed, time.time() + 1)
+    assert [r.forgotten for r in (answered, late, failed)] == [1, 1, 1]
 
 
 @pytest.mark.django_db(transaction=True)

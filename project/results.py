@@ -1,0 +1,78 @@
+"""Celery's Redis result backend, with one rule added: a result that someone waits for until a
+deadline is kept no longer than that deadline (plus :data:`RESULT_MARGIN_S`), whoever reads it.
+
+Celery keeps every stored result for ``result_expires`` (one setting for all tasks; there is no
+per-task expiry). A search's or an upload's result carries query vectors and neighbours; the web
+forgets it once read (``services.waiting``), but a request whose deadline passed never reads it.
+So each message whose result is waited for names the time after which nobody will
+(:data:`RESULT_DEADLINE_HEADER`, set by ``embeddings.dispatch``), and this backend writes that
+result (success, failure or revocation) with ``SETEX`` to then, in the same single command Celery
+sends. Messages without the header keep Celery's ``result_expires``.
+
+Configured as ``CELERY_RESULT_BACKEND = "project.results:DeadlineRedisBackend+" + REDIS_URL``
+(Celery's ``<class>+<url>`` form).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+from celery import states
+from celery.backends.redis import RedisBackend
+
+#: Message header: Unix time (s) after which nobody reads the task's result.
+RESULT_DEADLINE_HEADER = "result_deadline"
+#: Seconds a result outlives its deadline: the clocks of the web's and the worker's hosts may
+#: differ by this much (NTP keeps them within milliseconds; 5 s is room for a host without it).
+RESULT_MARGIN_S = 5
+
+
+def result_deadline(request) -> float | None:
+    """The :data:`RESULT_DEADLINE_HEADER` (Unix s) of a task's request context, or None.
+
+    A worker's request has the message's custom headers as ``request.headers`` (and as attributes);
+    the context Celery builds for the later tasks of a failed chain has the signature's options,
+    whose ``headers`` are the same dict."""
+    headers = getattr(request, "headers", None)
+    value = headers.get(RESULT_DEADLINE_HEADER) if isinstance(headers, dict) else None
+    if value is None:
+        value = getattr(request, RESULT_DEADLINE_HEADER, None)
+    try:
+        return None if value is None else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def result_ttl(deadline_ts: float, *, now: float, ceiling_s: int | None) -> int:
+    """Whole seconds to keep a result whose readers stop at ``deadline_ts`` (Unix s): until the
+    deadline plus :data:`RESULT_MARGIN_S`, at least 1 (Redis refuses 0), at most ``ceiling_s``
+    (``result_expires``; None or 0: no ceiling)."""
+    ttl = max(1, math.ceil(deadline_ts + RESULT_MARGIN_S - now))
+    return min(ttl, ceiling_s) if ceiling_s else ttl
+
+
+class DeadlineRedisBackend(RedisBackend):
+    """:class:`RedisBackend` that stores a result whose message carries
+    :data:`RESULT_DEADLINE_HEADER` with an expiry of :func:`result_ttl` instead of ``result_expires``."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # the expiry chosen for the result this thread is storing (a threads pool stores from many)
+        self._storing = threading.local()
+
+    def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
+        deadline = result_deadline(request)
+        self._storing.ttl = None if deadline is None else result_ttl(deadline, now=time.time(), ceiling_s=self.expires)
+        try:
+            return super()._store_result(task_id, result, state, traceback, request, **kwargs)
+        finally:
+            self._storing.ttl = None
+
+    def _set_with_state(self, key, value, state):
+        ttl = getattr(self._storing, "ttl", None)
+        if ttl is None:
+            return super()._set_with_state(key, value, state)
+        if state == states.FAILURE and self.failure_expires:
+            ttl = min(ttl, self.failure_expires)
+        return self.set(key, value, expires=ttl)
