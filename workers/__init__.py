@@ -10,6 +10,7 @@ alone. Modules, one role each:
 - ``model``: open_clip loading and ``encode_images`` / ``encode_texts``.
 - ``batcher``: the in-process dynamic batcher (bounded queue delay) for the interactive lane.
 - ``runner``: composes the stages for one batch and times each one.
+- ``screen``: refuses vectors that are not finite or are all zeros (reason codes), before any store.
 - ``vector_store``: the Qdrant sink and search.
 - ``ids`` / ``model_config`` / ``timing``: point ids, torch-free model facts, stage timers.
 """

@@ -35,6 +35,8 @@ class Reason(enum.StrEnum):
     FETCH_REDIRECTS = "fetch_redirects"  #: too many redirects, or a redirect without a usable Location
     FETCH_INVALID_URL = "fetch_invalid_url"  #: not an http/https URL with a host (other scheme, userinfo, bad port)
     INVALID_BASE64 = "invalid_base64"  #: an image sent as base64 (or a base64 data URL) that does not decode
+    NON_FINITE_EMBEDDING = "non_finite_embedding"  #: the model gave NaN or infinity (fp16 overflow, a broken checkpoint)
+    ZERO_EMBEDDING = "zero_embedding"  #: the model gave an all-zero vector (no direction to compare)
 
 
 class ImageRejected(Exception):

@@ -109,8 +109,8 @@ def space_for_model(name: str) -> EmbeddingSpace:
 
 def refusal_status(reasons: list[str]) -> int:
     """The status of a request whose every input was refused: the reasons' status
-    (``waiting.REASON_STATUS``: 400 bad bytes, 413 too large, 415 not an image) when they all share
-    one, else 400 (``fetch_*`` reasons too: the caller's URL, not this service, failed)."""
+    (``waiting.REASON_STATUS``: 400 bad bytes, 413 too large, 415 not an image, 422 no usable
+    vector) when they all share one, else 400 (``fetch_*`` reasons too: the caller's URL, not this service, failed)."""
     statuses = {REASON_STATUS.get(r, 400) for r in reasons}
     return statuses.pop() if len(statuses) == 1 else 400
 
@@ -336,6 +336,8 @@ def _create_stored(*, user, inputs: list[EmbedInput], deadline_ts: float, space:
         if pending is not None:
             answer = wait_for(pending, deadline_ts)
     finally:
+        if pending is not None and answer is None:  # not read: the images' upload failed first
+            dispatch.forget(pending)
         if admitted is not None:
             lane_control.interactive_answered(admitted, images=1 if pending is not None else 0,
                                               status=504 if answer is None else 200)

@@ -21,6 +21,10 @@ from embeddings.services.waiting import REASON_STATUS, wait_for
 from workers.errors import Reason
 from workers.ids import point_id
 
+#: What :func:`wait_for` gives for a point search whose deadline passed: ``None`` is the task's
+#: own answer for a point that is not in the store.
+_TIMED_OUT = object()
+
 
 def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
            image: SourceFile | None = None, image_id: str | None = None, deadline_s: float | None = None,
@@ -38,9 +42,10 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
 
     Raises:
         ApplicationError: ``invalid_query`` (400), ``not_found`` (404: an image or a job the caller
-            may not see, or none), a refused query image (400/413/415 with its reason code),
-            ``overloaded`` (429: a text or image query whose embedding would wait longer than the
-            deadline), ``not_embedded`` (409: an image, or the original of a skipped copy, with no
+            may not see, or none), a refused query image (400/413/415 with its reason code), a
+            query whose vector the model gave as NaN, infinity or zeros (422 ``non_finite_embedding``,
+            ``zero_embedding``), ``overloaded`` (429: a text or image query whose embedding would
+            wait longer than the deadline), ``not_embedded`` (409: an image, or the original of a skipped copy, with no
             vector yet), ``vector_missing`` (409: its vector is not in the store), ``deadline_exceeded``
             (504), ``worker_error`` (503).
     """
@@ -109,16 +114,15 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
             raise ApplicationError(f"image {image_id} is not embedded in the active space {model_id} yet",
                                    code="not_embedded", status=409, extra={"model_id": model_id})
         if sink.is_direct():  # a Qdrant server: asked here, an answer or an error, never a timeout
-            r = None
             results = sink.store_call("search_point", str(pid), owner_filter, k, job_id, model_id, where, with_vectors)
         else:
-            r = dispatch.send_search_point(point_id=str(pid), owner_id=owner_filter, k=k, job_id=job_id,
-                                           deadline_ts=deadline_ts, model_id=model_id, where=where,
-                                           with_vectors=with_vectors)
-            results = wait_for(r, deadline_ts)
-        if results is None and (r is None or r.ready()):  # the store answered: no such point
+            results = wait_for(dispatch.send_search_point(point_id=str(pid), owner_id=owner_filter, k=k, job_id=job_id,
+                                                          deadline_ts=deadline_ts, model_id=model_id, where=where,
+                                                          with_vectors=with_vectors),
+                               deadline_ts, timed_out=_TIMED_OUT)
+        if results is None:  # the store answered: no such point
             raise ApplicationError(f"image {image_id} has no vector in the store", code="vector_missing", status=409)
-        answer = None if results is None else {"results": results or []}
+        answer = None if results is _TIMED_OUT else {"results": results}
     if answer is None or answer.get("reason") == Reason.EXPIRED.value:  # a task refused it: too late
         raise ApplicationError("the search did not finish in time", code="deadline_exceeded", status=504)
     if "reason" in answer:

@@ -2,8 +2,9 @@
 (qdrant-client local mode) and server (a Qdrant server at ``QDRANT_URL``, skipped when none answers).
 
 Same point ids, payloads, filters, errors and collection naming in each: idempotent upserts,
-owner/job filters, exclusions, payload rewrites, deletes, copies (scroll), and a size mismatch that
-is an error naming both sizes and never recreates anything.
+owner/job filters, exclusions, payload rewrites, deletes, copies (scroll), a size mismatch that
+is an error naming both sizes and never recreates anything, and vectors that are not finite or are
+all zeros: never written or searched with, and harmless when an older write left one stored.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import uuid
 import numpy as np
 import pytest
 
-from workers.vector_store import CollectionMismatch, Point, StoreError, VectorStore, open_store
+from workers.errors import Reason
+from workers.vector_store import CollectionMismatch, Point, StoreError, UnusableVector, VectorStore, open_store
 
 
 def unit(seed: int, dim: int = 8) -> np.ndarray:
@@ -128,6 +130,60 @@ def test_a_vector_of_the_wrong_size_is_refused_and_nothing_is_written(store):
         store.upsert([Point(uuid.uuid4(), unit(1, dim=5), {"sha256": "a", "owner_ids": [1], "job_ids": []})])
     assert "8" in str(e.value) and "5" in str(e.value)
     assert store.count() == 0
+
+
+def test_a_vector_that_is_not_finite_or_is_zeros_is_never_written_nor_searched_with(store):
+    good = Point(uuid.uuid4(), unit(1), {"sha256": "a", "owner_ids": [1], "job_ids": []})
+    for bad, reason in ((np.r_[np.nan, unit(2)[1:]], Reason.NON_FINITE_EMBEDDING),
+                        (np.r_[np.inf, unit(2)[1:]], Reason.NON_FINITE_EMBEDDING),
+                        (np.zeros(8, np.float32), Reason.ZERO_EMBEDDING)):
+        with pytest.raises(UnusableVector) as e:  # the whole call: not even the good point before it
+            store.upsert([good, Point(uuid.uuid4(), bad.astype(np.float32), {"sha256": "b", "owner_ids": [1],
+                                                                             "job_ids": []})])
+        assert e.value.reason is reason
+        with pytest.raises(UnusableVector) as e:  # not an empty list: no similarity is defined
+            store.search(bad.astype(np.float32), k=3)
+        assert e.value.reason is reason
+    assert store.count() == 0
+
+
+def _write_unchecked(kind: str, store: VectorStore, pid: uuid.UUID, vector: list[float], payload: dict) -> None:
+    """Write a point through the engine itself, as a write from before the store's check did."""
+    if kind == "edge":
+        import qdrant_edge as qe
+
+        store.client.update(qe.UpdateOperation.upsert_points([qe.Point(str(pid), vector, payload)]))
+    else:
+        from qdrant_client import models
+
+        store.client.upsert(store.collection, points=[models.PointStruct(id=str(pid), vector=vector, payload=payload)])
+
+
+def test_a_stored_vector_that_is_not_finite_breaks_no_read(kind, store, tmp_path):
+    if kind == "server":
+        pytest.skip("a Qdrant server refuses such a vector in its JSON: it cannot hold one")
+    pts = [Point(uuid.uuid4(), unit(10 + i), {"sha256": str(i), "owner_ids": [1], "job_ids": []}) for i in range(3)]
+    store.upsert(pts)
+    broken = uuid.uuid4()
+    # the edge engine keeps NaN as given; local mode refuses NaN but keeps an infinity, as NaN
+    bad = [float("nan")] * 8 if kind == "edge" else [float("inf")] + [0.5] * 7
+    _write_unchecked(kind, store, broken, bad, {"sha256": "x", "owner_ids": [1], "job_ids": []})
+    assert store.count() == 4
+    for with_vectors in (False, True):
+        hits = store.search(unit(10), k=10, with_vectors=with_vectors)
+        assert [h.id for h in hits][:1] == [pts[0].id] and {h.id for h in hits} == {p.id for p in pts}
+        assert all(np.isfinite(h.score) for h in hits)
+        assert all(np.isfinite(h.vector).all() for h in hits) if with_vectors else True
+    assert set(store.vectors([broken, pts[1].id])) == {pts[1].id}  # as if absent
+    assert broken in {p.id for b in store.scroll() for p in b}  # a copy sees what is stored
+
+    from workers.vector_store.migrate import copy_store
+
+    target = open_store("edge", collection="copy", dim=8, path=str(tmp_path / "copy"))
+    target.ensure_collection()
+    report = copy_store(store, target, sample=10)
+    assert (report.source_points, report.target_points, report.unusable) == (3, 3, [broken])
+    target.close()
 
 
 def test_existing_collection_with_other_size_is_an_error_naming_both(kind, store, tmp_path):

@@ -15,6 +15,12 @@ model, weights and precision; cosine distance). An existing collection with anot
 distance is a :class:`CollectionMismatch` naming both; nothing is ever recreated (recreate drops
 data: qdrant/qdrant#2312). The embedded backends lock their folder to one process
 (qdrant/qdrant-client#1018, the edge WAL lock); the ``vectors`` Celery worker is that process.
+
+Every backend keeps one rule on vectors that are not finite or are all zeros (``workers.screen``):
+it never writes one (``upsert`` refuses the call), never searches with one (``search`` refuses
+it), and never hands one out (``vectors`` leaves such a point out as if absent, ``search`` drops a
+hit whose score or vector is not finite), so a point written before that rule existed breaks
+neither a search nor an export. ``scroll`` alone gives every point as stored (copies decide).
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from workers import screen
+from workers.screen import UnusableVector
 from workers.vector_store.filters import Where
 
 #: Points per write request: 256 × 512 float32 ≈ 0.5 MiB, far below the server's 32 MiB request
@@ -105,7 +113,8 @@ class VectorStore(abc.ABC):
 
         Raises:
             StoreError / ConnectionError: a systemic failure (retried by the pipeline).
-            ValueError: a vector of the wrong size.
+            ValueError: a vector of the wrong size; :class:`UnusableVector` (a ``ValueError``,
+                raised before anything is written): a vector that is not finite or is all zeros.
         """
 
     @abc.abstractmethod
@@ -127,11 +136,18 @@ class VectorStore(abc.ABC):
                 ``owner_ids`` / ``job_ids`` decide.
             with_vectors: each hit carries its stored vector (read by the same query: no second
                 look-up), exactly as :meth:`vectors` returns it.
+
+        A hit whose score or vector is not finite (a point written before ``workers.screen``) is
+        left out.
+
+        Raises:
+            UnusableVector: ``vector`` is not finite or is all zeros (no similarity is defined).
         """
 
     @abc.abstractmethod
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
-        """Stored vectors ``(D,) float32`` by point id; ids not present are absent from the result."""
+        """Stored vectors ``(D,) float32`` by point id; ids not present, and points whose stored
+        vector is not finite or is all zeros, are absent from the result."""
 
     @abc.abstractmethod
     def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
@@ -151,11 +167,38 @@ class VectorStore(abc.ABC):
 
     @abc.abstractmethod
     def scroll(self, *, batch: int = UPSERT_BATCH) -> Iterable[list[Point]]:
-        """Every stored point with its vector and payload, in batches of at most ``batch`` (for copies)."""
+        """Every stored point with its vector and payload, in batches of at most ``batch`` (for
+        copies), as stored: unusable vectors included (:func:`usable_points` tells them apart)."""
 
     def close(self) -> None:
         """Release the engine (and, embedded, the folder lock)."""
         self.client.close()
+
+
+def require_usable(points: Sequence[Point]) -> None:
+    """Check every point's vector before a write (nothing is written unless all pass).
+
+    Raises:
+        UnusableVector: a vector that is not finite or is all zeros (naming its point).
+    """
+    for p in points:
+        screen.require_usable(p.vector, f"point {p.id}")
+
+
+def usable_points(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:
+    """``(points whose vector is usable, the others)``, each in the given order."""
+    reasons = screen.faults(np.stack([np.asarray(p.vector, np.float32) for p in points])) if points else []
+    return [p for p, r in zip(points, reasons) if r is None], [p for p, r in zip(points, reasons) if r is not None]
+
+
+def usable_hits(hits: Iterable[Hit]) -> list[Hit]:
+    """``hits`` without those whose score, or vector when it was read, is not finite."""
+    return [h for h in hits if np.isfinite(h.score) and (h.vector is None or bool(np.isfinite(h.vector).all()))]
+
+
+def usable_vectors(found: dict[uuid.UUID, np.ndarray]) -> dict[uuid.UUID, np.ndarray]:
+    """``found`` without the vectors that are not finite or are all zeros."""
+    return {pid: v for pid, v in found.items() if screen.usable(v)}
 
 
 def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, path: str | None = None,
@@ -192,5 +235,5 @@ def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, 
     raise ValueError(f"unknown vector store {kind!r}: expected one of {', '.join(KINDS)}")
 
 
-__all__ = ["KINDS", "UPSERT_BATCH", "CollectionMismatch", "Hit", "Point", "StoreError", "VectorStore",
-           "mismatch", "open_store"]
+__all__ = ["KINDS", "UPSERT_BATCH", "CollectionMismatch", "Hit", "Point", "StoreError", "UnusableVector",
+           "VectorStore", "mismatch", "open_store", "require_usable", "usable_hits", "usable_points", "usable_vectors"]

@@ -13,7 +13,9 @@ from typing import Iterable, Sequence
 import numpy as np
 from qdrant_client import QdrantClient, models
 
-from workers.vector_store import UPSERT_BATCH, Hit, Point, VectorStore, mismatch
+from workers import screen
+from workers.vector_store import (UPSERT_BATCH, Hit, Point, VectorStore, mismatch, require_usable, usable_hits,
+                                  usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_client
 
 log = logging.getLogger(__name__)
@@ -83,7 +85,13 @@ class QdrantClientStore(VectorStore):
                 self.client.create_payload_index(self.collection, path, field_schema=schema, wait=True)
 
     def upsert(self, points: Sequence[Point]) -> None:
-        """Write points (idempotent per id), in requests of at most :data:`UPSERT_BATCH`."""
+        """Write points (idempotent per id), in requests of at most :data:`UPSERT_BATCH`.
+
+        Raises:
+            UnusableVector: a vector that is not finite or is all zeros (nothing of the call is
+                written; local mode would refuse NaN mid-call and keep an infinity as NaN).
+        """
+        require_usable(points)
         for i in range(0, len(points), UPSERT_BATCH):
             chunk = points[i : i + UPSERT_BATCH]
             self.client.upsert(
@@ -108,6 +116,7 @@ class QdrantClientStore(VectorStore):
     ) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see
         :meth:`VectorStore.search`: owner, job, exclusions and ``where`` inside the query)."""
+        screen.require_usable(vector, "query vector")
         flt = to_client(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
         if k <= 0 or not self.client.collection_exists(self.collection):
             return []
@@ -119,15 +128,17 @@ class QdrantClientStore(VectorStore):
             with_payload=True,
             with_vectors=with_vectors,
         )
-        return [Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {},
-                    vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res.points]
+        # local mode scores a stored NaN vector NaN, and ranks it first
+        return usable_hits(Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {},
+                               vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res.points)
 
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
-        """Stored vectors by point id; ids not present are absent from the result."""
+        """Stored vectors by point id; ids not present, and unusable vectors
+        (``VectorStore.vectors``), are absent from the result."""
         if not ids or not self.client.collection_exists(self.collection):
             return {}
         got = self.client.retrieve(self.collection, ids=[str(i) for i in ids], with_vectors=True)
-        return {uuid.UUID(str(p.id)): np.asarray(p.vector, np.float32) for p in got}
+        return usable_vectors({uuid.UUID(str(p.id)): np.asarray(p.vector, np.float32) for p in got})
 
     def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
         """Stored payloads by point id; ids not present are absent from the result."""

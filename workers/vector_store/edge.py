@@ -32,7 +32,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import qdrant_edge as qe
 
-from workers.vector_store import UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError, VectorStore, mismatch
+from workers import screen
+from workers.vector_store import (UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError, VectorStore, mismatch,
+                                  require_usable, usable_hits, usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_edge
 
 log = logging.getLogger(__name__)
@@ -175,9 +177,11 @@ class EdgeStore(VectorStore):
         they are in the WAL, and with ``fsync`` flushed to disk.
 
         Raises:
-            ValueError: a vector whose size is not ``dim``.
+            ValueError: a vector whose size is not ``dim``; ``UnusableVector``: one that is not
+                finite or is all zeros (nothing of the call is written).
             StoreError: the engine failed (I/O, closed shard).
         """
+        require_usable(points)  # the engine would keep it, and never find it again
         shard = self._shard()
         try:
             for i in range(0, len(points), UPSERT_BATCH):
@@ -219,6 +223,7 @@ class EdgeStore(VectorStore):
         Exact (every matching point scored) while segments are below :data:`INDEXING_THRESHOLD_KB`;
         the filter goes through the payload indexes when it is selective.
         """
+        screen.require_usable(vector, "query vector")  # the engine answers an empty list for NaN
         flt = to_edge(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
         if k <= 0:
             return []
@@ -228,8 +233,8 @@ class EdgeStore(VectorStore):
                 with_vector=with_vectors))
         except Exception as e:
             raise _engine_error(e) from e
-        return [Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {},
-                    vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res]
+        return usable_hits(Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {},
+                               vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res)
 
     def _retrieve(self, ids: Sequence[uuid.UUID], *, vectors: bool) -> list:
         if not ids:
@@ -240,8 +245,10 @@ class EdgeStore(VectorStore):
             raise _engine_error(e) from e
 
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
-        """Stored vectors ``(D,) float32`` by point id; ids not present are absent from the result."""
-        return {_uuid(r.id): np.asarray(r.vector, np.float32) for r in self._retrieve(ids, vectors=True)}
+        """Stored vectors ``(D,) float32`` by point id; ids not present, and unusable vectors
+        (``VectorStore.vectors``), are absent from the result."""
+        got = self._retrieve(ids, vectors=True)
+        return usable_vectors({_uuid(r.id): np.asarray(r.vector, np.float32) for r in got})
 
     def payloads(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, dict]:
         """Stored payloads by point id; ids not present are absent from the result."""

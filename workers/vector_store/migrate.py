@@ -11,7 +11,7 @@ import uuid
 
 import numpy as np
 
-from workers.vector_store import UPSERT_BATCH, VectorStore
+from workers.vector_store import UPSERT_BATCH, VectorStore, usable_points
 
 
 class CopyMismatch(RuntimeError):
@@ -20,13 +20,15 @@ class CopyMismatch(RuntimeError):
 
 @dataclasses.dataclass
 class CopyReport:
-    """What :func:`copy_store` did: points read from the source, points in the target after the copy,
-    sampled points compared (vector and payload), and seconds taken."""
+    """What :func:`copy_store` did: points copied from the source, points in the target after the
+    copy, sampled points compared (vector and payload), seconds taken, and the source's points left
+    out because their vector is not finite or is all zeros (``unusable``: their ids)."""
 
     source_points: int
     target_points: int
     sampled: int
     seconds: float
+    unusable: list[uuid.UUID] = dataclasses.field(default_factory=list)
 
 
 def copy_store(source: VectorStore, target: VectorStore, *, sample: int = 1_000, seed: int = 0,
@@ -37,7 +39,9 @@ def copy_store(source: VectorStore, target: VectorStore, *, sample: int = 1_000,
     points still passes), and for ``sample`` randomly chosen points the unit vector (``atol`` 1e-6)
     and the payload are equal. Unit vectors, because both stores are cosine: qdrant-client's local
     mode hands back the vector as given after a reload and normalised before one (seen with 1.20.0),
-    the edge engine always normalised; the service only writes unit vectors anyway.
+    the edge engine always normalised; the service only writes unit vectors anyway. A source point
+    whose vector is not finite or is all zeros (written before ``workers.screen``: no search ever
+    found it) is not copied (no store takes it) and is listed in the report's ``unusable``.
 
     Args:
         progress: called with the number of points copied so far after each batch.
@@ -49,7 +53,10 @@ def copy_store(source: VectorStore, target: VectorStore, *, sample: int = 1_000,
 
     t0 = time.perf_counter()
     ids: list[uuid.UUID] = []
+    unusable: list[uuid.UUID] = []
     for points in source.scroll(batch=batch):
+        points, left_out = usable_points(points)
+        unusable.extend(p.id for p in left_out)
         target.upsert(points)
         ids.extend(p.id for p in points)
         progress(len(ids))
@@ -69,7 +76,7 @@ def copy_store(source: VectorStore, target: VectorStore, *, sample: int = 1_000,
             if src_p[pid] != dst_p[pid]:
                 raise CopyMismatch(f"point {pid}: the copied payload {dst_p[pid]!r} differs from {src_p[pid]!r}")
     return CopyReport(source_points=len(ids), target_points=target.count(), sampled=len(chosen),
-                      seconds=time.perf_counter() - t0)
+                      seconds=time.perf_counter() - t0, unusable=unusable)
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

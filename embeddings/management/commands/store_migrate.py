@@ -65,3 +65,7 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"copied {report.source_points} points in {report.seconds:.1f} s; the target holds "
             f"{report.target_points}; {report.sampled} sampled vectors and payloads match; source kept at {src_dir}"))
+        if report.unusable:  # NaN, infinity or zeros: written before the screen, never found by a search
+            self.stdout.write(self.style.WARNING(
+                f"{len(report.unusable)} points not copied: their vector is not finite or is all zeros "
+                f"(e.g. {report.unusable[0]}); re-embed their images"))

@@ -227,16 +227,26 @@ def encode_prompts(*, model_id: str) -> dict:
 
     Returns:
         ``{"vectors": [base64, ...]}`` (one per prompt), or ``{"error": code, "detail"}`` when this
-        process cannot load the model: the image cutoff is then computed alone.
+        process cannot load the model, or when a prompt's vector is not finite or is all zeros
+        (code ``non_finite_embedding`` / ``zero_embedding``, counted: ``workers.screen``; a NaN
+        would make the text cutoff NaN): the image cutoff is then computed alone.
     """
-    from embeddings import runtime
+    from embeddings import metrics, runtime
     from embeddings.messages import encode_vector
+    from embeddings.models import Lane
+    from workers import screen
 
     try:
         encoder = runtime.encoder_holder(model_id).get()
     except Exception as e:  # noqa: BLE001 - ModelNotConfigured, WeightsUnavailable, a missing checkpoint
         return {"error": getattr(e, "code", None) or "weights_unavailable", "detail": f"{type(e).__name__}: {e}"}
-    return {"vectors": [encode_vector(v) for v in encoder.encode_texts(list(prompts()))]}
+    vectors = encoder.encode_texts(list(prompts()))
+    refused = [r for r in screen.faults(vectors) if r is not None]
+    if refused:
+        metrics.count_refused_embeddings(lane=Lane.BULK, reasons=refused)
+        return {"error": refused[0].value,
+                "detail": f"{len(refused)} of {len(vectors)} prompts: {screen.detail(refused[0])}"}
+    return {"vectors": [encode_vector(v) for v in vectors]}
 
 
 def calibrate(*, model_id: str, texts: dict, seed: int = 0) -> dict:

@@ -36,6 +36,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from embeddings.models import EmbeddingSpace, Image, ImageStatus
+from workers import screen
 
 #: Verdict codes (stable): no finished report (never run, still running, or lost), or a report
 #: below the threshold (or a probe that could not embed: its ``error``).
@@ -152,8 +153,9 @@ def _embed_copies(model_id: str, picks: list[dict], load) -> dict:
     """``picks``' copies (``load(id)`` → bytes) through ``model_id``'s model in forward passes of
     ``BULK_BATCH_SIZE``: ``{"items": [{"id", "sha256", "point_id", "vector"}], "failed": [...]}``,
     or ``{"error", "detail"}`` when this process cannot load the model."""
-    from embeddings import runtime
+    from embeddings import metrics, runtime
     from embeddings.messages import encode_vector
+    from embeddings.models import Lane
 
     by_id = {p["id"]: p for p in picks}
     try:
@@ -166,6 +168,7 @@ def _embed_copies(model_id: str, picks: list[dict], load) -> dict:
     items, failed = [], []
     for result in runner.run_many([keys[i : i + size] for i in range(0, len(keys), size)], load):
         failed += [[f.key, f.reason, f.detail] for f in result.failed]
+        metrics.count_refused_embeddings(lane=Lane.BULK, reasons=[f.reason for f in result.failed])
         items += [{"id": m.key, "sha256": by_id[m.key]["sha256"], "point_id": by_id[m.key]["point_id"],
                    "vector": encode_vector(v)} for m, v in zip(result.metas, result.vectors)]
     return {"items": items, "failed": failed}
@@ -212,8 +215,10 @@ def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
     twin of the original: not judged; ``twin_examples``), ``judged`` (sample − twins), ``hits``
     (judged copies whose top-1 is their original), ``rate`` (hits / judged; None for an empty
     catalogue), ``raw_hits``/``raw_rate`` (over the whole sample), ``threshold``, ``passed``, ``failures`` (at most :data:`REPORT_MAX_FAILURES`: image id,
-    sha256, the first hit's point and image id and score, the original's score), ``unreadable``
-    (images whose stored bytes did not decode), ``started_at``/``finished_at`` (ISO), ``duration_s``,
+    sha256, the first hit's point and image id and score, the original's score; or, for a copy
+    the model gave NaN, infinity or zeros for, which counts as a miss, image id, reason and
+    detail), ``unreadable`` (images whose stored bytes did not decode), ``coverage`` and
+    ``unusable_vectors`` (:func:`_coverage`: ``passed`` also needs ``coverage`` ≥ ``threshold``), ``started_at``/``finished_at`` (ISO), ``duration_s``,
     ``embed_s`` (the copies' embedding), ``search_ms`` (all searches), ``reencode``, ``seed``.
 
     Returns:
@@ -232,6 +237,9 @@ def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
     else:
         t0 = time.perf_counter()
         items = embedded.get("items", [])
+        # a copy the model gave NaN, infinity or zeros for is a miss of the model, not an unreadable file
+        refused = [f for f in embedded.get("failed", []) if f[1] in _UNUSABLE]
+        unreadable = [f for f in embedded.get("failed", []) if f[1] not in _UNUSABLE]
         misses = _probe(model_id, items)
         ref, twins = embedded.get("reference"), set()
         if ref and "error" not in ref and misses:
@@ -241,20 +249,41 @@ def gate_check(*, embedded: dict, model_id: str, run: str) -> dict:
         search_ms = (time.perf_counter() - t0) * 1000
         judged = [it for it in items if it["id"] not in twins]
         failures = [misses[it["id"]] for it in judged if it["id"] in misses]
-        n, hits = len(judged), len(judged) - len(failures)
+        failures += [{"image_id": i, "reason": r, "detail": d, "first": None, "original_score": None}
+                     for i, r, d in refused]
+        n = len(judged) + len(refused)
+        hits = n - len(failures)
         rate = hits / n if n else None
+        probed = len(items) + len(refused)
         raw_hits = len(items) - len(misses)
-        report.update(state="done", sample=len(items), judged=n, hits=hits, rate=None if rate is None else round(rate, 6),
-                      raw_hits=raw_hits, raw_rate=round(raw_hits / len(items), 6) if items else None,
+        coverage, unusable = _coverage(model_id)
+        report.update(state="done", sample=probed, judged=n, hits=hits, rate=None if rate is None else round(rate, 6),
+                      raw_hits=raw_hits, raw_rate=round(raw_hits / probed, 6) if probed else None,
                       twins=len(twins), twin_examples=[misses[i] for i in sorted(twins)][:10],
-                      passed=rate is None or rate >= threshold, failures=failures[:REPORT_MAX_FAILURES],
-                      failed_count=len(failures), unreadable=embedded.get("failed", []),
+                      passed=(rate is None or rate >= threshold) and (coverage is None or coverage >= threshold),
+                      failures=failures[:REPORT_MAX_FAILURES], failed_count=len(failures), unreadable=unreadable,
+                      coverage=coverage, unusable_vectors=unusable,
                       embed_s=embedded.get("embed_s"), search_ms=round(search_ms, 2))
-        if rate is None:
+        if rate is None and not unusable:
             report["note"] = "empty catalogue: nothing to probe"
     if EmbeddingSpace.objects.filter(model_id=model_id, gate_report__run=run).update(gate_report=report):
         _ready_emit(model_id)
     return report
+
+
+#: Reason codes of images whose vector the model gave as NaN, infinity or zeros (``workers.screen``).
+_UNUSABLE = tuple(r.value for r in screen.REASONS)
+
+
+def _coverage(model_id: str) -> tuple[float | None, int]:
+    """``(embedded rows / (embedded + refused for an unusable vector), refused)`` of the space
+    (``None`` when it has neither): a model that gives no usable vector for part of the catalogue
+    hides that part from every search, which the probe of its embedded images cannot see."""
+    rows = Image.objects.filter(model_id=model_id)
+    embedded = rows.filter(status=ImageStatus.EMBEDDED).count()
+    unusable = rows.filter(status=ImageStatus.FAILED, reason__in=_UNUSABLE).count()
+    total = embedded + unusable
+    return (round(embedded / total, 6) if total else None), unusable
 
 
 def _ready_emit(model_id: str) -> None:
@@ -355,8 +384,8 @@ def gate_verdict(space: EmbeddingSpace, threshold: float | None = None) -> tuple
 
     Returns:
         ``(True, None, detail)``, or ``(False, code, detail)`` with code :data:`GATE_MISSING` (no
-        report, still running) or :data:`GATE_FAILED` (rate below ``threshold``, or the probe could
-        not embed: its error).
+        report, still running) or :data:`GATE_FAILED` (rate below ``threshold``; coverage below it:
+        too many of the space's images got no usable vector; or the probe could not embed: its error).
     """
     threshold = settings.MIGRATION_GATE_THRESHOLD if threshold is None else float(threshold)
     report = space.gate_report or {}
@@ -367,7 +396,11 @@ def gate_verdict(space: EmbeddingSpace, threshold: float | None = None) -> tuple
         return False, GATE_FAILED, f"the quality gate could not embed: {report.get('error')}: {report.get('detail', '')}"
     if state != "done":
         return False, GATE_MISSING, f"no quality gate report for {space.model_id}: run the gate first"
-    rate = report.get("rate")
+    rate, coverage = report.get("rate"), report.get("coverage")
+    if coverage is not None and coverage < threshold:
+        return False, GATE_FAILED, (f"{report.get('unusable_vectors')} images of {space.model_id} have no usable "
+                                    f"vector (NaN, infinity or zeros): coverage {coverage:.4f}, threshold "
+                                    f"{threshold:.4f}")
     if rate is None:
         return True, None, "empty catalogue: nothing to probe"
     detail = f"{report.get('hits')}/{report.get('sample')} re-encoded copies found their original first " \

@@ -268,3 +268,33 @@ def test_the_management_command_start_status_promote_rollback_drop(two_models, s
     assert run("drop", S)["state"] == "dropped"
     with pytest.raises(CommandError, match="space_active"):
         run("drop", A)
+
+
+def test_every_action_refuses_a_body_its_schema_refuses_and_the_first_space_has_no_source(service, staff, api,
+                                                                                        user, monkeypatch):
+    admin = client_for(staff)
+    ran = []
+    monkeypatch.setattr(gate, "gate_start", lambda space_id: ran.append(space_id))
+    spaces.active(fresh=True)  # the space the deployment starts with, made on first use
+    (space,) = admin.get("/api/migrations/").json()
+    assert (space["state"], space["source"]) == ("active", None)  # what the schema now says may be
+    assert admin.get(space["url"]).json()["source"] is None
+    form = {"content_type": "application/x-www-form-urlencoded"}
+    for action in ("gate", "rollback", "promote"):
+        for body, kw in (({"force": "AAA"}, {"format": "json"}), ({"force": 1}, {"format": "json"}),
+                         ({"force": None}, {"format": "json"}), ([True], {"format": "json"}),
+                         ("force=0", form), ("force=AAA", form), ("force=yes", form)):
+            r = admin.post(f"{space['url']}{action}/", body, **kw)
+            assert r.status_code == 400, (action, body, r.json())
+            assert r.json()["code"] == "invalid" and set(r.json()) == {"message", "code", "extra"}
+    assert ran == []  # nothing started by a refused request
+    for body, kw in (({"force": True}, {"format": "json"}), ("force=false", form), ("force=True", form),
+                     ({}, {"format": "json"})):
+        assert admin.post(f"{space['url']}gate/", body, **kw).status_code == 202
+    assert ran == [space["id"]] * 4
+    # the same kind elsewhere: a boolean is true or false, never 1, "yes" or "on"
+    hook = api.post("/api/webhooks/", {"url": "https://example.com/hook"}, format="json").json()
+    assert api.patch(f"/api/webhooks/{hook['id']}/", {"active": 1}, format="json").status_code == 400
+    assert api.patch(f"/api/webhooks/{hook['id']}/", {"active": False}, format="json").json()["active"] is False
+    r = api.post("/api/embeddings/", {"store": "yes", "inputs": [{"text": "a cat"}]}, format="json")
+    assert r.status_code == 400 and "store" in r.json()["extra"]["fields"]
