@@ -2,8 +2,8 @@
 
 An error that echoes its input grows with it: DRF lists every invalid item of a list field (100,000
 bad ``callback_events`` made a 4.3 MB answer), a refusal lists every part it refuses. The API renders
-every error body through :func:`bounded_error` (``embeddings.api.errors``): each list and object
-keeps its first :data:`MAX_ITEMS` items and counts the rest, each string its first :data:`MAX_CHARS`
+every error body through :func:`bounded_error` (``embeddings.api.errors``): below ``extra``'s own
+keys, each list and object keeps its first :data:`MAX_ITEMS` items and counts the rest, each string its first :data:`MAX_CHARS`
 characters, and once :data:`BUDGET_CHARS` characters of strings and keys are spent the remaining
 items are counted instead of shown. An error answer stays under about 8 KB.
 
@@ -37,14 +37,20 @@ def bounded(value: Any, *, budget: int = BUDGET_CHARS) -> Any:
 
 def bounded_error(body: Any) -> Any:
     """An error body ``{"message", "code", "extra"}`` with its message cut to :data:`MAX_CHARS`
-    characters and its ``extra`` :func:`bounded`; any other value as it is."""
+    characters and each value of its ``extra`` cut as :func:`bounded` cuts (one budget for all;
+    ``extra``'s own keys are the service's, never the request's, so all of them stay); any other
+    value as it is."""
     if not isinstance(body, dict) or "message" not in body:
         return body
     out = dict(body)
     if isinstance(out["message"], str):
         out["message"] = _text(out["message"], [0])
-    if "extra" in out:
-        out["extra"] = bounded(out["extra"])
+    extra = out.get("extra")
+    if isinstance(extra, dict):  # its keys are the service's own (a 429 has 20): each kept, its value cut
+        left = [BUDGET_CHARS]
+        out["extra"] = {key: _cut(item, left) for key, item in extra.items()}
+    elif extra is not None:
+        out["extra"] = bounded(extra)
     return out
 
 

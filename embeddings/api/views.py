@@ -376,8 +376,8 @@ class SearchView(APIView):
         s = SearchSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data
+        where = search_filter(data.get("filter") if hasattr(data, "get") else None)  # refused before any bytes are kept
         image = from_uploads([v["image"]])[0] if v.get("image") else None
-        where = search_filter(data.get("filter") if hasattr(data, "get") else None)
         from embeddings.services.lifecycle import cutoff
         from embeddings import spaces
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from embeddings.api.json_input import JSON_MAX_DEPTH
 from embeddings.models import Job
 from tests.conftest import SHARED
+from tests.embeddings.test_api import jpeg_bytes, upload
 from tests.embeddings.conftest import client_for
 
 pytestmark = pytest.mark.django_db
@@ -122,12 +123,14 @@ def test_the_limit_is_inclusive(api):
 
 
 @pytest.mark.parametrize("path, fields, field", [
-    ("/api/search/", {"text": "a cat"}, "filter"),
+    ("/api/search/", {"image": ("q.jpg", 40)}, "filter"),  # a multipart search carries its image
     ("/api/jobs/", {"name": "j"}, "callback_url"),
     ("/api/embeddings/", {}, "inputs"),
 ])
 @pytest.mark.parametrize("depth", [JSON_MAX_DEPTH + 1, 50_000])
 def test_json_text_in_a_form_field_has_the_same_limit(api, path, fields, field, depth):
+    fields = {name: upload(value[0], jpeg_bytes(value[1])) if isinstance(value, tuple) else value
+              for name, value in fields.items()}
     r = api.post(path, {**fields, field: nested(depth)}, format="multipart")
     assert r.status_code == 400
     assert r.json() == {"message": f"{field} is JSON nested deeper than JSON_MAX_DEPTH (64 levels)",
