@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -112,6 +112,11 @@ bench-ingest: setup
 # make bench-export BENCH_ARGS="--rows 2000" for a quick check.
 bench-export: setup
 	$(PY) -m benchmarks.export $(BENCH_ARGS)
+
+# Issue 43 item 1 (docs/previews.md): preview formats (decode ms, bytes, cosine), what a preview adds
+# to a first embedding and saves a re-embed, and the cosine from previews on every photo and odd file, ~5 min.
+bench-previews: setup
+	$(PY) -m benchmarks.previews $(BENCH_ARGS)
 
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.

@@ -8,8 +8,9 @@ mode; ``project/settings.py`` points it at ``$VAR_DIR/prometheus`` before anythi
 client) and the web's ``/metrics`` aggregates them with ``MultiProcessCollector``. Without the
 variable (a single process) the default registry is served. The folder should be emptied when
 the whole service starts afresh (whoever starts the processes: ``scripts/stack.py``, the compose
-entrypoint); files of processes that died since are still added up, which keeps counters
-monotonic across worker restarts.
+entrypoint). Each scrape settles the files of processes that died since
+(``embeddings.metric_files``): their gauges leave it; their counters and histograms are folded
+into one file per type and still added up, which keeps counters monotonic across worker restarts.
 
 Metrics (``lane`` is ``bulk`` or ``interactive``):
 
@@ -20,6 +21,14 @@ Metrics (``lane`` is ``bulk`` or ``interactive``):
 - ``clip_batch_images{lane}`` histogram: images per batch.
 - ``clip_images_processed_total{lane,status}`` counter: outcomes as workers record them
   (``embedded``, ``failed``, ``skipped``).
+- ``clip_embeddings_refused_total{lane,reason}`` counter: vectors the model gave as NaN, infinity
+  (``non_finite_embedding``) or all zeros (``zero_embedding``), refused before any store
+  (``workers.screen``): uploads, bulk and migration chunks, queries, embeddings requests, the
+  quality gate's copies and the calibration prompts. Queries count in the ``interactive`` lane.
+- ``clip_preview_reads_total{source}`` counter: images of re-embeds (migration and dual embedding
+  chunks) by what was read (``docs/previews.md``): ``used`` (the preview), ``missing`` and
+  ``unreadable`` (the original, a preview was expected: fallbacks), ``too_small`` (the original,
+  the model's input exceeds the preview: by design).
 - ``clip_images{status}`` gauge: images per status in the database, read at scrape time.
 - ``clip_cpu_percent``, ``clip_gpu_utilisation_percent``, ``clip_gpu_memory_bytes`` gauges: the
   latest utilisation sample of the embedding workers (``workers.utilisation``).
@@ -50,6 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 
 from embeddings.models import BatchStat
+from workers import screen
 
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -58,11 +68,17 @@ STAGE_SECONDS = Histogram("clip_stage_seconds", "Per-batch stage time (s)", ["la
 BATCH_IMAGES = Histogram("clip_batch_images", "Images per batch", ["lane"],
                          buckets=(1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 256))
 IMAGES_PROCESSED = Counter("clip_images_processed", "Images by outcome, as workers record them", ["lane", "status"])
+EMBEDDINGS_REFUSED = Counter("clip_embeddings_refused", "Vectors the model gave that were refused before any store "
+                             "(NaN, infinity, all zeros), by lane and reason", ["lane", "reason"])
+PREVIEW_READS = Counter("clip_preview_reads", "Images of re-embeds by what was read: their preview (used) or "
+                        "their original (missing, unreadable, too_small)", ["source"])
+# livemostrecent: the latest sample of a process still alive; a dead sampler's value leaves the
+# scrape (embeddings.metric_files), where "mostrecent" served it frozen until the folder was emptied
 CPU_PERCENT = Gauge("clip_cpu_percent", "Machine CPU use, latest 1 s sample (0-100, all cores)",
-                    multiprocess_mode="mostrecent")
+                    multiprocess_mode="livemostrecent")
 GPU_PERCENT = Gauge("clip_gpu_utilisation_percent", "NVML GPU utilisation, latest 1 s sample (0-100)",
-                    multiprocess_mode="mostrecent")
-GPU_MEMORY = Gauge("clip_gpu_memory_bytes", "GPU memory in use, latest sample", multiprocess_mode="mostrecent")
+                    multiprocess_mode="livemostrecent")
+GPU_MEMORY = Gauge("clip_gpu_memory_bytes", "GPU memory in use, latest sample", multiprocess_mode="livemostrecent")
 
 _PRE_UPSERT_STAGES = ("load", "decode", "decode_wait", "preprocess", "embed")
 
@@ -78,6 +94,22 @@ def count_images(*, lane: str, status: str, n: int) -> None:
     """Add ``n`` images with outcome ``status`` on ``lane``."""
     if n:
         IMAGES_PROCESSED.labels(lane=lane, status=status).inc(n)
+
+
+def count_preview_reads(tally) -> None:
+    """Add a batch's ``workers.preview.PreviewTally`` to ``clip_preview_reads_total{source}``."""
+    for source, n in tally.as_dict().items():
+        if n:
+            PREVIEW_READS.labels(source=source).inc(n)
+
+
+def count_refused_embeddings(*, lane: str, reasons) -> None:
+    """Count each reason in ``reasons`` (reason codes of any refusal: those of ``workers.screen``,
+    ``non_finite_embedding`` and ``zero_embedding``, are counted, the others ignored) on ``lane``."""
+    for reason in screen.REASONS:
+        n = sum(1 for r in reasons if r == reason)
+        if n:
+            EMBEDDINGS_REFUSED.labels(lane=lane, reason=reason.value).inc(n)
 
 
 def observe_utilisation(sample) -> None:
@@ -216,9 +248,9 @@ def _host_registry() -> CollectorRegistry:
 
     reg = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        from embeddings.metric_files import LiveProcessCollector
 
-        multiprocess.MultiProcessCollector(reg)
+        LiveProcessCollector(reg)  # dead processes' files settled at each scrape
     else:
         for collector in list(REGISTRY._collector_to_names):  # noqa: SLF001 - re-serve the default collectors
             reg.register(collector)

@@ -9,13 +9,15 @@ an embedding worker on another host read what the web host stored.
 
 Keys are what messages and the database carry, never the bytes; each maps to one storage name:
 - ``blob/<aa>/<bb>/<sha256>`` → name ``<aa>/<bb>/<sha256>``: written once per distinct bytes.
-- ``tmp/<uuid hex>`` → name ``tmp/<uuid hex>``: a query image, kept only while its search runs
-  (``put_temporary``), never shared.
+- ``tmp/<uuid hex>`` → name ``tmp/<uuid hex>``: a query image or an embeddings request's image,
+  kept only while its request runs (``put_temporary``), never shared; one whose process died first
+  is deleted by the reconciler (``temporaries_delete``).
 - ``file:<absolute path>``: a file ingested in place from a server-side folder (staff only); it is
   read from the local filesystem, so every worker host must see that folder at the same path.
 - ``s3://<bucket>/<key>``: an object of a catalogue bucket read where it lives (issue 41,
   ``SOURCE_BUCKETS``), through the ``objects`` reader the store was given; never written or deleted.
-Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.webp``.
+Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.webp``, previews (what re-embeds
+read, ``workers.preview``: a JPEG or a lossless copy) under ``preview/<aa>/<sha256>``.
 
 ``read`` checks the sha256 again, so bytes changed after ingestion are refused (``source_changed``)
 rather than embedded under the wrong id.
@@ -23,6 +25,7 @@ rather than embedded under the wrong id.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import hashlib
 import os
 import tempfile
@@ -199,6 +202,25 @@ class BlobStore:
         if key.startswith((_BLOB_PREFIX, _TMP_PREFIX)):
             self.storage.delete(self._name(key))
 
+    def temporaries_delete(self, *, older_than: dt.datetime) -> int:
+        """Delete what ``tmp/`` holds that was last written before ``older_than`` (aware): the
+        temporary files of requests whose process died before deleting them (a request deletes its
+        own when it ends), and a filesystem storage's unfinished writes there. Returns how many."""
+        try:
+            _, names = self.storage.listdir(_TMP_PREFIX.rstrip("/"))
+        except FileNotFoundError:  # a filesystem storage that never held one
+            return 0
+        deleted = 0
+        for name in names:
+            path = f"{_TMP_PREFIX}{name}"
+            try:
+                if self.storage.get_modified_time(path) < older_than:
+                    self.storage.delete(path)
+                    deleted += 1
+            except FileNotFoundError:  # its request deleted it meanwhile
+                continue
+        return deleted
+
 
 def file_key(path: Path) -> str:
     """The storage key of a file ingested in place."""
@@ -254,3 +276,43 @@ def thumbnail_read(store: BlobStore, sha256: str) -> bytes | None:
 def thumbnail_delete(store: BlobStore, sha256: str) -> None:
     """Remove the thumbnail of ``sha256`` (missing: nothing to do)."""
     store.storage.delete(thumbnail_key(sha256))
+
+
+# --- previews (issue 43) -------------------------------------------------------------------------
+# One per distinct bytes, beside the thumbnail, under ``preview/<aa>/<sha256>`` (``workers.preview``:
+# a JPEG or a lossless copy, hence no suffix): what a re-embed reads instead of the original when
+# its model fits in it.
+
+def preview_key(sha256: str) -> str:
+    """Storage key of the preview of the bytes with ``sha256``. Raises ``ValueError`` if it is not hex."""
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return f"preview/{sha256[:2]}/{sha256}"
+
+
+def preview_exists(store: BlobStore, sha256: str) -> bool:
+    """True when ``store`` holds the preview of ``sha256``."""
+    return store.storage.exists(preview_key(sha256))
+
+
+def preview_put(store: BlobStore, sha256: str, data: bytes) -> bool:
+    """Write the preview of ``sha256`` (atomically on a filesystem), unless it exists. Returns True
+    when written."""
+    from django.core.files.base import ContentFile
+
+    name = preview_key(sha256)
+    if store.storage.exists(name):
+        return False
+    store.storage.save(name, ContentFile(data, name=name))
+    return True
+
+
+def preview_read(store: BlobStore, sha256: str) -> bytes:
+    """The preview bytes of ``sha256``. Raises ``FileNotFoundError`` when none was drawn."""
+    with store.storage.open(preview_key(sha256), "rb") as f:
+        return f.read()
+
+
+def preview_delete(store: BlobStore, sha256: str) -> None:
+    """Remove the preview of ``sha256`` (missing: nothing to do)."""
+    store.storage.delete(preview_key(sha256))

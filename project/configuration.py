@@ -280,6 +280,10 @@ VARS: tuple[Var, ...] = (
         "where image bytes and thumbnails live: `file:///folder`, or `s3://bucket[/prefix]` (S3-compatible, needed "
         "once embedding workers run on another host than the web; `docs/operations.md`, \"Image bytes\")",
         shown="unset: files under `$VAR_DIR/blobs`"),
+    _pipeline("PREVIEW_SIDE", "preview_side", int, "storage",
+              "short side (px) of the JPEG preview a worker keeps of each image it decodes, beside its thumbnail; "
+              "re-embeds (model migrations, dual embedding) read it instead of the original when the model's input "
+              "fits in it (`docs/previews.md`); 0: no previews"),
     Var("S3_ENDPOINT_URL", str, "", "storage", "a non-AWS S3 endpoint: MinIO, Ceph, R2, moto (`http://host:port`)",
         shown="unset (AWS)"),
     Var("AWS_ACCESS_KEY_ID", str, "", "storage", "S3 access key", shown="unset: boto3's own chain"),
@@ -338,8 +342,16 @@ VARS: tuple[Var, ...] = (
         "bytes of a whole request (checked from `Content-Length` before reading the body)",
         shown="`2147483648` (2 GiB)"),
     Var("ZIP_MAX_ENTRIES", int, 100_000, "limits", "entries of an uploaded zip (zip-bomb bound)"),
-    Var("ZIP_MAX_UNCOMPRESSED_BYTES", int, 20 * _GiB, "limits", "uncompressed bytes of an uploaded zip",
-        shown="`21474836480` (20 GiB)"),
+    # the web request inflates, hashes and stores a zip at ~60-100 MB/s on 2 cores (docs/catalogues.md):
+    # 4 GiB stays inside gunicorn's --timeout 120 (docker-compose.yml)
+    Var("ZIP_MAX_UNCOMPRESSED_BYTES", int, 4 * _GiB, "limits",
+        "uncompressed bytes of an uploaded zip (entries over `MAX_IMAGE_BYTES`, refused without inflating, do "
+        "not count)", shown="`4294967296` (4 GiB)"),
+    # photos stored uncompressed (BMP) deflate 1.5× (the shared photos, measured), JPEG/PNG/WebP about 1×;
+    # 20× leaves room for flat graphics and bounds a bomb to 20 times what was sent
+    Var("ZIP_MAX_RATIO", float, 20.0, "limits",
+        "uncompressed bytes of an uploaded zip per byte of the archive (entries over `MAX_IMAGE_BYTES` do not "
+        "count; an archive may always expand to `MAX_IMAGE_BYTES`)"),
     Var("INGEST_ROOTS", list, [], "limits",
         "server folders staff may ingest from, comma-separated (path traversal and symlinks out are refused)"),
 )
@@ -423,6 +435,7 @@ def pipeline_config(environ: Mapping[str, str] | None = None, *, hardware: Hardw
         interactive_max_queue_delay_ms=v["INTERACTIVE_MAX_QUEUE_DELAY_MS"], decode_threads=v["DECODE_THREADS"],
         torch_threads=v["TORCH_THREADS"], max_image_bytes=v["MAX_IMAGE_BYTES"],
         max_image_pixels=v["MAX_IMAGE_PIXELS"], decode_timeout_s=v["DECODE_TIMEOUT_S"],
+        preview_side=v["PREVIEW_SIDE"],
     )
 
 

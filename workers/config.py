@@ -63,6 +63,9 @@ class PipelineConfig:
         max_image_bytes: largest accepted encoded file (bytes).
         max_image_pixels: largest accepted header width × height (pixels); checked before decoding.
         decode_timeout_s: per-image decode time limit (s).
+        preview_side: short side (px) of the preview a worker keeps of each picture it decodes,
+            which re-embeds read when their model fits in it (``workers.preview``); 0: none drawn
+            nor read.
     """
 
     model_name: str = "ViT-B-32"
@@ -81,6 +84,7 @@ class PipelineConfig:
     max_image_bytes: int = 50 * 1024 * 1024
     max_image_pixels: int = 50_000_000
     decode_timeout_s: float = 10.0
+    preview_side: int = 384  # workers.preview.PREVIEW_SIDE (issue 43)
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -99,6 +103,8 @@ class PipelineConfig:
             raise ValueError(f"preprocess {self.preprocess} needs device cuda; use preprocess cpu on the CPU")
         if self.bulk_processes < 1:
             raise ValueError("bulk_processes must be >= 1")
+        if self.preview_side < 0:
+            raise ValueError(f"preview_side must be >= 0 (0: no previews), not {self.preview_side}")
         if self.micro_batch is not None and self.micro_batch < 1:
             raise ValueError("micro_batch must be >= 1 or None")
         for name in ("decode_threads", "torch_threads"):

@@ -19,7 +19,13 @@ Where preprocessing runs follows ``PipelineConfig.preprocess``:
   decode; ``preprocess`` adds the wall time of the device resize (device work is waited for
   before each clock read, so no stage's time leaks into the next).
 
-A bad image never fails its batch: it is returned in ``failed`` with its reason code.
+A bad image never fails its batch: it is returned in ``failed`` with its reason code, and so is
+one whose vector the model gave as NaN, infinity or zeros (``workers.screen``), after the pass.
+
+Previews (``workers.preview``, docs/previews.md): given ``previews``, each image is first read from
+its stored preview when the model's input fits in it, and from its original otherwise; a preview
+that is missing or unreadable falls back to the original (counted in ``previews``, logged). The
+decode hook (``on_decoded``) is where a first embedding draws the preview.
 """
 from __future__ import annotations
 
@@ -34,11 +40,13 @@ import cv2
 import numpy as np
 import torch
 
+from workers import screen
 from workers.config import PipelineConfig
 from workers.decode import decode_image, sniff_format
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
 from workers.preprocess import PreprocessConfig, normalize, orient_tensor, resize_and_crop, resize_and_crop_tensor
+from workers.preview import PreviewStore, PreviewTally, PreviewUnreadable, preview_read
 from workers.timing import StageTimings
 
 log = logging.getLogger(__name__)
@@ -49,11 +57,14 @@ Loader = Callable[[str], bytes]
 #: preparation starts): blocks while the caller's work must give way (a migration waiting for the
 #: interactive lane to fall idle, ``bulk_yield.yield_to_interactive``) and returns the milliseconds it waited.
 BeforePass = Callable[[], float]
-#: Called on a decode thread with an image's key and its upright ``(H, W, 3) uint8`` RGB pixels
-#: (possibly DCT-reduced, see ``DecodedImage.scale``) right after a successful decode: the hook that
-#: draws thumbnails where the image is already decoded (``workers.thumbnail``). Its time counts as
-#: ``preprocess``; an exception it raises is logged and never fails the image.
-OnDecoded = Callable[[str, np.ndarray], None]
+#: Called on a decode thread with an image's key, its upright ``(H, W, 3) uint8`` RGB pixels
+#: (possibly DCT-reduced, see ``DecodedImage.scale``; after a device decode, shrunk there to a short
+#: side of ``PipelineConfig.preview_side``) and its :class:`ImageMeta` (the original's full size and
+#: format) right after a successful decode of the original: the hook that draws the preview and the
+#: thumbnail where the image is already decoded (``workers.preview``, ``workers.thumbnail``). Never
+#: called for an image read from its preview. Its time counts as ``preprocess``; an exception it
+#: raises is logged and never fails the image.
+OnDecoded = Callable[[str, np.ndarray, "ImageMeta"], None]
 
 _EXIF_ORIENTATION = 0x0112
 
@@ -88,6 +99,8 @@ class PreparedBatch:
         failed: images refused while loading or decoding.
         timings: load / decode / decode_wait / preprocess so far.
         started: ``time.perf_counter()`` when preparation began.
+        previews: what was read from previews and what fell back to originals (all zeros without
+            ``previews``).
     """
 
     pixels: torch.Tensor
@@ -95,6 +108,7 @@ class PreparedBatch:
     failed: list[Failed]
     timings: StageTimings
     started: float
+    previews: PreviewTally = dataclasses.field(default_factory=PreviewTally)
 
 
 @dataclasses.dataclass
@@ -108,6 +122,7 @@ class BatchResult:
         timings: every stage up to ``embed``; ``total`` is wall time from the start of ``prepare``.
         paused_ms: time spent waiting in ``before_pass`` (ms; within ``total`` when the run had several
             passes, before it when one; 0 without a hook).
+        previews: as :attr:`PreparedBatch.previews`, over every pass.
     """
 
     vectors: np.ndarray
@@ -115,6 +130,7 @@ class BatchResult:
     failed: list[Failed]
     timings: StageTimings
     paused_ms: float = 0.0
+    previews: PreviewTally = dataclasses.field(default_factory=PreviewTally)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,9 +178,15 @@ class BatchRunner:
         """The model's preprocessing (loads the model on first use)."""
         return self.encoder.get().preprocess_config
 
-    def prepare(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None) -> PreparedBatch:
+    def prepare(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None,
+                previews: PreviewStore | None = None) -> PreparedBatch:
         """Load, decode, resize and crop each image in parallel; keep input order. ``on_decoded``
-        sees each decoded picture (:data:`OnDecoded`).
+        sees each decoded original (:data:`OnDecoded`).
+
+        Args:
+            previews: where the images' previews are (a re-embed); ``None``: originals only. Not
+                read at all when the model's input exceeds ``config.preview_side`` (counted
+                ``too_small``) or previews are off (``preview_side`` 0).
 
         Raises:
             Exception: only systemic errors (model cannot load); bad images go to ``failed``.
@@ -172,14 +194,21 @@ class BatchRunner:
         cfg = self.preprocess_config  # loads the model on first use: not part of any stage's time
         started = submitted = time.perf_counter()
         with_jpeg = self.jpeg_device is not None
-        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted, with_jpeg, on_decoded)
+        tally = PreviewTally()
+        if previews is not None and not self.config.preview_side:
+            previews = None
+        elif previews is not None and cfg.min_side > self.config.preview_side:
+            tally.too_small, previews = len(keys), None  # no preview can hold this model's input
+        futures = [self._pool.submit(self._prepare_one, key, loader, cfg, submitted, with_jpeg, on_decoded, previews)
                    for key in keys]
         timings = StageTimings()
         outcomes = []
         for fut in futures:
-            outcome, stage_ms = fut.result()
+            outcome, stage_ms, source = fut.result()
             _add(timings, stage_ms)
             outcomes.append(outcome)
+            if source is not None:
+                setattr(tally, source, getattr(tally, source) + 1)
         if with_jpeg:
             outcomes = self._decode_jpegs_on_device(outcomes, loader, cfg, timings, on_decoded)
         tensors, metas, failed = [], [], []
@@ -199,26 +228,70 @@ class BatchRunner:
             pixels = torch.stack(tensors)
         else:
             pixels = torch.empty((0, 3, h, w), dtype=torch.uint8)
-        return PreparedBatch(pixels=pixels, metas=metas, failed=failed, timings=timings, started=started)
+        return PreparedBatch(pixels=pixels, metas=metas, failed=failed, timings=timings, started=started,
+                             previews=tally)
 
     def _prepare_one(self, key: str, loader: Loader, cfg: PreprocessConfig, submitted: float, with_jpeg: bool,
-                     on_decoded: OnDecoded | None = None):
+                     on_decoded: OnDecoded | None = None, previews: PreviewStore | None = None):
+        """``(outcome, stage ms, preview source)``: the source is a :class:`PreviewTally` field
+        (``used``, or why the original was read), ``None`` without ``previews``."""
         t0 = time.perf_counter()
         ms = {"decode_wait": (t0 - submitted) * 1000}
+        source = None
+        if previews is not None:
+            outcome, source = self._from_preview(key, previews, cfg, ms)
+            if outcome is not None:
+                return outcome, ms, source
+            t0 = time.perf_counter()
         try:
             data = loader(key)
         except ImageRejected as e:
-            return Failed(key, e.reason.value, e.detail), ms
-        ms["load"] = (time.perf_counter() - t0) * 1000
+            return Failed(key, e.reason.value, e.detail), ms, source
+        _merge(ms, {"load": (time.perf_counter() - t0) * 1000})
         if with_jpeg:
             t1 = time.perf_counter()
             header = self._jpeg_header(key, data)
             if header is not None:
-                ms["decode"] = (time.perf_counter() - t1) * 1000  # the header check; the decode is added later
-                return header, ms
+                _merge(ms, {"decode": (time.perf_counter() - t1) * 1000})  # the header check; the decode is added later
+                return header, ms, source
         outcome, more = self._decode_on_cpu(key, data, cfg, on_decoded)
         _merge(ms, more)
-        return outcome, ms
+        return outcome, ms, source
+
+    @staticmethod
+    def _from_preview(key: str, previews: PreviewStore, cfg: PreprocessConfig, ms: dict[str, float]):
+        """``((tensor, meta), "used")`` from the preview of ``key``, or ``(None, why)`` (``missing``,
+        ``unreadable``: logged; ``too_small``) when the original must be read. An unreadable one is
+        discarded, so that the original's decode hook draws it again. Stage times go into ``ms``."""
+        t0 = time.perf_counter()
+        try:
+            data = previews.read(key)
+        except FileNotFoundError:
+            log.debug("no preview of %s: reading its original", key)  # counted; the caller logs the batch's count
+            return None, "missing"
+        except Exception as e:  # noqa: BLE001 - a storage error: the original may still be readable
+            log.warning("preview of %s not read (%s: %s): reading its original", key, type(e).__name__, e)
+            return None, "unreadable"
+        finally:
+            _merge(ms, {"load": (time.perf_counter() - t0) * 1000})
+        t1 = time.perf_counter()
+        try:
+            preview = preview_read(data)
+        except PreviewUnreadable as e:
+            log.warning("preview of %s unreadable (%s): discarded, reading its original", key, e)
+            try:
+                previews.discard(key)
+            except Exception:  # noqa: BLE001 - logged; the original is read all the same
+                log.exception("could not discard the unreadable preview of %s", key)
+            return None, "unreadable"
+        finally:
+            _merge(ms, {"decode": (time.perf_counter() - t1) * 1000})
+        if not preview.fits(cfg.min_side):
+            return None, "too_small"
+        t2 = time.perf_counter()
+        tensor = resize_and_crop(preview.rgb, cfg)
+        _merge(ms, {"preprocess": (time.perf_counter() - t2) * 1000})
+        return (tensor, ImageMeta(key=key, width=preview.width, height=preview.height, format=preview.format)), "used"
 
     def _decode_on_cpu(self, key: str, data: bytes, cfg: PreprocessConfig, on_decoded: OnDecoded | None = None):
         ms = {}
@@ -233,14 +306,14 @@ class BatchRunner:
             )
             t2 = time.perf_counter()
             ms["decode"] = (t2 - t1) * 1000
+            meta = ImageMeta(key=key, width=decoded.width, height=decoded.height, format=decoded.format)
             tensor = resize_and_crop(decoded.rgb, cfg)
             if on_decoded is not None:
-                _call_hook(on_decoded, key, decoded.rgb)
+                _call_hook(on_decoded, key, decoded.rgb, meta)
             ms["preprocess"] = (time.perf_counter() - t2) * 1000
         except ImageRejected as e:
             ms.setdefault("decode", (time.perf_counter() - t1) * 1000)
             return Failed(key, e.reason.value, e.detail), ms
-        meta = ImageMeta(key=key, width=decoded.width, height=decoded.height, format=decoded.format)
         return (tensor, meta), ms
 
     def _jpeg_header(self, key: str, data: bytes) -> _Jpeg | None:
@@ -296,12 +369,13 @@ class BatchRunner:
                     outcomes[i] = outcome
                     continue
                 upright = orient_tensor(image, jpeg.orientation)
-                if on_decoded is not None:  # shrunk on the device: only a small picture comes back
-                    from workers.thumbnail import thumbnail_source
-
-                    _call_hook(on_decoded, jpeg.key, thumbnail_source(upright))
                 width, height = (jpeg.height, jpeg.width) if jpeg.orientation >= 5 else (jpeg.width, jpeg.height)
-                outcomes[i] = (resize_and_crop_tensor(upright, cfg), ImageMeta(jpeg.key, width, height, "jpeg"))
+                meta = ImageMeta(jpeg.key, width, height, "jpeg")
+                if on_decoded is not None:  # shrunk on the device: only a small picture comes back
+                    from workers.preview import device_pixels
+
+                    _call_hook(on_decoded, jpeg.key, device_pixels(upright, self.config.preview_side), meta)
+                outcomes[i] = (resize_and_crop_tensor(upright, cfg), meta)
             self._sync(device)
             timings.preprocess += (time.perf_counter() - t1) * 1000
         return outcomes
@@ -324,18 +398,22 @@ class BatchRunner:
             torch.cuda.current_stream(device).synchronize()
 
     def embed(self, prepared: PreparedBatch) -> BatchResult:
-        """Normalise and copy to the device (``preprocess``), then one forward pass (``embed``)."""
+        """Normalise and copy to the device (``preprocess``), then one forward pass (``embed``); a
+        vector that is not finite or is all zeros fails its image (:func:`screened`)."""
         encoder = self.encoder.get()
         timings = prepared.timings
-        if len(prepared.metas):
+        metas, failed = prepared.metas, prepared.failed
+        if len(metas):
             with timings.measure("preprocess"):
                 x = self.model_input(prepared.pixels)
             with timings.measure("embed"):
                 vectors = encoder.encode_images(x)
+            metas, vectors, refused = screened(metas, vectors)
+            failed = failed + refused
         else:
             vectors = np.empty((0, encoder.embed_dim), dtype=np.float32)
         timings.total = (time.perf_counter() - prepared.started) * 1000
-        return BatchResult(vectors=vectors, metas=prepared.metas, failed=prepared.failed, timings=timings)
+        return BatchResult(vectors=vectors, metas=metas, failed=failed, timings=timings, previews=prepared.previews)
 
     def model_input(self, pixels: torch.Tensor) -> torch.Tensor:
         """``(N, 3, S, S) uint8`` → normalised float32 on the model's device, where the config says.
@@ -353,23 +431,27 @@ class BatchRunner:
         return x
 
     def run(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None, *,
-            micro_batch: int | None = None, before_pass: BeforePass | None = None) -> BatchResult:
-        """``embed(prepare(keys, loader, on_decoded))``; with a micro-batch size (``micro_batch``, else
-        ``config.micro_batch``) smaller than ``len(keys)``, forward passes of that many images through
-        :meth:`run_many`, merged into one result in input order (stages summed over the passes,
-        ``total`` the wall time of them all, ``paused_ms`` the time ``before_pass`` waited)."""
+            micro_batch: int | None = None, before_pass: BeforePass | None = None,
+            previews: PreviewStore | None = None) -> BatchResult:
+        """``embed(prepare(keys, loader, on_decoded, previews))``; with a micro-batch size
+        (``micro_batch``, else ``config.micro_batch``) smaller than ``len(keys)``, forward passes of
+        that many images through :meth:`run_many`, merged into one result in input order (stages and
+        preview counts summed over the passes, ``total`` the wall time of them all, ``paused_ms`` the
+        time ``before_pass`` waited)."""
         mb = micro_batch or self.config.micro_batch
         if not mb or len(keys) <= mb:
             paused = before_pass() if before_pass else 0.0
-            result = self.embed(self.prepare(keys, loader, on_decoded))
+            result = self.embed(self.prepare(keys, loader, on_decoded, previews))
             result.paused_ms = paused
             return result
         started = time.perf_counter()
         parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader, on_decoded,
-                                   before_pass=before_pass))
+                                   before_pass=before_pass, previews=previews))
         timings = StageTimings()
+        tally = PreviewTally()
         for part in parts:
             _add(timings, {s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
+            tally.add(part.previews)
         timings.total = (time.perf_counter() - started) * 1000
         return BatchResult(
             vectors=np.concatenate([p.vectors for p in parts]),
@@ -377,11 +459,12 @@ class BatchRunner:
             failed=[f for p in parts for f in p.failed],
             timings=timings,
             paused_ms=sum(p.paused_ms for p in parts),
+            previews=tally,
         )
 
     def run_many(self, batches: Iterable[Sequence[str]], loader: Loader,
-                 on_decoded: OnDecoded | None = None, *, before_pass: BeforePass | None = None
-                 ) -> Iterator[BatchResult]:
+                 on_decoded: OnDecoded | None = None, *, before_pass: BeforePass | None = None,
+                 previews: PreviewStore | None = None) -> Iterator[BatchResult]:
         """Results of ``run`` for each batch, in order, with batch k+1 being loaded, decoded and
         preprocessed (on a helper thread and the decode pool) while batch k is in the model.
 
@@ -396,13 +479,14 @@ class BatchRunner:
         try:
             first = next(it, None)
             paused = before_pass() if before_pass and first is not None else 0.0
-            pending = None if first is None else ahead.submit(self.prepare, first, loader, on_decoded)
+            pending = None if first is None else ahead.submit(self.prepare, first, loader, on_decoded, previews)
             while pending is not None:
                 prepared = pending.result()
                 if before_pass is not None:
                     paused += before_pass()
                 following = next(it, None)
-                pending = None if following is None else ahead.submit(self.prepare, following, loader, on_decoded)
+                pending = None if following is None else ahead.submit(self.prepare, following, loader, on_decoded,
+                                                                      previews)
                 result = self.embed(prepared)
                 result.paused_ms, paused = paused, 0.0
                 yield result
@@ -414,10 +498,10 @@ class BatchRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _call_hook(on_decoded: OnDecoded, key: str, rgb) -> None:
+def _call_hook(on_decoded: OnDecoded, key: str, rgb, meta: ImageMeta) -> None:
     """Run the decode hook; a failure there (a full disk for thumbnails) must not refuse the image."""
     try:
-        on_decoded(key, rgb)
+        on_decoded(key, rgb, meta)
     except Exception:  # noqa: BLE001 - logged with its traceback; the embedding goes on
         log.exception("on_decoded hook failed for %s", key)
 
@@ -430,6 +514,21 @@ def _add(timings: StageTimings, stage_ms: dict[str, float]) -> None:
 def _merge(into: dict[str, float], more: dict[str, float]) -> None:
     for stage, ms in more.items():
         into[stage] = into.get(stage, 0.0) + ms
+
+
+def screened(metas: Sequence[ImageMeta], vectors: np.ndarray) -> tuple[list[ImageMeta], np.ndarray, list[Failed]]:
+    """Split the model's ``vectors`` ``(N, D)`` (row i of ``metas[i]``) into the usable rows and the
+    refused images (``workers.screen``: ``non_finite_embedding``, ``zero_embedding``), order kept.
+
+    Returns:
+        ``(metas kept, their vectors (M, D), refused images)``.
+    """
+    reasons = screen.faults(vectors)
+    if not any(reasons):
+        return list(metas), vectors, []
+    keep = [i for i, r in enumerate(reasons) if r is None]
+    refused = [Failed(m.key, r.value, screen.detail(r)) for m, r in zip(metas, reasons) if r is not None]
+    return [metas[i] for i in keep], vectors[keep], refused
 
 
 def expired(key: str) -> Failed:

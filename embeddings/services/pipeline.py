@@ -12,6 +12,7 @@ import socket
 import time
 import uuid
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F
@@ -24,6 +25,7 @@ from embeddings.selectors import hits_to_results
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.spaces import ModelNotConfigured
+from workers import screen
 from workers.errors import Reason
 from workers.timing import StageTimings
 from workers.vector_store import Point, filters
@@ -65,20 +67,62 @@ def _loader(rows: dict[str, tuple[str, str]]):
 
 
 def _thumbnailer(shas: dict[str, str]):
-    """The runner's decode hook (``workers.runner.OnDecoded``): draws the thumbnail of each image
-    (key = image id, ``shas`` maps it to its sha256) once, into the blob store, from the pixels the
-    worker has just decoded. An existing thumbnail is not drawn again."""
-    from embeddings.storage import thumbnail_exists, thumbnail_put
+    """The runner's decode hook (``workers.runner.OnDecoded``): draws the preview (``workers.preview``;
+    none when ``PREVIEW_SIDE`` is 0) and the thumbnail of each image (key = image id, ``shas`` maps it
+    to its sha256) once each, into the blob store, from the pixels the worker has just decoded; the
+    thumbnail from the preview's pixels, which are fewer. An existing one is not drawn again; a
+    picture too long for a preview gets none (its re-embeds read the original)."""
+    from embeddings.storage import preview_exists, preview_put, thumbnail_exists, thumbnail_put
+    from workers.preview import PreviewTooLong, preview_bytes
     from workers.thumbnail import thumbnail_bytes
 
     store = runtime.blob_store()
+    side = settings.PIPELINE.preview_side
 
-    def on_decoded(image_id: str, rgb) -> None:
+    def on_decoded(image_id: str, rgb, meta) -> None:
         sha = shas.get(image_id)
-        if sha and not thumbnail_exists(store, sha):
-            thumbnail_put(store, sha, thumbnail_bytes(rgb))
+        if not sha:
+            return
+        pixels = rgb
+        if side and not preview_exists(store, sha):
+            try:
+                data, pixels = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
+                                             short_side=side)
+                preview_put(store, sha, data)
+            except PreviewTooLong as e:
+                log.info("no preview of %s: %s", image_id, e)
+        if not thumbnail_exists(store, sha):
+            thumbnail_put(store, sha, thumbnail_bytes(pixels))
 
     return on_decoded
+
+
+class _Previews:
+    """The previews of a chunk's images in the blob store (``workers.preview.PreviewStore``; key =
+    image id, ``shas`` maps it to its sha256)."""
+
+    def __init__(self, shas: dict[str, str]) -> None:
+        self.store, self.shas = runtime.blob_store(), shas
+
+    def read(self, key: str) -> bytes:
+        from embeddings.storage import preview_read
+
+        return preview_read(self.store, self.shas[key])
+
+    def discard(self, key: str) -> None:
+        from embeddings.storage import preview_delete
+
+        preview_delete(self.store, self.shas[key])
+
+
+def _count_previews(tally, *, job_id: str) -> None:
+    """Count a re-embed chunk's preview reads (``clip_preview_reads_total``) and log its fallbacks
+    (each unreadable one was logged as a warning by the runner; a missing one is expected for an
+    image embedded before previews existed, or a dual-embedding copy whose upload is not decoded yet)."""
+    metrics.count_preview_reads(tally)
+    if tally.fallbacks:
+        log.info("chunk of job %s: %d previews missing and %d unreadable: their originals were read "
+                 "(manage.py previews draws missing ones)", job_id, tally.missing, tally.unreadable)
 
 
 def _item(meta, vector, point_id: str, sha256: str, model_id: str) -> dict:
@@ -103,14 +147,17 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     (``services.sink``: :func:`chunk_index` in this process), else through the vectors worker.
 
     Images no longer queued (already embedded by an earlier delivery, cancelled) are left alone, so a
-    redelivered chunk redoes only what is missing. Bad images fail alone with their reason. A chunk
-    of a paused job is parked instead of run (``job_chunk_park``): resuming the job queues it again.
+    redelivered chunk redoes only what is missing. Bad images fail alone with their reason. A
+    migration chunk (a re-embed) reads each image's preview where the model's input fits in it, the
+    original otherwise (``workers.preview``, docs/previews.md). A chunk of a paused job is parked
+    instead of run (``job_chunk_park``): resuming the job queues it again.
 
     Returns:
         ``{"embedded": n, "failed": n, "skipped": n, "stat_id": id | None}`` (``embedded`` counts
         vectors handed over; they are marked embedded once written), plus ``"parked": n`` when parked
         and ``"paused_ms"`` when it computed (a migration chunk, or a background one while the
-        interactive lane was at capacity: time given to the interactive lane).
+        interactive lane was at capacity: time given to the interactive lane); a migration chunk
+        also ``"previews"``: ``workers.preview.PreviewTally`` as a dict (what it read).
     """
     from embeddings import dispatch
     from embeddings import lane_control
@@ -159,6 +206,9 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
     slot = contextlib.nullcontext(0.0)
     migration = job.kind == JobKind.MIGRATION
+    # a re-embed (migration, dual embedding): these bytes were decoded before, their preview is read
+    # when the model fits in it (docs/previews.md); a first embedding draws it instead
+    previews = _Previews({k: v[1] for k, v in rows.items()}) if migration else None
     if migration:  # background priority: one chunk computing per host
         slot = lane_control.migration_slot()  # (MIGRATION_BULK_SLOTS), small passes in the interactive lane's idle time
     # waits while the interactive lane is at capacity: a migration, or a background job on time
@@ -176,11 +226,14 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
                       "before_pass": lane_control.ingest_yielder(activity=activity)}
         chunk_started = time.time()
         result = runner.run(ordered, _loader({k: v[:2] for k, v in rows.items()}),
-                            _thumbnailer({k: v[1] for k, v in rows.items()}), **passes)
+                            _thumbnailer({k: v[1] for k, v in rows.items()}), previews=previews, **passes)
+    if previews is not None:
+        _count_previews(result.previews, job_id=job_id)
     if result.paused_ms:
         log.info("chunk of job %s: %d images, paused %.0f ms for interactive work", job_id,
                  len(ordered), result.paused_ms)
     image_services.images_mark_failed([(f.key, f.reason, f.detail) for f in result.failed])
+    metrics.count_refused_embeddings(lane=Lane.BULK, reasons=[f.reason for f in result.failed])
     stat = _stat(job_id=job_id, lane=Lane.BULK, images=len(ordered), failed=len(result.failed), timings=result.timings)
     metrics.count_images(lane=Lane.BULK, status="failed", n=len(result.failed))
     metrics.count_images(lane=Lane.BULK, status="skipped", n=len(image_ids) - len(ordered))
@@ -195,8 +248,11 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
     else:
         BatchStat.objects.filter(id=stat.id).update(finished_at=timezone.now())
         job_services.job_refresh(job_id=job_id)
-    return {"embedded": len(items), "failed": len(result.failed), "skipped": len(image_ids) - len(ordered),
-            "stat_id": stat.id, "paused_ms": round(result.paused_ms, 1)}
+    out = {"embedded": len(items), "failed": len(result.failed), "skipped": len(image_ids) - len(ordered),
+           "stat_id": stat.id, "paused_ms": round(result.paused_ms, 1)}
+    if previews is not None:
+        out["previews"] = result.previews.as_dict()
+    return out
 
 
 def _space(items: list[dict]) -> str:
@@ -234,9 +290,24 @@ def _queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
     return queued, payloads
 
 
-def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None
-                  ) -> tuple[list[dict], float]:
+def _unusable(items: list[dict], *, lane: str) -> list[dict]:
+    """Fail the images of ``items`` whose vector is not finite or is all zeros (``workers.screen``;
+    counted on ``lane``) and return the others. The workers screen every vector they compute; this
+    is the last look before the store, for a vector that reached the queue another way (a worker
+    of an earlier version), so that the store's own refusal never fails a whole write."""
+    reasons = screen.faults(np.stack([decode_vector(it["vector"]) for it in items])) if items else []
+    bad = [(it["id"], r.value, screen.detail(r)) for it, r in zip(items, reasons) if r is not None]
+    if not bad:
+        return items
+    image_services.images_mark_failed(bad)
+    metrics.count_refused_embeddings(lane=lane, reasons=[r for _, r, _ in bad])
+    return [it for it, r in zip(items, reasons) if r is None]
+
+
+def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
+                  lane: str = Lane.BULK) -> tuple[list[dict], float]:
     """Write the points of the items whose images are still queued, then mark those embedded.
+    An item whose vector is not usable is failed instead (:func:`_unusable`, counted on ``lane``).
 
     An image decided meanwhile by another process is left alone: cancelled with its job, expired
     by the reconciler, or embedded by another delivery of the same work (its point is the same). If
@@ -252,7 +323,7 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
         ``(items marked embedded now, upsert wall time in ms)``.
     """
     queued, payloads = read if read is not None else _queued_payloads(items)
-    live = [it for it in items if it["id"] in queued]
+    live = _unusable([it for it in items if it["id"] in queued], lane=lane)
     if not live:
         return [], 0.0
     upsert_ms = _write_points(live, payloads)
@@ -348,12 +419,14 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     """Embed an interactive request's images through the process's dynamic batcher.
 
     A request whose deadline has passed before it reaches the model is not computed: its images
-    come back as ``expired``.
+    come back as ``expired``. An image whose vector is not finite or is all zeros comes back failed
+    (``non_finite_embedding``, ``zero_embedding``: ``workers.screen``), counted.
 
     Returns:
         ``{"items": [...], "failed": [[id, reason, detail], ...], "timings": {stage: ms}}``.
     """
     from workers.batcher import Expired
+    from workers.runner import screened
 
     rows, models = {}, set()
     for i, key, sha, pid, mid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
@@ -377,7 +450,10 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
                 vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
         except Expired:
             return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
-        items = [_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(prepared.metas, vectors)]
+        metas, vectors, refused = screened(prepared.metas, vectors)  # NaN, infinity or zeros fail alone
+        failed += [[f.key, f.reason, f.detail] for f in refused]
+        metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
+        items = [_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(metas, vectors)]
     timings.total = (time.perf_counter() - prepared.started) * 1000
     return {"items": items, "failed": failed, "timings": timings.as_dict()}
 
@@ -395,7 +471,7 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
         ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
     """
     items, failed = embedded.get("items", []), embedded.get("failed", [])
-    upsert_ms = _write_queued(items)[1] if items else 0.0
+    upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE)[1] if items else 0.0
     embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
                                                           status=ImageStatus.EMBEDDED).values_list("id", flat=True)}
     items = [it for it in items if it["id"] in embedded_now]  # written now, or by another delivery
@@ -449,8 +525,9 @@ def query_embed(*, storage_key: str, sha256: str, deadline_ts: float, model_id: 
 
     Returns:
         ``{"vector": base64}``, or ``{"reason", "detail"}`` when the image cannot be decoded, the
-        deadline passed (reason ``expired``), or this worker may not load that model
-        (``model_not_configured``).
+        deadline passed (reason ``expired``), this worker may not load that model
+        (``model_not_configured``), or the model's vector is not finite or is all zeros
+        (``non_finite_embedding``, ``zero_embedding``; counted).
     """
     from workers.batcher import Expired
 
@@ -467,20 +544,31 @@ def query_embed(*, storage_key: str, sha256: str, deadline_ts: float, model_id: 
         vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
     except Expired:
         return _query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value, "detail": "deadline passed"}
-    return {"vector": encode_vector(vectors[0])}
+    return _query_vector(vectors[0])
+
+
+def _query_vector(vector) -> dict:
+    """A query's answer: ``{"vector": base64}``, or the refusal of a vector that is not finite or is
+    all zeros (``workers.screen``), counted in the interactive lane (where queries run)."""
+    reason = screen.fault(vector)
+    if reason is None:
+        return {"vector": encode_vector(vector)}
+    metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[reason])
+    return {"reason": reason.value, "detail": screen.detail(reason)}
 
 
 def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
     """Embed a text query with space ``model_id``'s text tower → ``{"vector": base64}``;
     ``{"reason": "expired", "detail"}`` without running the model when its deadline (Unix s) has
-    passed; ``model_not_configured`` when this worker may not load it."""
+    passed; ``model_not_configured`` when this worker may not load it; ``non_finite_embedding`` /
+    ``zero_embedding`` when the vector cannot be compared (:func:`_query_vector`)."""
     if (refused := _query_expired(deadline_ts)) is not None:
         return refused
     try:
         holder = runtime.encoder_holder(model_id)
     except ModelNotConfigured as e:
         return {"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)}
-    return {"vector": encode_vector(holder.get().encode_texts([text])[0])}
+    return _query_vector(holder.get().encode_texts([text])[0])
 
 
 def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dict:
@@ -499,10 +587,13 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
         ``{"vector": base64 of (D,) little-endian float32, L2-normalised}`` (a text's also carries
         ``"tokens"``: :meth:`workers.model.ClipEncoder.count_tokens`), or ``{"reason", "detail"}``:
         a refused image's reason code, ``expired`` for every item once the deadline passed,
-        ``model_not_configured`` for every item when this worker may not load that model.
+        ``model_not_configured`` for every item when this worker may not load that model,
+        ``non_finite_embedding`` / ``zero_embedding`` for an input whose vector cannot be compared
+        (``workers.screen``; counted in the interactive lane).
         ``image_tokens``: what one image counts in the usage (``ClipEncoder.image_tokens``).
     """
     from workers.batcher import Expired
+    from workers.runner import screened
 
     def every(refusal: dict) -> dict:
         return {"data": [refusal] * len(items), "image_tokens": 0}
@@ -528,7 +619,11 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
             except Expired:
                 return every(_query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value,
                                                              "detail": "deadline passed"})
-            for meta, vector in zip(prepared.metas, vectors):
+            metas, vectors, refused = screened(prepared.metas, vectors)
+            for f in refused:
+                out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
+            metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
+            for meta, vector in zip(metas, vectors):
                 out[int(meta.key)] = {"vector": encode_vector(vector)}
     encoder = holder.get()
     if texts:
@@ -536,7 +631,9 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
             return every(refused)
         strings = [t for _, t in texts]
         for (i, _), vector, n in zip(texts, encoder.encode_texts(strings), encoder.count_tokens(strings)):
-            out[i] = {"vector": encode_vector(vector), "tokens": n}
+            out[i] = _query_vector(vector)
+            if "vector" in out[i]:
+                out[i]["tokens"] = n
     return {"data": out, "image_tokens": encoder.image_tokens}
 
 
@@ -546,16 +643,21 @@ def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | No
     restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the metadata filter
     ``where`` (the API's JSON, ``workers.vector_store.filters``; applied inside the vector query,
     so k results come back whenever k images match). A refused query image (``{"reason",
-    "detail"}``) is passed through unchanged. ``with_vectors``: each result carries its stored
-    vector (``"vector"``: base64 of little-endian float32), read by the search itself.
+    "detail"}``) is passed through unchanged, and a query vector that is not finite or is all
+    zeros is refused (``non_finite_embedding``, ``zero_embedding``: ``workers.screen``; the
+    embedding workers refuse it first and count it). ``with_vectors``: each result carries its
+    stored vector (``"vector"``: base64 of little-endian float32), read by the search itself.
 
     Returns:
         ``{"results": [...]}`` or the refusal.
     """
     if "vector" not in query:
         return query
+    vector = decode_vector(query["vector"])
+    if (reason := screen.fault(vector)) is not None:  # the store refuses it: refused here in the same words
+        return {"reason": reason.value, "detail": screen.detail(reason)}
     flt = filters.parse(where) if where is not None else None
-    hits = runtime.vector_store(model_id).search(decode_vector(query["vector"]), k=k, owner_id=owner_id, job_id=job_id,
+    hits = runtime.vector_store(model_id).search(vector, k=k, owner_id=owner_id, job_id=job_id,
                                                  where=flt, with_vectors=with_vectors)
     return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)}
 
@@ -564,8 +666,9 @@ def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | N
                  model_id: str, where: dict | None = None, with_vectors: bool = False) -> list[dict] | None:
     """Top-k images similar to a stored point (itself included, when it passes the filter) of space
     ``model_id``, restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the
-    metadata filter ``where`` (JSON); ``None`` if the point is missing. ``with_vectors``: as
-    :func:`vector_search`."""
+    metadata filter ``where`` (JSON); ``None`` if the point is missing, or its stored vector is not
+    finite or is all zeros (written before ``workers.screen``: the store leaves it out).
+    ``with_vectors``: as :func:`vector_search`."""
     store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:

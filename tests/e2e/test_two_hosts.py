@@ -112,7 +112,7 @@ def test_web_host_and_worker_hosts_share_only_redis_postgres_s3_and_the_store(tm
         stats = assert_counts_match(api, host_a)  # one point per distinct image, nothing queued
         distinct = 3 * CHUNK + 3
         assert stats["points"] == distinct, stats
-        originals = [k for k in keys(moto, "two-hosts/") if not k.startswith("two-hosts/thumb/")]
+        originals = [k for k in keys(moto, "two-hosts/") if not k.startswith(("two-hosts/thumb/", "two-hosts/preview/"))]
         assert len(originals) == distinct
         for host in (host_a, b1, b2):
             assert blob_files(host.var_dir) == [], host.var_dir

@@ -7,7 +7,7 @@ job or its owner, a job cancelled while it is queued), afterwards:
 - every embedded or skipped row left is searchable by id (a copy stays searchable while any row
   holds its bytes),
 - blob files = the storage keys of the rows left (query images leave nothing behind), and no
-  thumbnail outlives every row of its bytes.
+  thumbnail or preview outlives every row of its bytes.
 
 The directed tests each show one way; ``test_random_sequences_keep_the_index_whole`` drives a seeded
 random mix of them through the API and the admin. Eager Celery runs the real tasks in this process;
@@ -69,6 +69,8 @@ def check_index(*, searchable: bool = True) -> None:
     assert not list((runtime.blob_store().root / "tmp").glob("*")), "a query image was left behind"
     thumbs = {p.stem for p in (runtime.blob_store().root / "thumb").glob("*/*.webp")}
     assert thumbs <= set(live.values_list("sha256", flat=True)), "a thumbnail outlived every row of its bytes"
+    previews = {p.name for p in (runtime.blob_store().root / "preview").glob("*/*")}
+    assert previews <= set(live.values_list("sha256", flat=True)), "a preview outlived every row of its bytes"
     if not searchable:
         return
     for im in live.filter(status__in=(ImageStatus.EMBEDDED, ImageStatus.SKIPPED)).select_related("owner"):

@@ -47,10 +47,11 @@ def test_in_place_files_and_malformed_keys(tmp_path):
 
 def test_the_filesystem_backend_keeps_names_and_layout(tmp_path):
     """The default backend (Django's FileSystemStorage, content-addressed): the layout under
-    ``BLOB_ROOT`` is the one earlier versions wrote, a name is never renamed, thumbnails and
+    ``BLOB_ROOT`` is the one earlier versions wrote, a name is never renamed, thumbnails, previews and
     temporary keys sit in the same folder, and ``exists``/``path`` answer per key."""
-    from embeddings.storage import (ContentFileSystemStorage, thumbnail_delete, thumbnail_exists, thumbnail_path,
-                                    thumbnail_put, thumbnail_read)
+    from embeddings.storage import (ContentFileSystemStorage, preview_delete, preview_exists, preview_put,
+                                    preview_read, thumbnail_delete, thumbnail_exists, thumbnail_path, thumbnail_put,
+                                    thumbnail_read)
 
     store = BlobStore(tmp_path)
     assert isinstance(store.storage, ContentFileSystemStorage) and store.root == tmp_path
@@ -69,6 +70,14 @@ def test_the_filesystem_backend_keeps_names_and_layout(tmp_path):
     assert thumbnail_exists(store, sha) and thumbnail_read(store, sha) == b"thumb"
     thumbnail_delete(store, sha)
     assert thumbnail_read(store, sha) is None and not thumbnail_exists(store, sha)
+    assert preview_put(store, sha, b"preview") and not preview_put(store, sha, b"again")
+    assert (tmp_path / "preview" / sha[:2] / sha).read_bytes() == b"preview" == preview_read(store, sha)
+    preview_delete(store, sha)
+    assert not preview_exists(store, sha) and not (tmp_path / "preview" / sha[:2] / sha).exists()
+    with pytest.raises(FileNotFoundError):
+        preview_read(store, sha)
+    with pytest.raises(ValueError, match="not a sha256"):
+        preview_read(store, "../" + sha[3:])
     assert not [p for p in tmp_path.rglob(".upload-*")]  # no temporary file left behind
     for bad in ("blob/aa/bb/" + "0" * 64, "tmp/../x", "thumb/x", "nope"):
         with pytest.raises(ValueError):

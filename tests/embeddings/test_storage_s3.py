@@ -18,7 +18,8 @@ import requests
 
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus
-from embeddings.storage import BlobStore, thumbnail_delete, thumbnail_exists, thumbnail_put, thumbnail_read
+from embeddings.storage import (BlobStore, preview_delete, preview_exists, preview_put, preview_read, thumbnail_delete,
+                                thumbnail_exists, thumbnail_put, thumbnail_read)
 from scripts.stack import free_port
 from workers.errors import ImageRejected
 
@@ -132,7 +133,7 @@ def test_bytes_changed_in_the_bucket_are_refused(moto, s3_store):
     assert e.value.reason.value == "source_changed"
 
 
-def test_temporary_keys_and_thumbnails(moto, s3_store):
+def test_temporary_keys_thumbnails_and_previews(moto, s3_store):
     store, prefix = s3_store
     key, sha, size = store.put_temporary([b"query ", b"image"])
     assert key.startswith("tmp/") and size == 11 and store.read(key, sha) == b"query image"
@@ -146,6 +147,13 @@ def test_temporary_keys_and_thumbnails(moto, s3_store):
     assert thumbnail_read(store, s) == b"webp bytes"
     assert keys(moto, prefix) == [f"{prefix}/thumb/{s[:2]}/{s}.webp"]
     thumbnail_delete(store, s)
+    assert keys(moto, prefix) == []
+    with pytest.raises(FileNotFoundError):
+        preview_read(store, s)
+    assert not preview_exists(store, s) and preview_put(store, s, b"preview bytes") is True
+    assert preview_put(store, s, b"other") is False and preview_read(store, s) == b"preview bytes"
+    assert keys(moto, prefix) == [f"{prefix}/preview/{s[:2]}/{s}"]
+    preview_delete(store, s)
     assert keys(moto, prefix) == []
 
 
@@ -167,7 +175,7 @@ def test_a_store_on_another_host_reads_what_this_one_wrote(moto, s3_store, tmp_p
 def test_uploads_and_jobs_store_in_the_bucket_and_embed_from_it(moto, service, api, settings):
     """The API with ``STORAGES["blobs"]`` on S3 (eager Celery: the worker code reads the bucket):
     uploads and a job are embedded, identical bytes stored once, and deleting the last image that
-    names the bytes deletes the object and its thumbnail; nothing lands under ``BLOB_ROOT``."""
+    names the bytes deletes the object, its thumbnail and its preview; nothing lands under ``BLOB_ROOT``."""
     from tests.embeddings.test_api import jpeg_bytes, upload
 
     prefix = "api"
@@ -187,12 +195,14 @@ def test_uploads_and_jobs_store_in_the_bucket_and_embed_from_it(moto, service, a
     assert len(shas) == 3 and Image.objects.filter(status=ImageStatus.EMBEDDED).count() == 3
     blobs = [f"{prefix}/{s[:2]}/{s[2:4]}/{s}" for s in shas]
     thumbs = [f"{prefix}/thumb/{s[:2]}/{s}.webp" for s in shas]
-    assert keys(moto, prefix) == sorted(blobs + thumbs)
+    previews = [f"{prefix}/preview/{s[:2]}/{s}" for s in shas]
+    assert keys(moto, prefix) == sorted(blobs + thumbs + previews)
     assert not Path(settings.BLOB_ROOT).exists() or not any(Path(settings.BLOB_ROOT).rglob("*"))
     c = Image.objects.get(original_name="c.jpg")
     assert api.delete(f"/api/images/{c.id}/").status_code == 204
-    gone = {f"{prefix}/{c.sha256[:2]}/{c.sha256[2:4]}/{c.sha256}", f"{prefix}/thumb/{c.sha256[:2]}/{c.sha256}.webp"}
-    assert keys(moto, prefix) == sorted(set(blobs + thumbs) - gone)
+    gone = {f"{prefix}/{c.sha256[:2]}/{c.sha256[2:4]}/{c.sha256}", f"{prefix}/thumb/{c.sha256[:2]}/{c.sha256}.webp",
+            f"{prefix}/preview/{c.sha256[:2]}/{c.sha256}"}
+    assert keys(moto, prefix) == sorted(set(blobs + thumbs + previews) - gone)
 
 
 def test_settings_build_the_s3_storage_from_storage_url(moto, tmp_path):

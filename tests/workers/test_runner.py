@@ -73,3 +73,20 @@ def test_real_photos_chunk_of_64(runner):
     assert {f.key: f.reason for f in result.failed}.keys() == {"zero.jpg", "doc.jpg", "cut.jpg", "junk.png"}
     assert {f.key: f.reason for f in result.failed}["zero.jpg"] == "empty"
     assert {f.key: f.reason for f in result.failed}["doc.jpg"] == "not_an_image"
+
+
+def test_an_image_whose_vector_is_not_finite_or_zeros_fails_alone_in_every_pass(runner, encoder, monkeypatch):
+    # the wrapped model (tests/workers/test_screen.py): white → +inf (NaN once normalised), black → zeros
+    from tests.workers.test_screen import poison
+
+    blobs = {"red": jpeg((255, 0, 0)), "white": jpeg((255, 255, 255)), "green": jpeg((0, 255, 0)),
+             "black": jpeg((0, 0, 0)), "blue": jpeg((0, 0, 255)), "white2": jpeg((255, 255, 255), (100, 80))}
+    healthy = runner.run(["red", "green", "blue"], blobs.__getitem__)
+    poison(encoder, monkeypatch)
+    for micro_batch in (None, 2):  # one pass, and the micro-batched passes of a migration chunk
+        result = runner.run(list(blobs), blobs.__getitem__, micro_batch=micro_batch)
+        assert [m.key for m in result.metas] == ["red", "green", "blue"]
+        assert [(f.key, f.reason) for f in result.failed] == [
+            ("white", "non_finite_embedding"), ("black", "zero_embedding"), ("white2", "non_finite_embedding")]
+        assert result.vectors.shape == (3, 512) and np.isfinite(result.vectors).all()
+        np.testing.assert_allclose(result.vectors, healthy.vectors, atol=1e-5)  # the others are the real model's

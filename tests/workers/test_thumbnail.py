@@ -66,7 +66,8 @@ def test_the_runner_hands_each_decoded_picture_to_the_hook_once(runner):
     blobs["text"] = b"not an image at all"
     seen: dict[str, list] = {}
 
-    def hook(key, rgb):
+    def hook(key, rgb, meta):
+        assert (meta.key, meta.width, meta.height) == (key, *pictures[key].shape[1::-1])
         seen.setdefault(key, []).append(rgb)
 
     result = runner.run(list(blobs), blobs.__getitem__, hook)
@@ -80,7 +81,7 @@ def test_the_runner_hands_each_decoded_picture_to_the_hook_once(runner):
 def test_a_failing_hook_fails_no_image(runner):
     data = cv2.imencode(".png", rgb_gradient(240, 320))[1].tobytes()
 
-    def hook(key, rgb):
+    def hook(key, rgb, meta):
         raise OSError("disk full")
 
     result = runner.run(["a", "b"], lambda key: data, hook)

@@ -18,7 +18,7 @@ from embeddings import runtime
 from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
-from embeddings.storage import file_key, thumbnail_delete
+from embeddings.storage import file_key, preview_delete, thumbnail_delete
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
 from workers.ids import point_id
@@ -522,7 +522,7 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
     In the deleting transaction: when it was the original of its bytes, the owner's skipped copies
     get a new original (:func:`_settle`), so they stay searchable. After commit: its point is
     forgotten (deleted, or its payload recomputed while other rows hold those bytes), its blob
-    deleted when no row names it any more, and its thumbnail when no row has those bytes.
+    deleted when no row names it any more, and its thumbnail and preview when no row has those bytes.
 
     Args:
         single: one row deleted on its own: the point is forgotten synchronously (``vectors_call``,
@@ -553,8 +553,9 @@ def _forget(image: Image, *, has_point: bool, single: bool) -> None:
             lock_bytes([image.sha256] if image.sha256 else [])
             if key and not Image.objects.filter(storage_key=key).exists():
                 store.delete(key)
-            if image.sha256 and not Image.objects.filter(sha256=image.sha256).exists():  # one thumbnail per bytes
+            if image.sha256 and not Image.objects.filter(sha256=image.sha256).exists():  # one of each per bytes
                 thumbnail_delete(store, image.sha256)
+                preview_delete(store, image.sha256)
 
 
 def images_cancelled(*, job: Job) -> int:
