@@ -24,6 +24,13 @@ Device = Literal["cpu", "cuda"]
 #: experiment's "preprocessing on the GPU"), ``gpu_decode`` (JPEGs decoded by nvJPEG through
 #: ``torchvision.io.decode_jpeg(device="cuda")`` and resized there too; other formats as ``gpu``).
 Preprocess = Literal["cpu", "gpu", "gpu_decode"]
+#: What runs the image tower (``MODEL_BACKEND``): open_clip's own torch module, the same weights
+#: exported to OpenVINO or ONNX Runtime, or ``"auto"``: the backend ``workers.backends`` adopted
+#: for the CPU where there is one and it is installed, torch elsewhere and always on CUDA
+#: (``workers.backends.resolve_backend``; none is adopted today: docs/benchmarks-model.md). The
+#: text tower is always torch.
+BackendChoice = Literal["auto", "torch", "openvino", "onnxruntime"]
+BACKEND_CHOICES = ("auto", "torch", "openvino", "onnxruntime")
 
 #: The explicit choice for "the real architecture with seeded random weights" (tests, CI, demos on
 #: machines that cannot download weights). Never chosen implicitly.
@@ -66,6 +73,13 @@ class PipelineConfig:
         preview_side: short side (px) of the preview a worker keeps of each picture it decodes,
             which re-embeds read when their model fits in it (``workers.preview``); 0: none drawn
             nor read.
+        backend: what runs the image tower, see :data:`BackendChoice`. It is not part of the
+            embedding space (:attr:`model_id`): every backend keeps cosine >= 0.999 to open_clip's
+            own vectors at the same precision (``workers.backends``). The constructor's default is
+            ``"torch"`` (library use and tests need no export); the service's, ``MODEL_BACKEND``
+            unset, is ``"auto"`` (project/configuration.py).
+        backend_cache_dir: where exported towers are cached; ``None``: ``var/model-cache`` under
+            the working directory (the service passes ``$VAR_DIR/model-cache``).
     """
 
     model_name: str = "ViT-B-32"
@@ -85,6 +99,11 @@ class PipelineConfig:
     max_image_pixels: int = 50_000_000
     decode_timeout_s: float = 10.0
     preview_side: int = 384  # workers.preview.PREVIEW_SIDE (issue 43)
+    backend: BackendChoice = "torch"
+    backend_cache_dir: str | None = None
+    #: CPU decode processes beside each worker process (``workers.decode_pool.planned_processes``):
+    #: ``None`` automatic (0 on the CPU, the process's share of the cores less one on CUDA), 0 none.
+    decode_processes: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("cpu", "cuda"):
@@ -101,6 +120,8 @@ class PipelineConfig:
             raise ValueError(f"preprocess must be cpu, gpu or gpu_decode, not {self.preprocess!r}")
         if self.preprocess != "cpu" and self.device != "cuda":
             raise ValueError(f"preprocess {self.preprocess} needs device cuda; use preprocess cpu on the CPU")
+        if self.backend not in BACKEND_CHOICES:
+            raise ValueError(f"backend must be one of {', '.join(BACKEND_CHOICES)}, not {self.backend!r}")
         if self.bulk_processes < 1:
             raise ValueError("bulk_processes must be >= 1")
         if self.preview_side < 0:

@@ -11,13 +11,20 @@ Where preprocessing runs follows ``PipelineConfig.preprocess``:
   float32 batch is copied to the device.
 - ``gpu``: as ``cpu`` up to the crop; the uint8 batch is copied to the device (4× fewer bytes) and
   normalised there.
-- ``gpu_decode``: JPEGs are read and header-checked on the decode threads, decoded in one batched
-  ``torchvision.io.decode_jpeg(device=...)`` call (nvJPEG on CUDA), turned upright, resized and
-  cropped on the device. Anything else, and any JPEG the header check or the device decoder does
-  not take, goes through the CPU path image by image, so refusals keep their reason codes.
-  Timings: ``decode`` adds the per-image header checks to the wall time of the batched device
-  decode; ``preprocess`` adds the wall time of the device resize (device work is waited for
-  before each clock read, so no stage's time leaks into the next).
+- ``gpu_decode``: each image is routed by what its bytes are (``workers.decode_route``) on the
+  decode threads: baseline JPEGs are decoded in one batched call on the device
+  (``workers.device_decode``: nvImageCodec, only the centred square the crop keeps when no decode
+  hook needs the whole picture), turned upright, resized and cropped there. Progressive JPEGs, PNG,
+  the rest, any JPEG the device refuses, and everything when nvImageCodec is missing go through the
+  CPU path, so refusals keep their reason codes. Timings: ``decode`` adds the per-image routing to
+  the wall time of the batched device decode; ``preprocess`` adds the wall time of the device
+  resize (device work is waited for before each clock read, so no stage's time leaks into the next).
+
+The CPU path runs in the decode threads, or, where ``workers.decode_pool.planned_processes`` gives
+processes (CUDA machines; never by default on the CPU-only deployment), in that many ``spawn``
+processes: the decode threads then only load and route, and the device decode runs while the
+processes decode. Same pixels, same reason codes either way; ``decode`` / ``preprocess`` then add
+the times measured in the processes.
 
 A bad image never fails its batch: it is returned in ``failed`` with its reason code, and so is
 one whose vector the model gave as NaN, infinity or zeros (``workers.screen``), after the pass.
@@ -31,7 +38,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import io
 import logging
 import time
 from typing import Callable, Iterable, Iterator, Sequence
@@ -42,7 +48,9 @@ import torch
 
 from workers import screen
 from workers.config import PipelineConfig
-from workers.decode import decode_image, sniff_format
+from workers.decode import decode_image
+from workers.decode_pool import CpuDecoder, planned_processes
+from workers.decode_route import Route, centre_square, route
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
 from workers.preprocess import PreprocessConfig, normalize, orient_tensor, resize_and_crop, resize_and_crop_tensor
@@ -65,8 +73,6 @@ BeforePass = Callable[[], float]
 #: called for an image read from its preview. Its time counts as ``preprocess``; an exception it
 #: raises is logged and never fails the image.
 OnDecoded = Callable[[str, np.ndarray, "ImageMeta"], None]
-
-_EXIF_ORIENTATION = 0x0112
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +140,17 @@ class BatchResult:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Pending:
+    """An image handed to the CPU decode processes."""
+
+    key: str
+    data: bytes
+    future: concurrent.futures.Future
+
+
+@dataclasses.dataclass(frozen=True)
 class _Jpeg:
-    """A JPEG that passed the header check and waits for the batched device decode."""
+    """A JPEG routed to the device (``device_jpeg``) that waits for the batched device decode."""
 
     key: str
     data: bytes
@@ -150,12 +165,16 @@ class BatchRunner:
     Args:
         config: pipeline configuration (limits, thread counts, batch size, where preprocessing runs).
         encoder: lazily-loaded model holder shared by the process.
-        jpeg_device: decode JPEGs with ``torchvision.io.decode_jpeg`` on this device. Default:
+        jpeg_device: decode the ``device_jpeg`` route's JPEGs on this device. Default:
             ``config.device`` when ``config.preprocess == "gpu_decode"``, else the CPU path only.
-            Tests and benchmarks pass ``"cpu"`` to exercise that path without a GPU.
+            Tests and benchmarks pass ``"cpu"`` to exercise that path without a GPU (torchvision's
+            decoder on the CPU).
+        jpeg_decoder: ``workers.device_decode.device_decoder``'s ``prefer``: ``"auto"``
+            (nvImageCodec on CUDA, else everything on the CPU), ``"nvimgcodec"``, ``"torchvision"``.
     """
 
-    def __init__(self, config: PipelineConfig, encoder: EncoderHolder, *, jpeg_device: str | None = None) -> None:
+    def __init__(self, config: PipelineConfig, encoder: EncoderHolder, *, jpeg_device: str | None = None,
+                 jpeg_decoder: str = "auto") -> None:
         self.config = config
         self.encoder = encoder
         self.threads = config.threads()
@@ -171,7 +190,28 @@ class BatchRunner:
         if jpeg_device is None and config.preprocess == "gpu_decode":
             jpeg_device = config.device
         self.jpeg_device = torch.device(jpeg_device) if jpeg_device else None
+        self.jpeg_decoder = jpeg_decoder
+        self._device_decoder = None  # made on first use: nvImageCodec initialises CUDA
+        self._device_decoder_made = False
+        #: Decode only the centred square on the device (nvImageCodec's ROI decode; torchvision cuts
+        #: it from the whole picture, which checks the geometry on the CPU). Off by default: the
+        #: square resized straight to the model's side moved the random-weight embedding of one
+        #: photo to cosine 0.995 of the CPU path's (docs/decoding.md), and its gain is unmeasured.
+        self.device_roi = False
+        self.cpu_processes = planned_processes(config)
+        self._cpu = CpuDecoder(processes=self.cpu_processes, max_pixels=config.max_image_pixels,
+                               max_bytes=config.max_image_bytes,
+                               timeout_s=config.decode_timeout_s) if self.cpu_processes else None
         self._side_stream = None
+
+    def device_decoder(self):
+        """The batched device JPEG decoder (``workers.device_decode``), ``None`` without one."""
+        if not self._device_decoder_made and self.jpeg_device is not None:
+            from workers.device_decode import device_decoder
+
+            self._device_decoder = device_decoder(self.jpeg_device, self.jpeg_decoder)
+            self._device_decoder_made = True
+        return self._device_decoder
 
     @property
     def preprocess_config(self) -> PreprocessConfig:
@@ -193,7 +233,7 @@ class BatchRunner:
         """
         cfg = self.preprocess_config  # loads the model on first use: not part of any stage's time
         started = submitted = time.perf_counter()
-        with_jpeg = self.jpeg_device is not None
+        with_jpeg = self.device_decoder() is not None
         tally = PreviewTally()
         if previews is not None and not self.config.preview_side:
             previews = None
@@ -211,6 +251,8 @@ class BatchRunner:
                 setattr(tally, source, getattr(tally, source) + 1)
         if with_jpeg:
             outcomes = self._decode_jpegs_on_device(outcomes, loader, cfg, timings, on_decoded)
+        if self._cpu is not None:
+            outcomes = self._collect_cpu(outcomes, cfg, timings, on_decoded)
         tensors, metas, failed = [], [], []
         for outcome in outcomes:
             if isinstance(outcome, Failed):
@@ -250,10 +292,13 @@ class BatchRunner:
         _merge(ms, {"load": (time.perf_counter() - t0) * 1000})
         if with_jpeg:
             t1 = time.perf_counter()
-            header = self._jpeg_header(key, data)
-            if header is not None:
-                _merge(ms, {"decode": (time.perf_counter() - t1) * 1000})  # the header check; the decode is added later
-                return header, ms, source
+            routed = route(data, max_pixels=self.config.max_image_pixels, max_bytes=self.config.max_image_bytes)
+            _merge(ms, {"decode": (time.perf_counter() - t1) * 1000})  # the routing; the decode is added later
+            if routed.route is Route.DEVICE_JPEG:
+                return _Jpeg(key, data, routed.width, routed.height, routed.orientation), ms, source
+        if self._cpu is not None:
+            future = self._cpu.submit(data, cfg, keep_rgb=on_decoded is not None)
+            return _Pending(key, data, future), ms, source
         outcome, more = self._decode_on_cpu(key, data, cfg, on_decoded)
         _merge(ms, more)
         return outcome, ms, source
@@ -316,54 +361,65 @@ class BatchRunner:
             return Failed(key, e.reason.value, e.detail), ms
         return (tensor, meta), ms
 
-    def _jpeg_header(self, key: str, data: bytes) -> _Jpeg | None:
-        """A plain 8-bit RGB/greyscale JPEG within the limits, with its end marker: for the device
-        decoder. ``None`` sends the image through the CPU path (which also does every refusal)."""
-        if len(data) > self.config.max_image_bytes or sniff_format(data) != "jpeg":
-            return None
-        if not bytes(data[-64:]).rstrip(b"\x00").endswith(b"\xff\xd9"):
-            return None  # truncated or trailing data: decode.py decides
-        from PIL import Image
+    def _collect_cpu(self, outcomes: list, cfg: PreprocessConfig, timings: StageTimings,
+                     on_decoded: OnDecoded | None) -> list:
+        """Replace each :class:`_Pending` in ``outcomes`` by its ``(tensor, meta)`` or :class:`Failed`."""
+        outcomes = list(outcomes)
+        keep_rgb = on_decoded is not None
+        for i, o in enumerate(outcomes):
+            if not isinstance(o, _Pending):
+                continue
+            r = self._cpu.result(o.future, o.data, cfg, keep_rgb=keep_rgb)
+            timings.decode += r.decode_ms
+            timings.preprocess += r.preprocess_ms
+            if r.reason is not None:
+                outcomes[i] = Failed(o.key, r.reason, r.detail)
+                continue
+            meta = ImageMeta(key=o.key, width=r.width, height=r.height, format=r.format)
+            if on_decoded is not None:
+                with timings.measure("preprocess"):
+                    _call_hook(on_decoded, o.key, r.rgb, meta)
+            outcomes[i] = (torch.from_numpy(r.pixels), meta)
+        return outcomes
 
-        try:
-            with Image.open(io.BytesIO(data), formats=["JPEG"]) as im:
-                if im.mode not in ("RGB", "L") or getattr(im, "bits", 8) != 8:
-                    return None
-                width, height = im.size
-                orientation = int(im.getexif().get(_EXIF_ORIENTATION, 1))
-        except Exception:  # noqa: BLE001 - anything odd: the CPU path refuses it with a reason
-            return None
-        if width * height > self.config.max_image_pixels or not 1 <= orientation <= 8:
-            return None
-        return _Jpeg(key, data, width, height, orientation)
+    def _device_roi(self, cfg: PreprocessConfig, on_decoded: OnDecoded | None) -> int:
+        """The model's input side when the device decodes only the centred square (the crop keeps
+        only it: ``shortest`` to a square, and no decode hook needs the whole picture: previews,
+        thumbnails), else 0."""
+        ok = self.device_roi and on_decoded is None and cfg.resize_mode == "shortest" and cfg.size[0] == cfg.size[1]
+        return cfg.size[0] if ok else 0
 
     def _decode_jpegs_on_device(self, outcomes: list, loader: Loader, cfg: PreprocessConfig,
                                 timings: StageTimings, on_decoded: OnDecoded | None = None) -> list:
-        """Replace each :class:`_Jpeg` in ``outcomes`` by ``(uint8 tensor on the device, meta)``."""
-        from torchvision.io import ImageReadMode, decode_jpeg
-
+        """Replace each :class:`_Jpeg` in ``outcomes`` by ``(uint8 tensor on the device, meta)``; one
+        the device refuses is decoded on the CPU (its reason code, if it is bad, is the CPU path's)."""
         jpegs = [(i, o) for i, o in enumerate(outcomes) if isinstance(o, _Jpeg)]
         if not jpegs:
             return outcomes
         device = self.jpeg_device
+        decoder = self.device_decoder()
+        roi = self._device_roi(cfg, on_decoded)
         outcomes = list(outcomes)
         with self._device_stream():
             t0 = time.perf_counter()
-            raw = [torch.frombuffer(bytearray(o.data), dtype=torch.uint8) for _, o in jpegs]
             try:
-                images = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device)
-            except RuntimeError:  # one bad file fails the whole call: retry one by one
-                images = []
-                for r in raw:
-                    try:
-                        images.append(decode_jpeg(r, mode=ImageReadMode.RGB, device=device))
-                    except RuntimeError:
-                        images.append(None)
+                images = decoder.decode([o for _, o in jpegs], roi=roi)
+            except Exception:  # noqa: BLE001 - the whole call failed: every one of them goes to the CPU
+                log.exception("the %s device decoder failed on a batch of %d JPEGs: decoding them on the CPU",
+                              decoder.name, len(jpegs))
+                images = [None] * len(jpegs)
             self._sync(device)
             t1 = time.perf_counter()
             timings.decode += (t1 - t0) * 1000
+            refused = 0
             for (i, jpeg), image in zip(jpegs, images):
-                if image is None or tuple(image.shape[-2:]) != (jpeg.height, jpeg.width):
+                if roi:
+                    top, left, bottom, right = centre_square(jpeg.width, jpeg.height)
+                    expected = (bottom - top, right - left)
+                else:
+                    expected = (jpeg.height, jpeg.width)
+                if image is None or tuple(image.shape[-2:]) != expected:
+                    refused += 1
                     outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg, on_decoded)
                     _add(timings, ms)
                     outcomes[i] = outcome
@@ -376,6 +432,9 @@ class BatchRunner:
 
                     _call_hook(on_decoded, jpeg.key, device_pixels(upright, self.config.preview_side), meta)
                 outcomes[i] = (resize_and_crop_tensor(upright, cfg), meta)
+            if refused:
+                log.info("%d of %d JPEGs refused by the %s device decoder: decoded on the CPU", refused, len(jpegs),
+                         decoder.name)
             self._sync(device)
             timings.preprocess += (time.perf_counter() - t1) * 1000
         return outcomes
@@ -435,9 +494,13 @@ class BatchRunner:
             previews: PreviewStore | None = None) -> BatchResult:
         """``embed(prepare(keys, loader, on_decoded, previews))``; with a micro-batch size
         (``micro_batch``, else ``config.micro_batch``) smaller than ``len(keys)``, forward passes of
-        that many images through :meth:`run_many`, merged into one result in input order (stages and
-        preview counts summed over the passes, ``total`` the wall time of them all, ``paused_ms`` the
-        time ``before_pass`` waited)."""
+        that many images, merged into one result in input order (stages and preview counts summed
+        over the passes, ``total`` the wall time of them all, ``paused_ms`` the time ``before_pass``
+        waited).
+
+        The passes overlap (:meth:`run_many`: the next one decoded while the model runs) where
+        :meth:`overlaps` says so; otherwise they run one after another, each decoded then embedded.
+        """
         mb = micro_batch or self.config.micro_batch
         if not mb or len(keys) <= mb:
             paused = before_pass() if before_pass else 0.0
@@ -445,8 +508,12 @@ class BatchRunner:
             result.paused_ms = paused
             return result
         started = time.perf_counter()
-        parts = list(self.run_many([keys[i : i + mb] for i in range(0, len(keys), mb)], loader, on_decoded,
-                                   before_pass=before_pass, previews=previews))
+        batches = [keys[i : i + mb] for i in range(0, len(keys), mb)]
+        if self.overlaps:
+            parts = list(self.run_many(batches, loader, on_decoded, before_pass=before_pass, previews=previews))
+        else:
+            parts = [self.run(batch, loader, on_decoded, micro_batch=len(batch), before_pass=before_pass,
+                              previews=previews) for batch in batches]
         timings = StageTimings()
         tally = PreviewTally()
         for part in parts:
@@ -461,6 +528,17 @@ class BatchRunner:
             paused_ms=sum(p.paused_ms for p in parts),
             previews=tally,
         )
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether :meth:`run`'s passes overlap decoding with the model (:meth:`run_many`): when the
+        model runs on a device, or the configuration plans it on the CPU (``micro_batch`` set: the
+        process's cores are split between decode and torch threads, ``PipelineConfig.threads``).
+        Not when a caller alone asks for passes (a migration's or a yielding ingest's) on the CPU:
+        there a process decodes *or* runs the model, its sibling processes keep the cores busy, and
+        a decode thread beside the forward pass only trades the GIL back and forth (each torch op
+        that releases it waits up to the 5 ms switch interval to get it back)."""
+        return self.config.device != "cpu" or self.config.micro_batch is not None
 
     def run_many(self, batches: Iterable[Sequence[str]], loader: Loader,
                  on_decoded: OnDecoded | None = None, *, before_pass: BeforePass | None = None,
@@ -494,8 +572,10 @@ class BatchRunner:
             ahead.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
-        """Stop the decode threads."""
+        """Stop the decode threads and the CPU decode processes."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._cpu is not None:
+            self._cpu.close()
 
 
 def _call_hook(on_decoded: OnDecoded, key: str, rgb, meta: ImageMeta) -> None:

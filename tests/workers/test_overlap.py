@@ -202,10 +202,16 @@ def test_concurrent_prepares_share_the_pool_without_mixing_images(runner):
     assert [out[i] for i in range(4)] == groups
 
 
-def test_before_pass_holds_decoding_and_the_model_while_it_waits(runner):
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_before_pass_holds_decoding_and_the_model_while_it_waits(runner, random_config, overlapped):
     """``run(micro_batch=..., before_pass=...)`` (a migration giving way to interactive work): the
-    hook runs before the first preparation and before every forward pass; while it blocks no image
-    is loaded and no pass runs; what it waited is ``paused_ms``; the vectors are a single pass's."""
+    hook runs before every pass's preparation (sequential passes: a CPU model whose configuration
+    plans no overlap), or before the first preparation and before every forward pass (overlapped:
+    ``config.micro_batch`` set); while it blocks no image is loaded and no pass runs; what it waited
+    is ``paused_ms``; the vectors are a single pass's."""
+    if overlapped:
+        runner = BatchRunner(random_config.replace(micro_batch=4, decode_threads=2), runner.encoder)
+    assert runner.overlaps is overlapped
     blobs = blobs_with_bad_ones(10)
     keys = list(blobs)
     lock, loads, pauses = threading.Lock(), [], []
@@ -224,7 +230,8 @@ def test_before_pass_holds_decoding_and_the_model_while_it_waits(runner):
 
     whole = runner.run(keys, load)
     split = runner.run(keys, loader, micro_batch=4, before_pass=before_pass)
-    assert len(pauses) == 1 + 3  # before the first preparation, then before each of the 3 passes
+    # overlapped: before the first preparation, then before each of the 3 passes; else before each pass
+    assert len(pauses) == (1 + 3 if overlapped else 3)
     assert not [t for t in loads for a, b in pauses if a < t < b]
     assert split.paused_ms == pytest.approx(sum(b - a for a, b in pauses) * 1000, rel=1e-6)
     assert split.timings.total >= split.paused_ms
