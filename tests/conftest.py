@@ -17,6 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 #: checkout. Tests that need them are skipped when neither exists.
 SHARED = Path(os.environ.get("SHARED_DIR") or ROOT / ".." / "shared").resolve()
 IMAGES = SHARED / "data" / "images"
+# The suite runs the image tower on torch (open_clip itself): an exported tower costs seconds per
+# worker start and per configuration. tests/workers/test_backends.py exercises the other backends
+# explicitly; MODEL_BACKEND set outside wins (os.environ reaches the stacks the e2e tests start).
+os.environ.setdefault("MODEL_BACKEND", "torch")
 
 
 def manifest_rows(prefix: str) -> list[dict]:

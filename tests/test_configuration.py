@@ -141,7 +141,9 @@ def test_defaults_come_from_their_sources():
     fields = {f.name: f.default for f in dataclasses.fields(PipelineConfig)}
     assert BY_NAME["BULK_BATCH_SIZE"].default == fields["batch_size"]
     assert BY_NAME["INTERACTIVE_MAX_BATCH_SIZE"].default == fields["interactive_max_batch_size"]
-    assert pipeline_config({}, hardware=Hardware()) == PipelineConfig()  # auto → fp32 without native bf16
+    # auto → fp32 without native bf16; the service's backend is auto (the constructor's torch), its cache in VAR_DIR
+    assert pipeline_config({}, hardware=Hardware()) == PipelineConfig(
+        backend="auto", backend_cache_dir=str(BY_NAME["VAR_DIR"].default / "model-cache"))
 
 
 def test_settings_values_follow_django_environs_rules():

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import torch
 
+from workers.backends import build_image_tower, resolve_backend
 from workers.config import RANDOM_WEIGHTS, PipelineConfig, emulated_precision_warning
 from workers.preprocess import PreprocessConfig
 
@@ -33,6 +34,10 @@ class ClipEncoder:
         config: the :class:`PipelineConfig` it was built from.
         preprocess_config: the model's own preprocessing parameters.
         embed_dim: embedding dimension D (512 for ViT-B-32).
+        image_tower: the image tower on another runtime (``workers.backends.ImageTower``), or
+            ``None``: open_clip's own torch module runs it (``config.backend`` torch, CUDA, or a
+            backend that could not load here, logged as a WARNING).
+        backend: what runs the image tower: ``"torch"``, ``"openvino"`` or ``"onnxruntime"``.
         load_ms: time spent building and loading the model (ms).
     """
 
@@ -40,7 +45,8 @@ class ClipEncoder:
         """Build the model of ``config`` (see the class docstring).
 
         Logs a WARNING when ``config.precision`` is bf16 on hardware that only emulates it
-        (``workers.config.emulated_precision_warning``: up to 10x slower than fp32).
+        (``workers.config.emulated_precision_warning``: up to 10x slower than fp32), and when
+        ``config.backend`` cannot run here (the image tower then runs on torch).
 
         Raises:
             WeightsUnavailable: the weights cannot be loaded.
@@ -60,6 +66,13 @@ class ClipEncoder:
         self.dtype = _DTYPES[config.precision]
         model = _create_model(open_clip, config)
         self.preprocess_config = PreprocessConfig.from_open_clip(open_clip.get_model_preprocess_cfg(model))
+        # Exported from the fp32 tower before the cast below: the runtime applies the precision itself.
+        self.image_tower = build_image_tower(
+            resolve_backend(config.backend, config.device), model.visual, model_name=config.model_name,
+            weights_id=config.weights_id, precision=config.precision,
+            image_size=self.preprocess_config.size, threads=self.torch_threads,
+            cache_dir=config.backend_cache_dir) if config.device == "cpu" else None
+        self.backend = self.image_tower.backend if self.image_tower is not None else "torch"
         # Reduced precision = the weights cast (and the input cast to match), not autocast: on this
         # CPU autocast keeps fp32 master weights and re-casts per op, which measured slower than
         # the cast model (../shared/NOTES.md); the cast model runs bf16 matmuls end to end. Outputs are
@@ -69,7 +82,8 @@ class ClipEncoder:
         self.embed_dim = int(self.model.text_projection.shape[-1]) if hasattr(self.model, "text_projection") \
             else int(self.model.visual.output_dim)
         self.load_ms = (time.perf_counter() - t0) * 1000
-        log.info("loaded %s on %s in %.0f ms", config.model_id, config.device, self.load_ms)
+        log.info("loaded %s on %s (image tower: %s) in %.0f ms", config.model_id, config.device, self.backend,
+                 self.load_ms)
 
     @torch.inference_mode()
     def encode_images(self, pixels: torch.Tensor) -> np.ndarray:
@@ -81,6 +95,8 @@ class ClipEncoder:
         Returns:
             ``(N, D) float32`` L2-normalised embeddings, on the CPU.
         """
+        if self.image_tower is not None:
+            return _normalise(torch.from_numpy(self.image_tower(pixels.to("cpu", torch.float32).numpy())))
         self._use_threads()
         x = pixels.to(device=self.device, dtype=self.dtype, non_blocking=True)
         out = self.model.encode_image(x)
