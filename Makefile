@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -118,6 +118,17 @@ bench-export: setup
 bench-previews: setup
 	$(PY) -m benchmarks.previews $(BENCH_ARGS)
 
+# Issue 43 item 2 (docs/decoding.md, "Routing by what the bytes are"): simplejpeg vs OpenCV on the
+# JPEG photos, and the CPU decode processes vs threads; e.g. BENCH_ARGS="--rounds 2".
+bench-decode: setup
+	$(PY) -m benchmarks.decode_routes $(BENCH_ARGS)
+
+# Issue 43 item 4 (docs/benchmarks-model.md): the image tower model-only on torch eager, torch.compile,
+# OpenVINO and ONNX Runtime, 2 threads each (images/s at batch 1/16/64, export time, cosine to open_clip),
+# ~5 min; make bench-model BENCH_ARGS="--quick" for batch 64 of the main rows (~1 min).
+bench-model: setup
+	$(PY) -m benchmarks.model_backends $(BENCH_ARGS)
+
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.
 schema: setup
@@ -136,3 +147,9 @@ procfile: setup
 
 clean:
 	rm -rf var .pytest_cache
+
+# The bulk path without the model (issue 43 item 3, docs/scaling.md): a real stack whose workers run a
+# fixed-vector encoder; first embeddings against the decode bound, a re-embed from previews. ~6 min;
+# make bench-path BENCH_ARGS="--images 3000 --originals 168" for a short check.
+bench-path: setup
+	$(PY) -m benchmarks.bulk_path --postgres $(BENCH_ARGS)

@@ -16,8 +16,8 @@ Keys are what messages and the database carry, never the bytes; each maps to one
   read from the local filesystem, so every worker host must see that folder at the same path.
 - ``s3://<bucket>/<key>``: an object of a catalogue bucket read where it lives (issue 41,
   ``SOURCE_BUCKETS``), through the ``objects`` reader the store was given; never written or deleted.
-Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.webp``, previews (what re-embeds
-read, ``workers.preview``: a JPEG or a lossless copy) under ``preview/<aa>/<sha256>``.
+Thumbnails live in the same storage under ``thumb/<aa>/<sha256>.jpg`` (``.webp`` when an older
+release drew it), previews (what re-embeds read, ``workers.preview``: a JPEG or a lossless copy) under ``preview/<aa>/<sha256>``.
 
 ``read`` checks the sha256 again, so bytes changed after ingestion are refused (``source_changed``)
 rather than embedded under the wrong id.
@@ -36,6 +36,7 @@ from typing import BinaryIO, Iterable, Iterator
 from django.core.files import File
 from django.core.files.storage import FileSystemStorage, Storage
 
+from workers import thumbnail
 from workers.errors import ImageRejected, Reason
 
 _FILE_PREFIX = "file:"
@@ -228,15 +229,21 @@ def file_key(path: Path) -> str:
 
 
 # --- thumbnails (issue 12) -----------------------------------------------------------------------
-# Stored beside the originals, in the same store, under ``thumb/<aa>/<sha256>.webp``: keyed by the
-# original's sha256, so every row sharing those bytes (a skipped duplicate) shares one thumbnail,
+# Stored beside the originals, in the same store, under ``thumb/<aa>/<sha256>.jpg`` (``.webp`` when
+# an older release drew it): keyed by the original's sha256, so every row sharing those bytes (a skipped duplicate) shares one thumbnail,
 # and the sha is also the thumbnail's ETag.
 
-def thumbnail_key(sha256: str) -> str:
-    """Storage key of the thumbnail of the bytes with ``sha256``. Raises ``ValueError`` if it is not hex."""
+def thumbnail_key(sha256: str, *, suffix: str = thumbnail.SUFFIX) -> str:
+    """Storage key of the thumbnail of the bytes with ``sha256`` (``suffix``: ``thumbnail.LEGACY_SUFFIX``
+    for one drawn by an older release). Raises ``ValueError`` if it is not hex."""
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise ValueError(f"not a sha256 hex digest: {sha256!r}")
-    return f"thumb/{sha256[:2]}/{sha256}.webp"
+    return f"thumb/{sha256[:2]}/{sha256}{suffix}"
+
+
+def _thumbnail_keys(sha256: str) -> tuple[str, str]:
+    # the current key first: a thumbnail is drawn once, so at most one of them exists
+    return thumbnail_key(sha256), thumbnail_key(sha256, suffix=thumbnail.LEGACY_SUFFIX)
 
 
 def thumbnail_path(store: BlobStore, sha256: str) -> Path:
@@ -248,8 +255,9 @@ def thumbnail_path(store: BlobStore, sha256: str) -> Path:
 
 
 def thumbnail_exists(store: BlobStore, sha256: str) -> bool:
-    """True when ``store`` already holds the thumbnail of ``sha256`` (made once, never redrawn)."""
-    return store.storage.exists(thumbnail_key(sha256))
+    """True when ``store`` already holds the thumbnail of ``sha256`` (made once, never redrawn; a
+    WebP one of an older release counts)."""
+    return any(store.storage.exists(k) for k in _thumbnail_keys(sha256))
 
 
 def thumbnail_put(store: BlobStore, sha256: str, data: bytes) -> bool:
@@ -258,24 +266,28 @@ def thumbnail_put(store: BlobStore, sha256: str, data: bytes) -> bool:
     from django.core.files.base import ContentFile
 
     name = thumbnail_key(sha256)
-    if store.storage.exists(name):
+    if thumbnail_exists(store, sha256):
         return False
     store.storage.save(name, ContentFile(data, name=name))
     return True
 
 
 def thumbnail_read(store: BlobStore, sha256: str) -> bytes | None:
-    """The thumbnail bytes of ``sha256``, or None when none was drawn (the image never decoded)."""
-    try:
-        with store.storage.open(thumbnail_key(sha256), "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
+    """The thumbnail bytes of ``sha256`` (JPEG, or WebP when an older release drew it:
+    ``workers.thumbnail.content_type`` tells), or None when none was drawn (the image never decoded)."""
+    for key in _thumbnail_keys(sha256):
+        try:
+            with store.storage.open(key, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            continue
+    return None
 
 
 def thumbnail_delete(store: BlobStore, sha256: str) -> None:
-    """Remove the thumbnail of ``sha256`` (missing: nothing to do)."""
-    store.storage.delete(thumbnail_key(sha256))
+    """Remove the thumbnail of ``sha256``, either format (missing: nothing to do)."""
+    for key in _thumbnail_keys(sha256):
+        store.storage.delete(key)
 
 
 # --- previews (issue 43) -------------------------------------------------------------------------

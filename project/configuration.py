@@ -177,6 +177,11 @@ VARS: tuple[Var, ...] = (
     _pipeline("CLIP_PRECISION", None, str, "models",
               "`auto`, `fp32`, `bf16` or `fp16` (CUDA only); `auto` is `bf16` where the hardware computes it "
               "natively, else `fp32` (see below)", default="auto"),
+    _pipeline("MODEL_BACKEND", None, str, "models",
+              "what runs the image tower: `auto`, `torch` (open_clip), `openvino` or `onnxruntime` (the same weights "
+              "exported, cached under `$VAR_DIR/model-cache`); `auto` is torch (no runtime measured >= 1.5x faster on "
+              "the CPU: `docs/benchmarks-model.md`) and always torch on CUDA; one that cannot load falls back to torch "
+              "with a warning; not part of the embedding space (cosine >= 0.999 to open_clip's own)", default="auto"),
     Var("CLIP_MODELS", list, [], "models",
         "other models the workers may load, for migrations: `model:pretrained[:precision]`, comma-separated "
         "(precision defaults to `CLIP_PRECISION`)"),
@@ -188,6 +193,9 @@ VARS: tuple[Var, ...] = (
     Var("MIGRATION_GATE_SAMPLE", int, 200, "models", "images the quality gate probes"),
     Var("MIGRATION_BULK_SLOTS", int, 1, "models",
         "migration chunks computing at once per worker host (`0`: no limit, hosts whose lanes do not share cores)"),
+    Var("MIGRATION_CHUNK_SIZE", int, 512, "models",
+        "images per migration chunk task (a re-embed from previews runs at hundreds of images/s: per-chunk costs "
+        "shared by 256-1,024 images; `docs/scaling.md`)"),
     Var("MIGRATION_MICRO_BATCH", int, 4, "models",
         "a migration chunk runs as forward passes of this many images (`0`: `BULK_MICRO_BATCH`)"),
     Var("MIGRATION_YIELD_MAX_S", float, 2.0, "models",
@@ -421,12 +429,14 @@ def pipeline_config(environ: Mapping[str, str] | None = None, *, hardware: Hardw
     """The pipeline's configuration from ``CLIP_*`` and the other pipeline variables (:data:`PIPELINE_NAMES`).
 
     ``CLIP_PRECISION`` (default ``"auto"``) is resolved by :func:`~workers.config.resolve_precision`
-    against ``hardware`` (default: this machine).
+    against ``hardware`` (default: this machine). ``MODEL_BACKEND`` (default ``"auto"``) is resolved
+    by the worker that loads the model (``workers.backends.resolve_backend``); exported towers are
+    cached under ``$VAR_DIR/model-cache``.
 
     Raises:
         ConfigurationError: a variable does not parse; ``ValueError``: a value is out of range.
     """
-    v = read(environ, PIPELINE_NAMES)
+    v = read(environ, (*PIPELINE_NAMES, "VAR_DIR"))
     return PipelineConfig(
         model_name=v["CLIP_MODEL"], pretrained=v["CLIP_PRETRAINED"], seed=v["CLIP_SEED"], device=v["CLIP_DEVICE"],
         precision=resolve_precision(v["CLIP_PRECISION"], v["CLIP_DEVICE"], hardware=hardware),
@@ -435,7 +445,8 @@ def pipeline_config(environ: Mapping[str, str] | None = None, *, hardware: Hardw
         interactive_max_queue_delay_ms=v["INTERACTIVE_MAX_QUEUE_DELAY_MS"], decode_threads=v["DECODE_THREADS"],
         torch_threads=v["TORCH_THREADS"], max_image_bytes=v["MAX_IMAGE_BYTES"],
         max_image_pixels=v["MAX_IMAGE_PIXELS"], decode_timeout_s=v["DECODE_TIMEOUT_S"],
-        preview_side=v["PREVIEW_SIDE"],
+        preview_side=v["PREVIEW_SIDE"], backend=v["MODEL_BACKEND"],
+        backend_cache_dir=str(Path(v["VAR_DIR"]) / "model-cache"),
     )
 
 

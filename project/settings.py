@@ -403,6 +403,12 @@ MIGRATION_BULK_SLOTS = config["MIGRATION_BULK_SLOTS"]
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
 #: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.
 MIGRATION_MICRO_BATCH = config["MIGRATION_MICRO_BATCH"]
+#: Images per migration chunk task: its SQL, Celery message, store write and Redis traffic are paid
+#: once per chunk, so a re-embed from previews at hundreds of images/s needs chunks of hundreds
+#: (docs/scaling.md); its passes stay MIGRATION_MICRO_BATCH images, so yielding is unchanged.
+MIGRATION_CHUNK_SIZE = config["MIGRATION_CHUNK_SIZE"]
+if MIGRATION_CHUNK_SIZE < 1:
+    raise ImproperlyConfigured(f"MIGRATION_CHUNK_SIZE must be at least 1 image, not {MIGRATION_CHUNK_SIZE}")
 MIGRATION_YIELD_MAX_S = config["MIGRATION_YIELD_MAX_S"]
 #: A background ingest job's chunk runs as forward passes of BULK_YIELD_MICRO_BATCH images and,
 #: before each, waits while the interactive lane has work and admission has refused a request within

@@ -317,9 +317,11 @@ def _crop_first(rgb: np.ndarray, window: CropWindow, cfg: PreprocessConfig) -> t
 
 def normalize(x: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
     """``(..., 3, H, W) uint8`` → ``float32`` scaled to 0..1 and normalised by the model's mean/std."""
-    mean = torch.tensor(cfg.mean, dtype=torch.float32, device=x.device).view(3, 1, 1)
-    std = torch.tensor(cfg.std, dtype=torch.float32, device=x.device).view(3, 1, 1)
-    return (x.to(torch.float32) / 255.0 - mean) / std
+    # x / 255 * (1 / std) - mean / std as one multiply and one subtract, in place on the one float
+    # copy: three temporaries of a 64-image batch (38 MB each) cost twice the arithmetic in page faults
+    scale = torch.tensor([1.0 / (255.0 * s) for s in cfg.std], dtype=torch.float32, device=x.device).view(3, 1, 1)
+    shift = torch.tensor([m / s for m, s in zip(cfg.mean, cfg.std)], dtype=torch.float32, device=x.device).view(3, 1, 1)
+    return x.to(torch.float32, copy=True).mul_(scale).sub_(shift)
 
 
 def preprocess(rgb: np.ndarray, cfg: PreprocessConfig) -> torch.Tensor:

@@ -15,6 +15,7 @@ from embeddings.lane_control.bulk_yield import (
     interactive_busy,
     migration_slot,
     migration_yield,
+    migration_yielder,
 )
 from embeddings.lane_control.keys import queue_keys, redis_client, vectors_interactive_waiting
 from embeddings.lane_control.reports import batch_records, interactive_in_flight, interactive_pass, interactive_report
@@ -35,6 +36,7 @@ __all__ = [
     "bulk_computing",
     "migration_slot",
     "migration_yield",
+    "migration_yielder",
     "ingest_yielder",
     "interactive_busy",
     "LaneGateCycle",

@@ -5,7 +5,6 @@ searches and deletions. Each returns JSON primitives, ready to be a task result.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -220,7 +219,7 @@ def chunk_embed(*, job_id: str, image_ids: list[str]) -> dict:
         passes = {}
         if migration:
             passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None,
-                      "before_pass": functools.partial(lane_control.migration_yield, activity=activity)}
+                      "before_pass": lane_control.migration_yielder(activity=activity)}
         elif ingest_yields:
             passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
                       "before_pass": lane_control.ingest_yielder(activity=activity)}
@@ -306,14 +305,9 @@ def _unusable(items: list[dict], *, lane: str) -> list[dict]:
 
 def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
                   lane: str = Lane.BULK) -> tuple[list[dict], float]:
-    """Write the points of the items whose images are still queued, then mark those embedded.
-    An item whose vector is not usable is failed instead (:func:`_unusable`, counted on ``lane``).
-
-    An image decided meanwhile by another process is left alone: cancelled with its job, expired
-    by the reconciler, or embedded by another delivery of the same work (its point is the same). If
-    that happens between the write and the mark, the point is forgotten again (deleted, or its
-    payload rewritten from the database when other rows share it), so Qdrant never holds a point
-    that no embedded row accounts for.
+    """Write the points of the items whose images are still queued, then mark those embedded
+    (:func:`_mark_written`). An item whose vector is not usable is failed instead
+    (:func:`_unusable`, counted on ``lane``).
 
     Args:
         read: :func:`_queued_payloads` of these items or of a larger batch holding them, read
@@ -322,26 +316,50 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     Returns:
         ``(items marked embedded now, upsert wall time in ms)``.
     """
+    live, upsert_ms = _write_live(items, read, lane=lane)
+    return _mark_written(live), upsert_ms
+
+
+def _write_live(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
+                lane: str = Lane.BULK) -> tuple[list[dict], float]:
+    """Write the points of the items whose images are still queued and whose vectors are usable
+    (the others failed: :func:`_unusable`), marking nothing. Returns ``(items written, upsert ms)``."""
     queued, payloads = read if read is not None else _queued_payloads(items)
     live = _unusable([it for it in items if it["id"] in queued], lane=lane)
     if not live:
         return [], 0.0
-    upsert_ms = _write_points(live, payloads)
+    return live, _write_points(live, payloads)
+
+
+def _mark_written(live: list[dict]) -> list[dict]:
+    """Mark the images of ``live`` (their points written) embedded, in one statement per kind; returns
+    those marked now.
+
+    An image decided meanwhile by another process is left alone: cancelled with its job, expired
+    by the reconciler, or embedded by another delivery of the same work (its point is the same). If
+    that happens between the write and the mark, the point is forgotten again (deleted, or its
+    payload rewritten from the database when other rows share it), so Qdrant never holds a point
+    that no embedded row accounts for."""
+    if not live:
+        return []
     marked = image_services.images_mark_embedded(live)
     for it in live:
         if it["id"] not in marked:
             point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=_space([it]))
-    return [it for it in live if it["id"] in marked], upsert_ms
+    return [it for it in live if it["id"] in marked]
 
 
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
                 upsert_ms: float = 0.0) -> dict:
-    """Write a chunk's points slice by slice, marking each slice's images embedded once (and only
-    once) its points are written; refresh the job when the chunk is written. Which images are still
+    """Write a chunk's points slice by slice, then mark the part's images embedded at once (and only
+    once) their points are written; refresh the job when the chunk is written. Which images are still
     queued, and their points' payloads, are read once for the whole part (:func:`_queued_payloads`);
-    an image no longer queued then is not written, and one decided between that read and its
-    slice's mark (the job was cancelled meanwhile) has its point taken back (:func:`_write_queued`).
-    Per slice: one store call, two SQL statements (``images_mark_embedded``), one look at the queue.
+    an image no longer queued then is not written, and one decided between that read and the mark
+    (the job was cancelled meanwhile) has its point taken back (:func:`_mark_written`). Per slice:
+    one store call and one look at the queue; per part a constant handful of SQL statements,
+    whatever its size (a re-embed chunk holds hundreds of images: docs/scaling.md). An image whose
+    point is written stays queued (``waiting_for_store``) until the mark: a crash in between leaves
+    it to the redelivery, which writes the same point again.
 
     Between slices (``VECTORS_WRITE_SLICE`` points) the vectors worker looks at its queue: when
     interactive work waits there, the chunk yields: the rest goes back to the ``vectors`` queue as
@@ -374,9 +392,16 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
     read = _queued_payloads(items)
+    unmarked: list[dict] = []  # points written, images not marked yet
+
+    def mark() -> None:
+        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(_mark_written(unmarked)))
+        unmarked.clear()
 
     def send_rest() -> dict:
-        """Queue the unwritten rest as a new ``index_chunk`` at the chunk's priority; this part's result."""
+        """Mark what is written, queue the unwritten rest as a new ``index_chunk`` at the chunk's
+        priority; this part's result."""
+        mark()
         dispatch.send_index_chunk(job_id=job_id, stat_id=stat_id, items=items[written:], priority=priority,
                                   upsert_ms=upsert_ms)
         return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": len(items) - written}
@@ -385,22 +410,24 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         part = items[written : written + size]
         try:
             try:
-                marked, part_ms = _write_queued(part, read)
+                live, part_ms = _write_live(part, read)
+                unmarked += live
                 upsert_ms += part_ms
             except UnexpectedResponse as e:
                 if (e.status_code or 0) < 500:
                     raise
                 raise StoreUnavailable(str(e)) from e
         except STORE_ERRORS as e:
+            mark()  # what is written is kept
             _images_wait_for_store([it["id"] for it in items[written:]], f"vector store unreachable, retrying "
                                                                          f"with backoff: {type(e).__name__}: {e}")
             if written and not sink.is_direct():  # what is written stays written; the retry carries only the rest
                 return send_rest()
             raise
-        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(marked))
         written += len(part)
         if written < len(items) and not sink.is_direct() and lane_control.vectors_interactive_waiting():
             return send_rest()
+    mark()
     if stat_id is not None:
         stat = BatchStat.objects.filter(id=stat_id).first()
         if stat is not None:
@@ -638,7 +665,8 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
 
 
 def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                  where: dict | None = None, with_vectors: bool = False) -> dict:
+                  where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                  candidates: int | None = None) -> dict:
     """Top-k images for a query ``{"vector": base64}`` in space ``model_id``'s collection,
     restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the metadata filter
     ``where`` (the API's JSON, ``workers.vector_store.filters``; applied inside the vector query,
@@ -647,6 +675,8 @@ def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | No
     zeros is refused (``non_finite_embedding``, ``zero_embedding``: ``workers.screen``; the
     embedding workers refuse it first and count it). ``with_vectors``: each result carries its
     stored vector (``"vector"``: base64 of little-endian float32), read by the search itself.
+    ``diversity`` (in [0, 1], checked by the caller) > 0: the store's MMR re-ranks the
+    ``candidates`` nearest (``VectorStore.search``).
 
     Returns:
         ``{"results": [...]}`` or the refusal.
@@ -658,25 +688,76 @@ def vector_search(*, query: dict, owner_id: int | None, k: int, job_id: str | No
         return {"reason": reason.value, "detail": screen.detail(reason)}
     flt = filters.parse(where) if where is not None else None
     hits = runtime.vector_store(model_id).search(vector, k=k, owner_id=owner_id, job_id=job_id,
-                                                 where=flt, with_vectors=with_vectors)
+                                                 where=flt, with_vectors=with_vectors, diversity=diversity,
+                                                 candidates=candidates)
     return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)}
 
 
 def point_search(*, point_id: str, owner_id: int | None, k: int, job_id: str | None,
-                 model_id: str, where: dict | None = None, with_vectors: bool = False) -> list[dict] | None:
+                 model_id: str, where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                 candidates: int | None = None) -> list[dict] | None:
     """Top-k images similar to a stored point (itself included, when it passes the filter) of space
     ``model_id``, restricted to ``owner_id`` (None: all), ``job_id`` (None: any job) and the
     metadata filter ``where`` (JSON); ``None`` if the point is missing, or its stored vector is not
     finite or is all zeros (written before ``workers.screen``: the store leaves it out).
-    ``with_vectors``: as :func:`vector_search`."""
+    ``with_vectors``, ``diversity``, ``candidates``: as :func:`vector_search`."""
     store = runtime.vector_store(model_id)
     got = store.vectors([uuid.UUID(point_id)])
     if not got:
         return None
     flt = filters.parse(where) if where is not None else None
     hits = store.search(next(iter(got.values())), k=k, owner_id=owner_id, job_id=job_id, where=flt,
-                        with_vectors=with_vectors)
+                        with_vectors=with_vectors, diversity=diversity, candidates=candidates)
     return hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)
+
+
+def examples_search(*, embedded: dict, examples: dict, owner_id: int | None, k: int, job_id: str | None,
+                    model_id: str, where: dict | None = None, with_vectors: bool = False,
+                    strategy: str = "best_score", diversity: float = 0.0, candidates: int | None = None) -> dict:
+    """Top-k images for several positive and negative examples in space ``model_id``'s collection
+    (``VectorStore.recommend``: the engine's recommend query of ``strategy``), restricted as
+    :func:`vector_search`.
+
+    Args:
+        embedded: ``pipeline.inputs_embed``'s answer for the examples sent as texts or images
+            (``{"data": [{"vector"} | {"reason", "detail"}, ...]}``; ``{"data": []}`` when none).
+        examples: ``{"positive": [...], "negative": [...]}``, each entry ``{"input": i}`` (entry
+            ``i`` of ``embedded["data"]``) or ``{"point_id": uuid}`` (a stored image's point: its
+            vector read here, and the point left out of the hits, as a Qdrant server does with
+            example ids).
+
+    Returns:
+        ``{"results": [...]}``, or ``{"reason", "detail"}``: the first refused input's refusal
+        (``expired``, a refused image's code, ``non_finite_embedding``...), ``vector_missing`` (a
+        stored example's point is not in the store), ``zero_embedding`` (examples whose average
+        vector, the query of ``average_vector`` or MMR's relevance, is all zeros).
+    """
+    from workers.screen import UnusableVector
+
+    data = embedded.get("data", [])
+    for got in data:
+        if "vector" not in got:
+            return {"reason": got.get("reason", Reason.EXPIRED.value), "detail": got.get("detail", "")}
+    store = runtime.vector_store(model_id)
+    wanted = {e["point_id"] for side in ("positive", "negative") for e in examples.get(side, []) if "point_id" in e}
+    stored = store.vectors([uuid.UUID(p) for p in sorted(wanted)])
+    missing = sorted(p for p in wanted if uuid.UUID(p) not in stored)
+    if missing:
+        return {"reason": "vector_missing", "detail": f"example point {missing[0]} has no vector in the store",
+                "point_id": missing[0]}
+
+    def vectors(side: str) -> list:
+        return [stored[uuid.UUID(e["point_id"])] if "point_id" in e else decode_vector(data[e["input"]]["vector"])
+                for e in examples.get(side, [])]
+
+    flt = filters.parse(where) if where is not None else None
+    try:
+        hits = store.recommend(vectors("positive"), vectors("negative"), k=k, strategy=strategy, owner_id=owner_id,
+                               job_id=job_id, exclude=[uuid.UUID(p) for p in sorted(wanted)], where=flt,
+                               with_vectors=with_vectors, diversity=diversity, candidates=candidates)
+    except UnusableVector as e:
+        return {"reason": Reason.ZERO_EMBEDDING.value, "detail": f"the examples cancel out: {e}"}
+    return {"results": hits_to_results(hits, owner_id=owner_id, model_id=model_id, where=flt, job_id=job_id)}
 
 
 def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:

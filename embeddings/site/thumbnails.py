@@ -1,4 +1,4 @@
-"""``GET /api/images/{id}/thumbnail/``: the WebP thumbnail drawn by the worker that decoded the image.
+"""``GET /api/images/{id}/thumbnail/``: the JPEG thumbnail drawn by the worker that decoded the image.
 
 Same owner check as ``GET /api/images/{id}/`` (the owner, or staff; anyone else gets 404 as for an
 unknown id), token or session authentication. The bytes never change for an id (they are keyed by
@@ -18,7 +18,7 @@ from embeddings.api.parsers import AnyAccept
 from embeddings.selectors import images_visible_to
 from embeddings.errors import ApplicationError
 from embeddings.storage import thumbnail_read
-from workers.thumbnail import CONTENT_TYPE
+from workers.thumbnail import CONTENT_TYPE, content_type
 
 #: One year (s), the longest max-age HTTP caches honour (RFC 9111 §5.2.1.1 suggests no more).
 MAX_AGE_S = 31_536_000
@@ -38,18 +38,20 @@ def thumbnail_response(request, image) -> HttpResponse:
         data = thumbnail_read(runtime.blob_store(), image.sha256)
         if data is None:
             raise ApplicationError("this image has no thumbnail (it was not decoded)", code="not_found", status=404)
-        r = HttpResponse(data, content_type=CONTENT_TYPE)
+        r = HttpResponse(data, content_type=content_type(data))
     r["ETag"] = etag
     r["Cache-Control"] = CACHE_CONTROL
     return r
 
 
 class ThumbnailView(APIView):
-    """``GET /api/images/{id}/thumbnail/``: ``image/webp``, 256 px on the long side."""
+    """``GET /api/images/{id}/thumbnail/``: ``image/jpeg`` (``image/webp`` when an older release drew
+    it), 256 px on the long side."""
 
-    content_negotiation_class = AnyAccept  # the image whatever Accept says (DRF: 406 to image/webp)
+    content_negotiation_class = AnyAccept  # the image whatever Accept says (DRF: 406 to image/jpeg)
 
     @extend_schema(operation_id="images_thumbnail",
-                   responses={(200, CONTENT_TYPE): OpenApiResponse(OpenApiTypes.BINARY), 304: None})
+                   responses={(200, CONTENT_TYPE): OpenApiResponse(OpenApiTypes.BINARY),
+                              (200, "image/webp"): OpenApiResponse(OpenApiTypes.BINARY), 304: None})
     def get(self, request, image_id):
         return thumbnail_response(request, get_object_or_404(images_visible_to(request.user), id=image_id))

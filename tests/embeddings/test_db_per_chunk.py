@@ -16,7 +16,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from embeddings import tasks
+from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
@@ -86,27 +86,35 @@ def test_a_chunk_makes_the_same_queries_in_a_100_image_job_as_in_a_2000_image_jo
     assert len(marks) == 1
 
 
-def test_a_chunk_reads_its_images_once_and_marks_each_slice_with_two_updates(service, user, sent, monkeypatch):
-    """Issue 10: per chunk part one SELECT of the images (still queued? payloads), per slice one store
-    call, one look at the vectors queue between slices, and two UPDATEs (the slice's rows, RETURNING
-    the ones marked; their skipped copies); no ``SELECT ... FOR UPDATE``, no per-slice read."""
+@pytest.mark.parametrize("slice_size", [1, 2, 4])
+def test_a_chunk_reads_its_images_once_and_marks_them_with_two_updates_whatever_its_slices(
+        service, user, sent, monkeypatch, slice_size):
+    """Issues 10 and 43: per chunk part one SELECT of the images (still queued? payloads), per slice
+    one store call and one look at the vectors queue between slices, and two UPDATEs for the whole
+    part (its rows, RETURNING the ones marked; their skipped copies): the same statements whatever
+    the slice size; no ``SELECT ... FOR UPDATE``, no per-slice read or write."""
     from embeddings import lane_control
 
-    service.VECTORS_WRITE_SLICE = 2
+    service.VECTORS_WRITE_SLICE = slice_size
     looks: list[int] = []
+    upserts: list[int] = []
     monkeypatch.setattr(lane_control, "vectors_interactive_waiting", lambda client=None: looks.append(1) or 0)
-    job = job_services.job_create(owner=user, sources=sources(4, 7000))
+    job = job_services.job_create(owner=user, sources=sources(4, 7000 + slice_size))
     (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
     pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
     (args,) = sent["embeddings.tasks.index_chunk"]
+    store = runtime.vector_store(args[2][0]["model_id"])
+    upsert = store.upsert
+    monkeypatch.setattr(store, "upsert", lambda points: upserts.append(len(points)) or upsert(points))
     with CaptureQueriesContext(connection) as q:
         out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert (out["written"], out["yielded"], len(looks)) == (4, 0, 1)
+    assert (out["written"], out["yielded"], len(looks)) == (4, 0, 4 // slice_size - 1)
+    assert upserts == [slice_size] * (4 // slice_size)
     sql = [x["sql"].upper() for x in q.captured_queries]
     image_reads = [x for x in sql if x.startswith("SELECT") and 'FROM "EMBEDDINGS_IMAGE"' in x and "SELECT 1 AS" not in x]
     assert len(image_reads) == 1 and "FOR UPDATE" not in " ".join(sql)
     marks = [x for x in sql if x.startswith('UPDATE "EMBEDDINGS_IMAGE"')]
-    assert len(marks) == 4 and sum("RETURNING" in x for x in marks) == 2
+    assert len(marks) == 2 and sum("RETURNING" in x for x in marks) == 1
     assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
 
 

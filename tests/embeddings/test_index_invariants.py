@@ -67,7 +67,7 @@ def check_index(*, searchable: bool = True) -> None:
     keys = set(live.filter(storage_key__startswith="blob/").values_list("storage_key", flat=True))
     assert blob_files() == keys, "blob files != live keys"
     assert not list((runtime.blob_store().root / "tmp").glob("*")), "a query image was left behind"
-    thumbs = {p.stem for p in (runtime.blob_store().root / "thumb").glob("*/*.webp")}
+    thumbs = {p.stem for p in (runtime.blob_store().root / "thumb").glob("*/*.jpg")}
     assert thumbs <= set(live.values_list("sha256", flat=True)), "a thumbnail outlived every row of its bytes"
     previews = {p.name for p in (runtime.blob_store().root / "preview").glob("*/*")}
     assert previews <= set(live.values_list("sha256", flat=True)), "a preview outlived every row of its bytes"

@@ -66,7 +66,7 @@ def test_the_filesystem_backend_keeps_names_and_layout(tmp_path):
     store.delete(tmp_key)
     assert not store.exists(tmp_key)
     assert thumbnail_put(store, sha, b"thumb") and not thumbnail_put(store, sha, b"again")
-    assert thumbnail_path(store, sha) == tmp_path / "thumb" / sha[:2] / f"{sha}.webp"
+    assert thumbnail_path(store, sha) == tmp_path / "thumb" / sha[:2] / f"{sha}.jpg"
     assert thumbnail_exists(store, sha) and thumbnail_read(store, sha) == b"thumb"
     thumbnail_delete(store, sha)
     assert thumbnail_read(store, sha) is None and not thumbnail_exists(store, sha)
@@ -99,3 +99,23 @@ def test_blob_store_follows_the_storages_setting(settings, tmp_path):
         assert runtime.blob_store().root == tmp_path / "there"
     finally:
         runtime.blob_store.cache_clear()
+
+
+def test_a_webp_thumbnail_of_an_older_release_is_still_read_and_never_redrawn(tmp_path):
+    """Thumbnails were WebP before they became JPEG: one already stored is read, counts as drawn
+    (no second thumbnail is written beside it), is served as image/webp, and is deleted with its image."""
+    from embeddings.storage import thumbnail_delete, thumbnail_exists, thumbnail_put, thumbnail_read
+    from workers.thumbnail import content_type
+
+    store = BlobStore(tmp_path)
+    sha = hashlib.sha256(b"older").hexdigest()
+    legacy = tmp_path / "thumb" / sha[:2] / f"{sha}.webp"
+    legacy.parent.mkdir(parents=True)
+    webp = b"RIFF\x10\x00\x00\x00WEBPVP8 "
+    legacy.write_bytes(webp)
+    assert thumbnail_exists(store, sha) and thumbnail_read(store, sha) == webp
+    assert thumbnail_put(store, sha, b"\xff\xd8\xff new") is False
+    assert not (tmp_path / "thumb" / sha[:2] / f"{sha}.jpg").exists()
+    assert content_type(thumbnail_read(store, sha)) == "image/webp" and content_type(b"\xff\xd8\xff") == "image/jpeg"
+    thumbnail_delete(store, sha)
+    assert not legacy.exists() and thumbnail_read(store, sha) is None

@@ -142,10 +142,10 @@ def test_temporary_keys_thumbnails_and_previews(moto, s3_store):
     assert keys(moto, prefix) == []
     s = hashlib.sha256(b"x").hexdigest()
     assert not thumbnail_exists(store, s) and thumbnail_read(store, s) is None
-    assert thumbnail_put(store, s, b"webp bytes") is True
+    assert thumbnail_put(store, s, b"jpeg bytes") is True
     assert thumbnail_put(store, s, b"other") is False  # drawn once, never redrawn
-    assert thumbnail_read(store, s) == b"webp bytes"
-    assert keys(moto, prefix) == [f"{prefix}/thumb/{s[:2]}/{s}.webp"]
+    assert thumbnail_read(store, s) == b"jpeg bytes"
+    assert keys(moto, prefix) == [f"{prefix}/thumb/{s[:2]}/{s}.jpg"]
     thumbnail_delete(store, s)
     assert keys(moto, prefix) == []
     with pytest.raises(FileNotFoundError):
@@ -194,13 +194,13 @@ def test_uploads_and_jobs_store_in_the_bucket_and_embed_from_it(moto, service, a
     shas = sorted({im.sha256 for im in Image.objects.all()})
     assert len(shas) == 3 and Image.objects.filter(status=ImageStatus.EMBEDDED).count() == 3
     blobs = [f"{prefix}/{s[:2]}/{s[2:4]}/{s}" for s in shas]
-    thumbs = [f"{prefix}/thumb/{s[:2]}/{s}.webp" for s in shas]
+    thumbs = [f"{prefix}/thumb/{s[:2]}/{s}.jpg" for s in shas]
     previews = [f"{prefix}/preview/{s[:2]}/{s}" for s in shas]
     assert keys(moto, prefix) == sorted(blobs + thumbs + previews)
     assert not Path(settings.BLOB_ROOT).exists() or not any(Path(settings.BLOB_ROOT).rglob("*"))
     c = Image.objects.get(original_name="c.jpg")
     assert api.delete(f"/api/images/{c.id}/").status_code == 204
-    gone = {f"{prefix}/{c.sha256[:2]}/{c.sha256[2:4]}/{c.sha256}", f"{prefix}/thumb/{c.sha256[:2]}/{c.sha256}.webp",
+    gone = {f"{prefix}/{c.sha256[:2]}/{c.sha256[2:4]}/{c.sha256}", f"{prefix}/thumb/{c.sha256[:2]}/{c.sha256}.jpg",
             f"{prefix}/preview/{c.sha256[:2]}/{c.sha256}"}
     assert keys(moto, prefix) == sorted(set(blobs + thumbs + previews) - gone)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 
 from embeddings import dispatch
 from embeddings.models import LIVE_ORIGINAL_STATUSES, EmbeddingSpace, Image, Job, JobKind, JobPriority, JobStatus, Lane
@@ -22,10 +22,14 @@ def catalogue(space: EmbeddingSpace):
     """The users' live originals that ``space`` must hold a copy of: rows with no ``source`` and no
     ``duplicate_of``, queued or embedded, in any other space, and no copy in ``space`` yet. A
     catalogue row not fetched yet (no bytes, so no sha256) is not one: its copy is made when its
-    bytes arrive (``fetching.rows_resolve`` → ``images.dual_copies``)."""
-    have = Image.objects.filter(model_id=space.model_id, source__isnull=False).values("source_id")
+    bytes arrive (``fetching.rows_resolve`` → ``images.dual_copies``).
+
+    "No copy yet" is a ``NOT EXISTS`` probe of the ``source`` index per row, not ``NOT IN`` over
+    every copy: the fill reads the catalogue a batch at a time while it adds copies, and a hashed
+    ``NOT IN`` re-reads all copies made so far for every batch (quadratic in the catalogue)."""
+    have = Image.objects.filter(model_id=space.model_id, source=OuterRef("pk"))
     return (Image.objects.filter(source__isnull=True, duplicate_of__isnull=True, status__in=LIVE_ORIGINAL_STATUSES)
-            .exclude(model_id=space.model_id).exclude(id__in=have).exclude(sha256=""))
+            .exclude(model_id=space.model_id).filter(~Exists(have)).exclude(sha256=""))
 
 
 def copy_of(row: Image, *, space: EmbeddingSpace, job: Job) -> Image:

@@ -6,7 +6,7 @@ M's space a ``candidate`` and re-embeds the catalogue into it with the ordinary 
 - for every live original the users hold (``source`` null, ``duplicate_of`` null, queued or
   embedded, in any other space) a *copy* row is created under M: same owner, bytes, storage key,
   name; ``source`` = the user's row; ``job`` = the migration job (``Job.kind`` ``migration``, bulk
-  lane, background priority); ``point_id`` = uuid5(M, sha256). Chunks of ``chunk_size`` (64) go to
+  lane, background priority); ``point_id`` = uuid5(M, sha256). Chunks of ``chunk_size`` (``MIGRATION_CHUNK_SIZE``, 512) go to
   the bulk queue as the copies are created (:func:`migration_fill`), so the first chunk never waits
   for the whole catalogue; progress, ETA, pause/resume/cancel and per-image failures are the job's.
 - every new upload gets a copy in each candidate and standby space in the creating transaction
@@ -104,7 +104,7 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
                          "space_exists", model_id=space.model_id)
         job = Job.objects.create(owner=owner, name=f"migrate to {fields['model_id']}"[:200], kind=JobKind.MIGRATION,
                                  priority=JobPriority.BACKGROUND, model_id=fields["model_id"],
-                                 chunk_size=base.batch_size, total=copies.catalogue_size(fields["model_id"]))
+                                 chunk_size=settings.MIGRATION_CHUNK_SIZE, total=copies.catalogue_size(fields["model_id"]))
         if space is None:
             space = EmbeddingSpace.objects.create(**fields, state=SpaceState.CANDIDATE, job=job, source=source)
         else:  # a dropped space started again: an empty collection, a new job

@@ -351,3 +351,25 @@ def test_a_chunks_activity_marks_survive_a_redis_outage(settings):
     with bulk_yield.bulk_computing() as computing:
         assert computing.since is not None
     assert computing.since is None
+
+
+def test_a_migration_looks_at_the_lane_at_most_every_interval_while_it_is_idle(monkeypatch):
+    """``migration_yielder``: the first pass looks (one ``migration_yield``); passes within
+    ``look_every_s`` of a look that found the lane idle do not look again (no Redis round trip per
+    pass of a few images); the next one after the interval looks again; a look that waited restarts
+    the interval from its end."""
+    clock = [100.0]
+    looks: list[float] = []
+    monkeypatch.setattr(bulk_yield.time, "monotonic", lambda: clock[0])
+
+    def look(max_pause_s=None, *, activity=None):
+        looks.append(clock[0])
+        return 0.0
+
+    monkeypatch.setattr(bulk_yield, "migration_yield", look)
+    before_pass = bulk_yield.migration_yielder(look_every_s=0.05)
+    for t in (100.0, 100.01, 100.049, 100.051, 100.06, 100.2):
+        clock[0] = t
+        before_pass()
+    assert looks == [100.0, 100.051, 100.2]
+    assert bulk_yield.MIGRATION_LOOK_EVERY_S == 0.05

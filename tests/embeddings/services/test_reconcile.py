@@ -355,9 +355,10 @@ def test_a_job_cancelled_while_its_chunk_waits_to_be_written_stays_cancelled(ser
 
 
 def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, user, sent, monkeypatch):
-    """The race: the points are written, then the job is cancelled before its images are marked.
-    The images stay cancelled and their points are deleted again: Qdrant never holds a point that
-    no embedded row accounts for."""
+    """The race: the points are written, then the job is cancelled before its images are marked
+    (the part is marked once its slices are written: a cancel after the second of two slices). The
+    images stay cancelled and their points are deleted again: Qdrant never holds a point that no
+    embedded row accounts for."""
     service.VECTORS_WRITE_SLICE = 2
     job, args = embedded_chunk(user, sent, n=4)
     real_write, writes = pipeline._write_points, []
@@ -373,11 +374,10 @@ def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, 
     pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert writes == [2, 2]
     statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
-    assert statuses == [ImageStatus.EMBEDDED] * 2 + [ImageStatus.CANCELLED] * 2
+    assert statuses == [ImageStatus.CANCELLED] * 4
     store = runtime.vector_store()
-    assert store.count() == 2
-    assert set(store.vectors([uuid.UUID(it["point_id"]) for it in args[2]])) == {
-        uuid.UUID(it["point_id"]) for it in args[2][:2]}
+    assert store.count() == 0
+    assert store.vectors([uuid.UUID(it["point_id"]) for it in args[2]]) == {}
 
 
 # --- redelivery: idempotent -----------------------------------------------------------------------
