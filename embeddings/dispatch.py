@@ -230,27 +230,47 @@ def send_upload_direct(*, to_embed: list[str], skipped: list[str], owner_id: int
 
 
 def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | None, model_id: str,
-               where: dict | None = None, with_vectors: bool = False):
+               where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+               candidates: int | None = None):
     """Queue a query's embedding (``encode_text`` / ``embed_query`` with ``args`` then the
     deadline and the space ``model_id``, interactive queue) and, when ``search`` =
     ``(owner_id, k, job_id)`` is given, chain it to ``search_vector`` in the same space on the
     vectors queue, with the metadata filter ``where`` (its JSON) and ``with_vectors`` (each result
     with its stored vector); every message expires at ``deadline_ts``, and so does the one result
-    stored, the last task's. Returns that ``AsyncResult`` (the embedding alone, a ``{"vector"}``
-    answer, when ``search`` is None)."""
+    stored, the last task's; ``diversity`` > 0: MMR over ``candidates``. Returns that ``AsyncResult``
+    (the embedding alone, a ``{"vector"}`` answer, when ``search`` is None)."""
     options = interactive_options(deadline_ts)
     if search is None:
         return task(embed, *args, deadline_ts, model_id, immutable=True, **options).apply_async()
     sig = task(embed, *args, deadline_ts, model_id, immutable=True, **options, **UNREAD)
-    return chain(sig, task("search_vector", *search, model_id, where, *_vectors_flag(with_vectors),
+    return chain(sig, task("search_vector", *search, model_id, where, *_vectors_flag(with_vectors, diversity, candidates),
                            **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 
 
-def _vectors_flag(with_vectors: bool) -> tuple:
-    """The search tasks' trailing ``with_vectors`` argument, sent only when set: a search message
-    without it is one a vectors worker of the previous release still reads during a rolling
-    deploy."""
+def _vectors_flag(with_vectors: bool, diversity: float = 0.0, candidates: int | None = None) -> tuple:
+    """The search tasks' trailing ``with_vectors`` (then ``diversity``, ``candidates``) arguments,
+    sent only when set: a search message without them is one a vectors worker of the previous
+    release still reads during a rolling deploy."""
+    if diversity > 0:
+        return (with_vectors, diversity, candidates)
     return (True,) if with_vectors else ()
+
+
+def send_examples_query(*, items: list[dict], examples: dict, search: tuple, model_id: str, deadline_ts: float,
+                        where: dict | None, with_vectors: bool, strategy: str, diversity: float,
+                        candidates: int | None):
+    """Queue a multi-example search: the examples given as texts or images (``items``, as
+    :func:`send_embed_inputs`) embedded on the interactive queue, chained to ``search_examples``
+    (``search`` = ``(owner_id, k, job_id)``, space ``model_id``) on the vectors queue; with no such
+    example, ``search_examples`` alone. Every message expires at ``deadline_ts``. Returns the last
+    task's ``AsyncResult``."""
+    args = (examples, *search, model_id, where, with_vectors, strategy, diversity, candidates)
+    options = vectors_options(interactive=True, deadline_ts=deadline_ts)
+    if not items:
+        return send("search_examples", ({"data": []}, *args), **options)
+    sig = task("embed_inputs", items, deadline_ts, model_id, immutable=True, **interactive_options(deadline_ts),
+               **UNREAD)
+    return chain(sig, task("search_examples", *args, **options)).apply_async()
 
 
 def send_embed_inputs(*, items: list[dict], deadline_ts: float, model_id: str):
@@ -261,8 +281,11 @@ def send_embed_inputs(*, items: list[dict], deadline_ts: float, model_id: str):
 
 
 def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: str | None, deadline_ts: float,
-                      model_id: str, where: dict | None = None, with_vectors: bool = False):
+                      model_id: str, where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                      candidates: int | None = None):
     """Queue ``search_point`` (top-k by a stored point of space ``model_id``, metadata filter
-    ``where``, ``with_vectors``) on the vectors queue, expiring at ``deadline_ts``."""
-    return send("search_point", (point_id, owner_id, k, job_id, model_id, where, *_vectors_flag(with_vectors)),
+    ``where``, ``with_vectors``, ``diversity`` over ``candidates``) on the vectors queue, expiring at
+    ``deadline_ts``."""
+    return send("search_point", (point_id, owner_id, k, job_id, model_id, where,
+                                 *_vectors_flag(with_vectors, diversity, candidates)),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))

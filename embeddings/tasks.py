@@ -159,7 +159,7 @@ def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
                                deadline_ts)
 
 
-@shared_task(bind=True)
+@shared_task(bind=True, store_errors_even_if_ignored=True)  # opens a multi-example search's chain
 def embed_inputs(self, items: list[dict], deadline_ts: float, model_id: str) -> dict:
     """Embed an embeddings request's texts and images (temporary storage keys) with space
     ``model_id``'s model, in input order (``pipeline.inputs_embed``); every item ``expired`` without
@@ -218,22 +218,38 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
 
 @shared_task
 def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                  where: dict | None = None, with_vectors: bool = False) -> dict:
+                  where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                  candidates: int | None = None) -> dict:
     """Top-k by a query ``{"vector": base64}`` in space ``model_id``, restricted to ``owner_id``
     (None: all owners), ``job_id`` (None: any job) and the metadata filter ``where`` (its JSON; None:
     none) → ``{"results": [...]}`` (refusals pass through); ``with_vectors``: each result with its
-    stored ``"vector"`` (base64)."""
+    stored ``"vector"`` (base64); ``diversity`` > 0: MMR over ``candidates`` (None: the default pool)."""
     return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id, where=where,
-                                  with_vectors=with_vectors)
+                                  with_vectors=with_vectors, diversity=diversity, candidates=candidates)
 
 
 @shared_task
 def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None, model_id: str,
-                 where: dict | None = None, with_vectors: bool = False) -> list[dict] | None:
+                 where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                 candidates: int | None = None) -> list[dict] | None:
     """Top-k by a stored point's vector in space ``model_id``, metadata filter ``where`` (its JSON;
-    None: none); None when the point does not exist; ``with_vectors`` as ``search_vector``."""
+    None: none); None when the point does not exist; ``with_vectors``, ``diversity``, ``candidates``
+    as ``search_vector``."""
     return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
-                                 where=where, with_vectors=with_vectors)
+                                 where=where, with_vectors=with_vectors, diversity=diversity, candidates=candidates)
+
+
+@shared_task
+def search_examples(embedded: dict, examples: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
+                    where: dict | None, with_vectors: bool, strategy: str, diversity: float,
+                    candidates: int | None) -> dict:
+    """Top-k for positive and negative examples in space ``model_id`` (``pipeline.examples_search``):
+    ``embedded`` is ``embed_inputs``' answer for the examples given as texts or images (the chain's
+    first link), ``examples`` says which side each input and stored point is on → ``{"results"}`` or
+    the first refusal."""
+    return pipeline.examples_search(embedded=embedded, examples=examples, owner_id=owner_id, k=k, job_id=job_id,
+                                    model_id=model_id, where=where, with_vectors=with_vectors, strategy=strategy,
+                                    diversity=diversity, candidates=candidates)
 
 
 @shared_task

@@ -1,6 +1,7 @@
 """Input validation for the API (views validate, call one service, serialise the result)."""
 from __future__ import annotations
 
+import math
 import uuid
 
 from django.conf import settings
@@ -11,6 +12,8 @@ from rest_framework import serializers
 from embeddings.api.json_input import JSONField
 from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
 from embeddings.models import Image, ImageStatus, Job, JobPriority, WebhookEvent
+from embeddings.services.search import MAX_CANDIDATES, MAX_EXAMPLES
+from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 
 
 class FormSerializer(serializers.Serializer):
@@ -203,10 +206,22 @@ class VectorModelIdField(_Included):
 
 
 class SearchSerializer(FormSerializer):
-    """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``; ``filter``
-    (an object in JSON, its JSON text in a form) is validated by the view (``invalid_filter``)."""
+    """``POST /api/search/``: exactly one of ``text``, ``image`` (file) or ``image_id``, or
+    ``positive`` (and ``negative``) examples (lists in JSON, their JSON text in a form; checked by
+    the view: :func:`examples`); ``filter`` (an object in JSON, its JSON text in a form) is
+    validated by the view (``invalid_filter``)."""
 
     filter = JSONField(required=False)
+    positive = JSONField(required=False)
+    negative = JSONField(required=False)
+    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False)
+    diversity = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0)
+    candidates = serializers.IntegerField(min_value=1, max_value=MAX_CANDIDATES, required=False)
+
+    def validate_diversity(self, value: float) -> float:
+        if not math.isfinite(value):  # "nan" in a form passes both bounds
+            raise serializers.ValidationError("diversity must be a number in [0, 1]")
+        return value
 
     text = serializers.CharField(required=False, max_length=2000)
     image = serializers.FileField(required=False)
@@ -345,8 +360,22 @@ class MetadataFilterField(JSONField):
     ``MetadataFilter`` component (added by ``embeddings.api.schema.postprocess``)."""
 
 
+#: ``diversity`` of a search (``workers.vector_store.VectorStore.search``).
+DIVERSITY_HELP = ("maximal marginal relevance in [0, 1]: 0 (the default) is the plain top-k; above 0 the k are "
+                  "picked one by one from the `candidates` best matches, each maximising (1 − diversity)·relevance "
+                  "− diversity·(its highest cosine to the hits picked before); 1 picks, after the best match, the "
+                  "candidates least like the hits already picked. Scores stay cosines to the query (to the examples' "
+                  "average vector in a multi-example search)")
+CANDIDATES_HELP = (f"with diversity > 0: the pool of best matches (after every filter) that MMR re-ranks; default "
+                   f"max(100, 10·k), at most MAX_CANDIDATES = {MAX_CANDIDATES}, never fewer than k")
+
+
 class _SearchScope(serializers.Serializer):
     """What every search takes besides its query: how many hits, and an optional job filter."""
+
+    diversity = serializers.FloatField(min_value=0.0, max_value=1.0, default=0.0, help_text=DIVERSITY_HELP)
+    candidates = serializers.IntegerField(min_value=1, max_value=MAX_CANDIDATES, required=False,
+                                          help_text=CANDIDATES_HELP)
 
     k = serializers.IntegerField(min_value=1, max_value=settings.SEARCH_MAX_K, default=settings.SEARCH_DEFAULT_K)
     job_id = serializers.UUIDField(required=False, help_text="only images of this job (one of the caller's)")
@@ -369,16 +398,55 @@ class SearchImageIdSerializer(_SearchScope):
     image_id = serializers.UUIDField()
 
 
+class SearchExampleSerializer(serializers.Serializer):
+    """One example of a multi-example search (JSON): exactly one of ``image_id`` or ``text``."""
+
+    image_id = serializers.UUIDField(required=False, help_text="one of your embedded images (left out of the hits)")
+    text = serializers.CharField(required=False, max_length=2000, validators=[TEXT_QUERY])
+
+
+STRATEGY_HELP = ("how the examples score a point, Qdrant's strategies: best_score (default): its best cosine to a "
+                 "positive when that beats its best cosine to a negative, mapped into (0, 1) as (x/(1+|x|)+1)/2, "
+                 "else minus that of its best negative cosine; sum_scores: Σ cosines to the positives − Σ cosines "
+                 "to the negatives; average_vector: the cosine to 2·mean(positives) − mean(negatives)")
+EXAMPLES_HELP = f"at most MAX_EXAMPLES = {MAX_EXAMPLES} examples, positive and negative together"
+
+
+class SearchExamplesSerializer(_SearchScope):
+    """``POST /api/search/`` by positive and negative examples (JSON): stored images and texts."""
+
+    positive = SearchExampleSerializer(many=True, help_text=f"at least one; {EXAMPLES_HELP}")
+    negative = SearchExampleSerializer(many=True, required=False, help_text="pushed away (default: none)")
+    strategy = serializers.ChoiceField(choices=STRATEGIES, default=DEFAULT_STRATEGY, help_text=STRATEGY_HELP)
+
+
 class SearchImageSerializer(_SearchScope):
-    """``POST /api/search/`` by an uploaded image (multipart)."""
+    """``POST /api/search/`` as a form (multipart): by an uploaded ``image``, or by examples, some of
+    them uploaded images (``positive_image`` / ``negative_image`` parts). Exactly one of the two:
+    both, or neither, is 400 ``invalid_query``. One object rather than a ``oneOf``, so that clients
+    generated from the schema send its file parts as files."""
 
-    image = serializers.FileField()
+    image = serializers.FileField(required=False, help_text="the query image (a search by one image)")
+    positive = serializers.CharField(required=False, help_text="JSON text of a list of examples ({\"image_id\"} or "
+                                                               "{\"text\"}); the positive_image files join them")
+    negative = serializers.CharField(required=False, help_text="JSON text of a list of examples, as positive")
+    positive_image = serializers.ListField(child=serializers.FileField(), required=False,
+                                           help_text="uploaded positive examples, one part each")
+    negative_image = serializers.ListField(child=serializers.FileField(), required=False,
+                                           help_text="uploaded negative examples, one part each")
+    # no default here: a client generated from the schema sends every default, and a strategy on a
+    # search by one image is refused (invalid_query); the view applies DEFAULT_STRATEGY
+    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False, help_text=STRATEGY_HELP)
 
 
-#: Exactly one of ``text`` or ``image_id`` in a JSON search (both, or neither: 400 ``invalid_query``).
+#: Exactly one of ``text`` or ``image_id`` in a JSON search (both, or neither: 400 ``invalid_query``),
+#: or ``positive`` / ``negative`` examples.
 SearchQuerySerializer = PolymorphicProxySerializer(
-    component_name="SearchQuery", serializers=[SearchTextSerializer, SearchImageIdSerializer],
+    component_name="SearchQuery", serializers=[SearchTextSerializer, SearchImageIdSerializer, SearchExamplesSerializer],
     resource_type_field_name=None)
+
+#: A multipart search: an uploaded ``image``, or examples with uploaded images.
+SearchFormSerializer = SearchImageSerializer
 
 
 # --- Responses ------------------------------------------------------------------------------------
@@ -516,6 +584,9 @@ class SearchResponseSerializer(serializers.Serializer):
                   "(0: off); uncalibrated: the space has no cutoff yet, nothing was cut")
     message = serializers.CharField(required=False, help_text='"no match above the cutoff" when the cutoff left '
                                                               'no hit (still 200, results empty)')
+    strategy = serializers.ChoiceField(choices=STRATEGIES, required=False,
+                                       help_text="a search by examples: the strategy that scored it (its scores are "
+                                                 "that strategy's; only a min_score you give cuts them)")
 
 
 class StatsSerializer(serializers.Serializer):

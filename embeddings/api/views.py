@@ -1,6 +1,8 @@
 """REST endpoints. Each view validates, calls one service, and serialises."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from django.conf import settings
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import (
@@ -34,7 +36,7 @@ from embeddings.api.serializers import (
     JobProgressSerializer,
     JobSerializer,
     JobSubmitSerializer,
-    SearchImageSerializer,
+    SearchFormSerializer,
     SearchQuerySerializer,
     SearchResponseSerializer,
     SearchSerializer,
@@ -353,47 +355,128 @@ class JobActionView(APIView):
         return Response(JobSerializer(job).data)
 
 
+#: The file parts a search reads: the query image, or uploaded examples.
+SEARCH_FILES = ("image", "positive_image", "negative_image")
+
+
+def _examples(value, side: str) -> list[dict]:
+    """A search's ``positive`` / ``negative`` list (JSON, or its JSON text in a form, parsed by the
+    serializer) → ``[{"image_id": str} | {"text": str}]``.
+
+    Raises:
+        ApplicationError: ``too_many_examples`` (400: more than ``MAX_EXAMPLES``, before any item
+            is read), ``invalid_example`` (400, ``extra.example``: ``"positive[3]"``): not a list,
+            or an item that is not an object with exactly one of ``image_id`` (a UUID) or ``text``
+            (not blank, at most 2,000 characters, no NUL).
+    """
+    import uuid as _uuid
+
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ApplicationError(f"{side} must be a list of examples", code="invalid_example", extra={"example": side})
+    if len(value) > search_services.MAX_EXAMPLES:
+        raise ApplicationError(f"{len(value)} {side} examples; at most MAX_EXAMPLES = {search_services.MAX_EXAMPLES}",
+                               code="too_many_examples", extra={"limit": "MAX_EXAMPLES",
+                                                                "value": search_services.MAX_EXAMPLES})
+    out = []
+    for i, item in enumerate(value):
+        where = f"{side}[{i}]"
+        if not isinstance(item, dict) or len(item) != 1 or not ({"image_id", "text"} & set(item)):
+            raise ApplicationError(f"{where}: an object with exactly one of image_id or text", code="invalid_example",
+                                   extra={"example": where})
+        if "image_id" in item:
+            try:
+                out.append({"image_id": str(_uuid.UUID(str(item["image_id"])))})
+            except (ValueError, TypeError, AttributeError):
+                raise ApplicationError(f"{where}: image_id is not a UUID", code="invalid_example",
+                                       extra={"example": where}) from None
+            continue
+        text = item["text"]
+        if not isinstance(text, str) or not text.strip() or "\x00" in text or len(text) > 2000:
+            raise ApplicationError(f"{where}: text must be a non-blank string of at most 2000 characters, no NUL",
+                                   code="invalid_example", extra={"example": where})
+        out.append({"text": text})
+    return out
+
+
 class SearchView(APIView):
-    """``POST /api/search/``: by text, by an uploaded image, or by a stored image's id."""
+    """``POST /api/search/``: by text, by an uploaded image, by a stored image's id, or by positive
+    and negative examples of those kinds."""
 
     parser_classes = (MultiPartParser, FormParser, JSONParser)
 
     @extend_schema(
         operation_id="search",
-        request={"application/json": SearchQuerySerializer, "multipart/form-data": SearchImageSerializer},
+        request={"application/json": SearchQuerySerializer, "multipart/form-data": SearchFormSerializer},
         parameters=[RETRY_AFTER],
         description="Top-k of the caller's images (staff: all) by exactly one of a text, an uploaded image "
-                    "(multipart) or a stored image's id.",
+                    "(multipart) or a stored image's id; or by `positive` (and `negative`) examples, each a stored "
+                    "image's id, a text or (multipart) an uploaded image, scored by `strategy`. Any search may ask "
+                    "for diverse results (`diversity`, `candidates`). docs/search.md.",
         responses={200: SearchResponseSerializer, **errors(400, 404, 409, 413, 415, 422, 429, 503, 504)})
     def post(self, request):
         data, files = _parsed(request)
-        _check_parts({}, files, file_fields=("image",))
-        # multipart is the image's form (the schema's SearchImage): a text or an id goes as JSON
-        if request.content_type.startswith("multipart/") and "image" not in files:
-            raise ApplicationError("a multipart search carries the image file part 'image'; search by text or "
-                                   "image_id with a JSON body", code="invalid_query", status=400,
+        _check_parts({}, files, file_fields=SEARCH_FILES)
+        # multipart is the image's form (the schema's SearchForm): a text or an id alone goes as JSON
+        multipart = request.content_type.startswith("multipart/")
+        # a JSON body that is not an object (null, a number, a list) is the serializer's 400 below
+        by_examples = (isinstance(data, Mapping) and any(f in data for f in ("positive", "negative"))) or any(
+            f in files for f in ("positive_image", "negative_image"))
+        if multipart and "image" not in files and not by_examples:
+            raise ApplicationError("a multipart search carries the image file part 'image' (or examples); search by "
+                                   "text or image_id with a JSON body", code="invalid_query", status=400,
                                    extra={"fields": ["image"]})
         s = SearchSerializer(data=data)
         s.is_valid(raise_exception=True)
         v = s.validated_data
+        single = [f for f in ("text", "image_id") if v.get(f) is not None] + (["image"] if "image" in files else [])
+        if by_examples and single:
+            raise ApplicationError("give either text, image or image_id, or positive/negative examples, not both",
+                                   code="invalid_query", extra={"fields": single + ["positive"]})
+        if not by_examples and v.get("strategy") is not None:
+            raise ApplicationError("strategy applies to a search by positive/negative examples",
+                                   code="invalid_query", extra={"fields": ["strategy"]})
+        if by_examples:
+            positive = _examples(v.get("positive"), "positive")
+            negative = _examples(v.get("negative"), "negative")
+            uploads = {side: _files(files, f"{side}_image") for side in ("positive", "negative")}
+            total = len(positive) + len(negative) + sum(len(u) for u in uploads.values())
+            if total > search_services.MAX_EXAMPLES:
+                raise ApplicationError(f"{total} examples; at most MAX_EXAMPLES = {search_services.MAX_EXAMPLES}",
+                                       code="too_many_examples", extra={"limit": "MAX_EXAMPLES",
+                                                                        "value": search_services.MAX_EXAMPLES})
         where = search_filter(data.get("filter") if hasattr(data, "get") else None)  # refused before any bytes are kept
-        image = from_uploads([v["image"]])[0] if v.get("image") else None
         from embeddings.services.lifecycle import cutoff
         from embeddings import spaces
 
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
         with_vectors = "vector" in v.get("include", set())
-        results = search_services.search(
-            user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None,
-            text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None,
-            where=where, with_vectors=with_vectors,
-        )
+        scope = dict(user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None, where=where,
+                     with_vectors=with_vectors, diversity=v["diversity"], candidates=v.get("candidates"))
+        if by_examples:
+            for side, found in uploads.items():
+                (positive if side == "positive" else negative).extend({"image": src} for src in from_uploads(found))
+            from workers.vector_store import DEFAULT_STRATEGY
+
+            strategy = v.get("strategy") or DEFAULT_STRATEGY
+            results = search_services.search_examples(positive=positive, negative=negative, strategy=strategy,
+                                                      **scope)
+        else:
+            image = from_uploads([v["image"]])[0] if v.get("image") else None
+            results = search_services.search(
+                text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None, **scope)
         if with_vectors and v["vector_format"] == "float":  # the store answers base64
             from embeddings.messages import decode_vector
 
             results = [{**r, "vector": decode_vector(r["vector"]).tolist()} if "vector" in r else r for r in results]
-        answer = cutoff.apply_min_score(results, space=space, kind=cutoff.TEXT if v.get("text") is not None
-                                        else cutoff.IMAGE, requested=v.get("min_score"))
+        if by_examples:  # scores of a strategy are not cosines: only a requested min_score cuts
+            kept = results if not v.get("min_score") else [r for r in results if r["score"] >= v["min_score"]]
+            answer = {"results": kept, "model_id": space.model_id, "min_score": v.get("min_score") or None,
+                      "min_score_source": cutoff.REQUEST, "strategy": strategy}
+        else:
+            answer = cutoff.apply_min_score(results, space=space, kind=cutoff.TEXT if v.get("text") is not None
+                                            else cutoff.IMAGE, requested=v.get("min_score"))
         return Response({**answer, "k": v["k"]})
 
 

@@ -25,6 +25,7 @@ from embeddings.api.catalogue_fields import search_filter
 from embeddings.errors import ApplicationError
 from embeddings.models import JobPriority
 from project.processes import REQUEST_LINE_BYTES
+from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 from workers.vector_store.filters import MAX_STRING
 
 #: Name endings a manifest file chooser offers (``manifests.sniff_format`` reads the bytes anyway).
@@ -50,6 +51,14 @@ NUMBER_CHARS = 24
 _WIDEST = "\u4e2d"
 #: The longest value a browser's date input sends (year 275760, the end of ECMAScript's time range).
 _LONGEST_DATE = "275760-09-13"
+#: The diversity the search page's "diverse results" toggle sends (MMR's 1 − lambda, docs/search.md):
+#: halfway between the plain top-k (0) and the candidates least like the hits picked before (1).
+DIVERSE = 0.5
+#: The longest ``format(x, "g")`` of a float in [0, 1] (a subnormal): the page writes a diversity so
+#: in its links and its toggle (:func:`diversity_text`).
+_LONGEST_DIVERSITY = "4.94066e-324"
+#: The search by examples' strategies in words, in ``workers.vector_store.STRATEGIES`` order.
+STRATEGY_WORDS = {"best_score": "best score", "sum_scores": "sum of scores", "average_vector": "average vector"}
 
 
 class _JobFields(forms.Form):
@@ -114,6 +123,33 @@ class PrefixJobForm(_JobFields):
     def clean_extensions(self) -> list[str]:
         """``"jpg, .PNG webp"`` → ``["jpg", ".PNG", "webp"]`` (the service adds dots, lower-cases)."""
         return [e for e in re.split(r"[\s,;]+", self.cleaned_data.get("extensions") or "") if e]
+
+
+class SearchOptionsForm(forms.Form):
+    """What every search on the search page takes besides its query (the API's ``SearchSerializer``):
+    ``diversity`` in [0, 1] (absent or empty: 0, the plain top-k; the page's toggle sends
+    :data:`DIVERSE`) and, for a search by examples, ``strategy`` (absent: ``best_score``).
+    NaN and infinity are refused ("Enter a number."), as the API refuses them."""
+
+    diversity = forms.FloatField(required=False, min_value=0, max_value=1)
+    strategy = forms.ChoiceField(required=False, choices=[(s, STRATEGY_WORDS[s]) for s in STRATEGIES])
+
+    def options(self) -> dict:
+        """``{"diversity": float, "strategy": str}`` of a valid form.
+
+        Raises:
+            ApplicationError: ``invalid`` (400) naming the field (:func:`form_error`).
+        """
+        if not self.is_valid():
+            raise form_error(self)
+        v = self.cleaned_data
+        return {"diversity": v["diversity"] or 0.0, "strategy": v["strategy"] or DEFAULT_STRATEGY}
+
+
+def diversity_text(diversity: float) -> str:
+    """``diversity`` as the page writes it into links and its toggle: ``format(x, "g")`` ("0.5"),
+    "" for 0 (the plain top-k: nothing to carry)."""
+    return format(diversity, "g") if diversity else ""
 
 
 def form_error(form: forms.Form) -> ApplicationError:
@@ -247,7 +283,8 @@ def search_maxlengths(declared: dict[str, str]) -> dict[str, int]:
 @functools.lru_cache(maxsize=8)
 def _search_maxlengths(declared: tuple[tuple[str, str], ...]) -> tuple[tuple[str, int], ...]:
     an_id = str(uuid.UUID(int=0))
-    fixed = {"like": an_id, "job": an_id, "all": "1"}  # the page's own links add like / all to the form's fields
+    # the page's own links add like / all to the form's fields; the toggle or a link, a diversity
+    fixed = {"like": an_id, "job": an_id, "all": "1", "diversity": _LONGEST_DIVERSITY}
     numbers, shared = {}, {"q": SEARCH_TEXT_CHARS}
     for field, kind in declared:
         for suffix, _ in _inputs(field, kind):

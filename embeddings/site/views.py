@@ -27,9 +27,12 @@ from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue import reading
 from embeddings.services.catalogue.sources import from_uploads
 from embeddings.site.fields import (
+    DIVERSE,
     FilterForm,
     ManifestJobForm,
     PrefixJobForm,
+    SearchOptionsForm,
+    diversity_text,
     form_error,
     metadata_pairs,
     search_maxlengths,
@@ -73,43 +76,119 @@ def _cards(results: list[dict]) -> list[dict]:
     return out
 
 
+#: The inputs of the search page's examples form, by side: texts, then stored images' ids.
+EXAMPLE_INPUTS = {"positive": ("positive_text", "positive"), "negative": ("negative_text", "negative")}
+#: Those of them that hold an image's id (the results' ticks and crosses post these names).
+IMAGE_INPUTS = ("positive", "negative")
+
+
+def _posted_examples(data) -> tuple[dict[str, list[dict]], list[tuple[str, str]]]:
+    """The examples an examples form posts: per side its texts (``positive_text`` /
+    ``negative_text``) then its image ids (``positive`` / ``negative``: the kept examples' hidden
+    inputs and the results ticked or crossed), each in order without repeats, less the one its
+    "remove" button names (``remove``: ``"<input name>:<value>"``).
+
+    Returns:
+        ``({"positive": [{"text"} | {"image_id"}], "negative": [...]}, [(input name, value)])``:
+        the examples as the API's ``positive`` / ``negative`` lists (not yet checked), and the same
+        as the form's inputs, in that order.
+    """
+    removed = tuple(data.get("remove", "").partition(":")[::2])
+    sides: dict[str, list[dict]] = {}
+    inputs: list[tuple[str, str]] = []
+    for side, names in EXAMPLE_INPUTS.items():
+        sides[side] = []
+        for name in names:
+            for value in dict.fromkeys(v.strip() for v in data.getlist(name) if v.strip()):
+                if (name, value) != removed:
+                    sides[side].append({"image_id" if name in IMAGE_INPUTS else "text": value})
+                    inputs.append((name, value))
+    return sides, inputs
+
+
+def _example_chips(user, inputs: list[tuple[str, str]]) -> list[dict]:
+    """The examples above the results, as the template shows them: ``{"name", "value", "side",
+    "text" | "image"}``; ``image`` is None for an id the user may not see (or not an id), so the
+    chip names nothing of another user's image."""
+    ids = [v for name, v in inputs if name in IMAGE_INPUTS and _is_uuid(v)]
+    found = images_visible_to(user).filter(id__in=ids).only("id", "original_name", "status")
+    visible = {str(im.id): im for im in found}
+    chips = []
+    for name, value in inputs:
+        side = "negative" if name.startswith("negative") else "positive"
+        chip = {"name": name, "value": value, "side": side}
+        if name in IMAGE_INPUTS:
+            chip["image"] = visible.get(value)
+        else:
+            chip["text"] = value
+        chips.append(chip)
+    return chips
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def search(request):
     """``/search/``: GET ``q`` (text) or ``like`` (an image id: "more like this"), or POST an
-    ``image`` file (multipart, CSRF); optional ``job`` filter, and ``m-<field>...`` inputs on the
+    ``image`` file (multipart, CSRF), or POST ``by=examples`` (CSRF): a search by examples, the
+    API's ``positive`` / ``negative`` lists from :func:`_posted_examples` (results ticked ✓ or
+    crossed ✗, the examples kept from the search before, the query's text or image) and a
+    ``strategy``. Every kind takes ``diversity`` (the "diverse results" toggle: :data:`DIVERSE`;
+    ``fields.SearchOptionsForm``), an optional ``job`` filter and ``m-<field>...`` inputs on the
     declared metadata fields (``fields.FilterForm``: combined with AND into the search's ``where``).
-    Results: a grid of thumbnails with each image's external id and metadata."""
+    Results: a grid of thumbnails with each image's external id and metadata, each with a tick and
+    a cross for the examples form. A refusal is shown in words with the API's code and message,
+    and the page answers the API's status."""
     jobs = list(jobs_visible_to(request.user).only("id", "name", "created_at")[:100])
     source = request.POST if request.method == "POST" else request.GET
     q, like, job = source.get("q", "").strip(), source.get("like", "").strip(), source.get("job", "").strip() or None
+    by_examples = request.method == "POST" and source.get("by") == "examples"
     query = {"text": q} if q else {"image_id": like} if like else {}
-    if request.method == "POST" and request.FILES.get("image"):
+    if request.method == "POST" and request.FILES.get("image") and not by_examples:
         query = {"image": from_uploads([request.FILES["image"]])[0]}
     declared = reading.declared_types()
     filters = FilterForm(declared, source if any(k.startswith("m-") for k in source) else None)
     used = filters.used()
+    options = SearchOptionsForm(source)
+    valid = options.is_valid()  # refused with the search below (options.options)
+    diversity = (options.cleaned_data["diversity"] or 0.0) if valid else 0.0
     ctx = {"q": q, "like": like, "job": job, "jobs": jobs, "results": None, "error": None, "status": 200,
            "filters": filters, "filters_used": used, "filter_qs": urlencode(used),
-           "q_maxlength": search_maxlengths(declared)["q"]}
+           "q_maxlength": search_maxlengths(declared)["q"], "by_examples": by_examples,
+           "diversity": diversity_text(diversity), "diverse_value": diversity_text(diversity or DIVERSE),
+           "strategies": options.fields["strategy"].choices,
+           "strategy": options.cleaned_data["strategy"] if valid else ""}
+    examples, inputs = _posted_examples(source) if by_examples else ({}, [])
     if not all(_is_uuid(x) for x in (like, job) if x):
         ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
-    elif query:
+    elif query or by_examples:
         try:
-            from embeddings.services.lifecycle import cutoff
             from embeddings import spaces
+            from embeddings.api.views import _examples
+            from embeddings.services.lifecycle import cutoff
 
+            opts = options.options()
             where = filters.where()
-            space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
-            found = search_services.search(user=request.user, k=SEARCH_K, job_id=job, where=where, **query)
-            # ``all=1`` ("show the closest anyway"): min_score 0, the cutoff off
-            ctx["cutoff"] = cutoff.apply_min_score(found, space=space, kind=cutoff.TEXT if q and "image" not in query
-                                                   else cutoff.IMAGE, requested=0.0 if source.get("all") == "1" else None)
-            ctx["results"] = _cards(ctx["cutoff"]["results"])
+            scope = {"user": request.user, "k": SEARCH_K, "job_id": job, "where": where, "diversity": opts["diversity"]}
+            if by_examples:  # the API's checks, in its order: each list, then the service's
+                found = search_services.search_examples(positive=_examples(examples["positive"], "positive"),
+                                                        negative=_examples(examples["negative"], "negative"),
+                                                        strategy=opts["strategy"], **scope)
+                ctx["results"] = _cards(found)  # a strategy's scores are not cosines: no cutoff (docs/search.md)
+            else:
+                space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)
+                found = search_services.search(**query, **scope)
+                # ``all=1`` ("show the closest anyway"): min_score 0, the cutoff off
+                ctx["cutoff"] = cutoff.apply_min_score(
+                    found, space=space, kind=cutoff.TEXT if q and "image" not in query else cutoff.IMAGE,
+                    requested=0.0 if source.get("all") == "1" else None)
+                ctx["results"] = _cards(ctx["cutoff"]["results"])
         except ApplicationError as e:
             ctx["error"], ctx["status"] = _error(e), e.status
-        if like and ctx["results"] is not None:
+        if like and ctx["results"] is not None and not by_examples:
             ctx["like_image"] = images_visible_to(request.user).filter(id=like).first()
+    if not by_examples and ctx["results"] is not None:  # the query is the examples form's first positive
+        inputs = [("positive_text", q)] if q and "image" not in query else [("positive", like)] if like else []
+    ctx["examples"] = _example_chips(request.user, inputs)
     return render(request, "site/search.html", ctx, status=ctx["status"])
 
 

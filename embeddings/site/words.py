@@ -55,6 +55,13 @@ REASON_WORDS: dict[str, str] = {
     "source_not_allowed": "Jobs may not read that bucket or folder here.",
     "mixed_sources": "A job reads one source.",
     "invalid_filter": "The filter cannot be used.",
+    # a search by examples (issue 45)
+    "positive_required": "Tick at least one result you want more of: a search by examples needs a positive example.",
+    "too_many_examples": "There are too many examples for one search: remove some.",
+    "invalid_example": "An example cannot be used.",
+    "invalid_query": "This search cannot be run as asked.",
+    "vector_missing": "An image has no vector to search by.",
+    Reason.ZERO_EMBEDDING: "The examples cancel each other out: there is nothing left to search by.",
     "invalid": "Some of the values are not valid.",
     # the request itself (embeddings.transport: the site's error page)
     "bad_request": "This request cannot be read.",

@@ -4,7 +4,8 @@ with seeded random weights.
 
 One module-scoped stack and browser, the flows in order: sign in; upload three photos and see each
 embedded with its thumbnail; a refused file with its reason in words; text search, image search,
-"more like this"; a bulk job from a zip of 20 photos watched to 100 % with pause and resume; a
+"more like this"; a bulk job from a zip of 20 photos watched to 100 % with pause and resume; results
+ticked and crossed and searched again by those examples, with diverse results; a
 catalogue job from a manifest posted on the jobs page, its failures by reason, and a search
 filtered by the manifest's declared metadata fields; another user sees none of it. Every page: no console errors, no serious axe-core violations, no
 sideways scrolling at 390 px. The admin and the API docs render with their own stylesheets (no
@@ -247,6 +248,59 @@ def test_a_bulk_zip_watched_to_100_percent_with_pause_and_resume(alice, browser,
     check_page(alice, "jobs", browser, stack)
     page.goto("/search/?q=beach")
     assert page.locator(".grid .card").count() == 23  # 3 uploads + 20 from the job
+
+
+def test_tick_and_cross_results_then_search_again_by_those_examples(alice, browser, stack):
+    """Issue 45 on the page: a result ticked (more like this), another crossed (not like this), the
+    "diverse results" toggle on; "search again with the selected" runs a search by examples (the
+    text query kept as a positive), shows the examples above the results, and one can be removed."""
+    page = alice.page
+    page.goto("/search/?q=a+photo+of+a+dog")
+    cards = page.locator(".grid .card")
+    assert cards.count() == 23
+    card_id = lambda card: card.locator(".thumb").get_attribute("href").split("/")[2]
+    ticked, crossed = card_id(cards.nth(0)), card_id(cards.nth(2))
+    cards.nth(0).locator(".tick").click()
+    cards.nth(2).locator(".tick").click()
+    cards.nth(2).locator(".cross").click()  # a cross clears the same result's tick
+    assert cards.nth(0).locator(".tick input").is_checked()
+    assert not cards.nth(2).locator(".tick input").is_checked() and cards.nth(2).locator(".cross input").is_checked()
+    page.check("#diverse")
+    assert page.locator("#picked").inner_text() == "1 ✓ and 1 ✗ selected"
+    assert axe_serious(page) == []
+    shots = os.environ.get("SITE_SCREENSHOTS")
+    if shots:
+        Path(shots).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(shots) / "search-examples.png"), full_page=False)
+
+    page.click("#search-again")
+    page.wait_for_selector("text=Results for your examples")
+    assert cards.count() == 21  # every image but the two examples
+    shown = [card_id(cards.nth(i)) for i in range(21)]
+    assert ticked not in shown and crossed not in shown and all(w > 0 for w in thumbnails_loaded(page))
+    chips = page.locator(".chips .chip")
+    assert chips.count() == 3 and "a photo of a dog" in chips.nth(0).inner_text()  # the query, kept
+    assert page.locator(".chips .chip.negative").count() == 1
+    assert page.locator(".results-title .badge").inner_text() == "diverse"  # the toggle went with the form
+    assert axe_serious(page) == []
+    if shots:
+        page.locator("#examples-search").scroll_into_view_if_needed()
+        page.screenshot(path=str(Path(shots) / "search-examples-results.png"), full_page=False)
+    page.set_viewport_size(NARROW)  # the same page at 390 px (a POST's answer: not reloaded in another context)
+    try:
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= NARROW["width"], f"search by examples scrolls sideways at 390 px: {width} px wide"
+        if shots:
+            page.locator("#examples-search").evaluate("e => e.scrollIntoView()")
+            page.screenshot(path=str(Path(shots) / "search-examples-390.png"), full_page=False)
+    finally:
+        page.set_viewport_size(WIDE)
+
+    with page.expect_navigation():
+        page.click(f"button[name=remove][value='negative:{crossed}']")  # remove the crossed example
+    assert page.locator(".chips .chip").count() == 2 and page.locator(".chips .chip.negative").count() == 0
+    assert cards.count() == 22 and crossed in [card_id(cards.nth(i)) for i in range(22)]
+    assert alice.console_errors() == []
 
 
 def test_a_manifest_from_the_jobs_page_and_a_search_filtered_by_its_fields(alice, browser, stack, origin, tmp_path):

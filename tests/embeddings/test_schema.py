@@ -96,12 +96,17 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
     assert "security" not in _op(served, "/api/auth/token/", "post")  # no authentication: no 401
 
 
-def test_search_json_is_exactly_one_of_text_or_image_id(served):
+def test_search_json_is_exactly_one_of_text_or_image_id_or_examples(served):
     content = _op(served, "/api/search/", "post")["requestBody"]["content"]
     one_of = _ref(served, content["application/json"]["schema"]["$ref"])["oneOf"]
     required = [_ref(served, s["$ref"])["required"] for s in one_of]
-    assert required == [["text"], ["image_id"]]
-    assert _ref(served, content["multipart/form-data"]["schema"]["$ref"])["required"] == ["image"]
+    assert required == [["text"], ["image_id"], ["positive"]]
+    # the form is one object (a generated client then sends its files as file parts): the image, or
+    # examples with uploaded ones; none required, and no strategy sent unless asked for
+    form = _ref(served, content["multipart/form-data"]["schema"]["$ref"])
+    assert "oneOf" not in form and form.get("required", []) == []
+    assert {"image", "positive", "negative", "positive_image", "negative_image", "strategy"} <= set(form["properties"])
+    assert "default" not in form["properties"]["strategy"]
 
 
 def test_stats_is_marked_staff_only(served):

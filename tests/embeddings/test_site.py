@@ -4,6 +4,7 @@ pages' permissions (a user sees their own, staff all) and CSRF, static files and
 from __future__ import annotations
 
 import re
+import uuid
 from io import StringIO
 
 import cv2
@@ -19,6 +20,11 @@ from tests.embeddings.conftest import client_for
 from tests.embeddings.test_api import jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def card_ids(html: str) -> list[str]:
+    """The image ids of the result cards, in the page's order."""
+    return re.findall(r'<li class="card">.*?<a class="thumb" href="/images/([0-9a-f-]+)/"', html, re.S)
 
 
 def uploaded(api, name: str, data: bytes) -> dict:
@@ -44,13 +50,13 @@ def test_an_embedded_image_has_a_thumbnail_drawn_once(service, api, user, other_
     b = uploaded(client_for(other_user), "b.jpg", jpeg_bytes(1, size=(600, 900)))
     assert b["thumbnail_url"] == f"/api/images/{b['id']}/thumbnail/"
     assert path.stat().st_mtime_ns == before
-    assert len(list((store.root / "thumb").rglob("*.webp"))) == 1
+    assert len(list((store.root / "thumb").rglob("*.jpg"))) == 1
 
     r = api.get(a["thumbnail_url"])
-    assert r.status_code == 200 and r["Content-Type"] == "image/webp"
+    assert r.status_code == 200 and r["Content-Type"] == "image/jpeg"
     assert r["Cache-Control"] == "private, max-age=31536000, immutable" and r["ETag"] == f'"{a["sha256"]}"'
     body = b"".join(r.streaming_content) if r.streaming else r.content
-    assert body[:4] == b"RIFF" and body == path.read_bytes()
+    assert body[:3] == b"\xff\xd8\xff" and body == path.read_bytes()
     again = api.get(a["thumbnail_url"], HTTP_IF_NONE_MATCH=f'"{a["sha256"]}"')
     assert again.status_code == 304 and again["ETag"] == f'"{a["sha256"]}"'
 
@@ -110,7 +116,7 @@ def test_search_page_shows_own_images_only(service, api, user, other_user, staff
     everyone = signed_in(staff).get("/search/", {"q": "a photo"}).content.decode()
     assert len(re.findall(r'src="/api/images/[0-9a-f-]+/thumbnail/"', everyone)) == 4
     like = signed_in(user).get("/search/", {"like": mine[0]["id"]})
-    assert like.status_code == 200 and len(re.findall(r'/thumbnail/"', like.content.decode())) == 3
+    assert like.status_code == 200 and len(card_ids(like.content.decode())) == 3
     # another user's image as "more like this": not found, nothing leaked
     refused = signed_in(user).get("/search/", {"like": theirs["id"]})
     assert refused.status_code == 404 and "thumbnail" not in refused.content.decode()
@@ -222,7 +228,7 @@ def test_admin_thumbnails_are_the_workers_never_a_decode_in_the_web(service, api
     assert f"/admin/embeddings/image/{queued.id}/thumbnail/" not in html  # never decoded: no thumbnail
     r = admin.get(f"/admin/embeddings/image/{line['id']}/thumbnail/")
     body = b"".join(r.streaming_content) if r.streaming else r.content
-    assert r.status_code == 200 and r["Content-Type"] == "image/webp" and body[:4] == b"RIFF"
+    assert r.status_code == 200 and r["Content-Type"] == "image/jpeg" and body[:3] == b"\xff\xd8\xff"
     assert admin.get(f"/admin/embeddings/image/{queued.id}/thumbnail/").status_code == 404
 
 
@@ -519,3 +525,223 @@ def test_the_filter_form_builds_the_filter_json():
         {"field": "added", "gte": "2024-05-01", "lt": "2024-06-01"}, {"field": "sale", "eq": False},
         {"field": "size.eu", "gte": 40}]}
     assert FilterForm(declared, {"m-price-min": "nan"}).is_valid() is False
+
+
+# --- search by examples and diverse results on the page (issue 45) ---------------------------------
+
+@pytest.fixture
+def gallery(service, api):
+    """Six embedded images of ``user`` named g0..g5 → (ids, {id: stored unit vector as float64})."""
+    from embeddings import spaces
+
+    ids = [uploaded(api, f"g{i}.jpg", jpeg_bytes(4600 + i))["id"] for i in range(6)]
+    points = {str(im.id): uuid.UUID(str(im.point_id)) for im in Image.objects.filter(id__in=ids)}
+    got = runtime.vector_store(spaces.active().model_id).vectors(list(points.values()))
+    vectors = {i: np.asarray(got[points[i]], np.float64) for i in ids}
+    return ids, {i: v / np.linalg.norm(v) for i, v in vectors.items()}
+
+
+def api_ids(api, body: dict) -> list[str]:
+    """The image ids the API answers for a search ``body`` (k = the page's 50), best first."""
+    r = api.post("/api/search/", {"k": 50, **body}, format="json")
+    assert r.status_code == 200, r.json()
+    return [h["image_id"] for h in r.json()["results"]]
+
+
+def examples_form(html: str) -> str:
+    """The search page's examples form ("search again with the selected"), as HTML."""
+    return re.search(r'<form method="post" action="/search/" id="examples-search".*?</form>', html, re.S).group(0)
+
+
+def hidden(form: str) -> list[tuple[str, str]]:
+    """A form's hidden inputs ``(name, value)``, in order."""
+    return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', form)
+
+
+def error_of(html: str) -> str:
+    """The page's refusal as shown: its words, then "(code: the API's message)"."""
+    return re.sub(r"<[^>]+>", "", re.search(r'<p class="error" role="alert">(.*?)</p>', html, re.S).group(1))
+
+
+def test_each_result_has_a_tick_and_a_cross_and_the_query_is_the_first_example(gallery, user):
+    ids, _ = gallery
+    c = signed_in(user)
+    html = c.get("/search/", {"q": "a photo"}).content.decode()
+    shown = card_ids(html)
+    assert sorted(shown) == sorted(ids)
+    # every card: a tick (positive) and a cross (negative) of its own id, both in the examples form
+    for side in ("positive", "negative"):
+        assert re.findall(rf'<input type="checkbox" name="{side}" value="([0-9a-f-]+)" form="examples-search">',
+                          html) == shown
+    form = examples_form(html)
+    assert hidden(form) == [("csrfmiddlewaretoken", hidden(form)[0][1]), ("by", "examples"), ("job", ""),
+                            ("positive_text", "a photo")]  # the text query, kept as a positive
+    assert 'name="remove" value="positive_text:a photo"' in form
+    assert re.findall(r'<option value="(\w+)"( selected)?>', form) == [
+        ("best_score", ""), ("sum_scores", ""), ("average_vector", "")]  # best score: the first, the default
+    # the diversity toggle: off, sends 0.5 when ticked
+    assert '<input id="diverse" name="diversity" type="checkbox" value="0.5">' in html
+    # "more like this": the image is the kept positive, shown by its name and thumbnail
+    like = c.get("/search/", {"like": ids[2]}).content.decode()
+    form = examples_form(like)
+    assert hidden(form)[-1] == ("positive", ids[2])
+    assert f'<img src="/api/images/{ids[2]}/thumbnail/" alt="" width="32" height="32">' in form
+    assert ">g2.jpg</a>" in form
+    # a search by an uploaded image keeps no example (its bytes are gone once it is answered)
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    query = SimpleUploadedFile("q.jpg", jpeg_bytes(4601), "image/jpeg")
+    by_image = c.post("/search/", {"image": query}).content.decode()
+    assert [n for n, _ in hidden(examples_form(by_image))] == ["csrfmiddlewaretoken", "by", "job"]
+    assert len(card_ids(by_image)) == 6
+    # the image page's neighbours carry no tick or cross (no examples form there)
+    assert 'form="examples-search"' not in c.get(f"/images/{ids[0]}/").content.decode()
+
+
+def test_search_again_with_the_selected_runs_the_apis_search_by_examples(gallery, api, user):
+    ids, vec = gallery
+    c = signed_in(user)
+    # after a text search: the query kept, two results ticked and one crossed
+    r = c.post("/search/", {"by": "examples", "positive_text": "a photo", "positive": [ids[0], ids[1]],
+                            "negative": [ids[2]]})
+    assert r.status_code == 200
+    html = r.content.decode()
+    want = api_ids(api, {"positive": [{"text": "a photo"}, {"image_id": ids[0]}, {"image_id": ids[1]}],
+                         "negative": [{"image_id": ids[2]}]})
+    assert card_ids(html) == want and sorted(want) == sorted(ids[3:])  # the examples left out of the hits
+    assert "Results for your examples" in html and 'title="score of the strategy, not a cosine"' in html
+    # best_score (Qdrant's formula, docs/search.md): a hit nearer the crossed image than to both
+    # ticked ones scores below 0, every other above
+    sig = lambda x: (x / (1 + abs(x)) + 1) / 2
+    best = lambda i: max(vec[i] @ vec[ids[0]], vec[i] @ vec[ids[1]])
+    score = lambda i: sig(best(i)) if best(i) > vec[i] @ vec[ids[2]] else -sig(vec[i] @ vec[ids[2]])
+    stored = c.post("/search/", {"by": "examples", "positive": [ids[0], ids[1]], "negative": [ids[2]]}).content.decode()
+    assert card_ids(stored) == sorted(ids[3:], key=lambda i: -score(i))
+    shown = [float(x) for x in re.findall(r'<span class="score"[^>]*>([-0-9.]+)</span>', stored)]
+    assert shown == pytest.approx([score(i) for i in card_ids(stored)], abs=5e-4)
+    # the examples stay above the results, in order (texts first), each with its remove button
+    form = examples_form(html)
+    assert [kv for kv in hidden(form) if kv[0] in ("positive", "negative", "positive_text")] == [
+        ("positive_text", "a photo"), ("positive", ids[0]), ("positive", ids[1]), ("negative", ids[2])]
+    assert re.findall(r'name="remove" value="([^"]+)"', form) == [
+        "positive_text:a photo", f"positive:{ids[0]}", f"positive:{ids[1]}", f"negative:{ids[2]}"]
+    assert form.count('<li class="chip positive">') == 3 and form.count('<li class="chip negative">') == 1
+    # a result ticked again (a repeat) counts once; "remove" drops that one example and searches again
+    again = c.post("/search/", {"by": "examples", "positive_text": "a photo", "positive": [ids[0], ids[1], ids[0]],
+                                "negative": [ids[2]], "remove": f"negative:{ids[2]}"}).content.decode()
+    assert card_ids(again) == api_ids(api, {"positive": [{"text": "a photo"}, {"image_id": ids[0]},
+                                                         {"image_id": ids[1]}]})
+    assert f"negative:{ids[2]}" not in examples_form(again) and len(card_ids(again)) == 4
+    # the strategy select
+    summed = c.post("/search/", {"by": "examples", "positive": [ids[3], ids[4]], "negative": [ids[5]],
+                                 "strategy": "sum_scores"}).content.decode()
+    assert card_ids(summed) == api_ids(api, {"positive": [{"image_id": ids[3]}, {"image_id": ids[4]}],
+                                             "negative": [{"image_id": ids[5]}], "strategy": "sum_scores"})
+    want = sorted(ids[:3], key=lambda i: -(vec[i] @ vec[ids[3]] + vec[i] @ vec[ids[4]] - vec[i] @ vec[ids[5]]))
+    assert card_ids(summed) == want
+    assert '<option value="sum_scores" selected>' in examples_form(summed)
+
+
+def test_search_by_examples_in_a_job(gallery, api, user):
+    r = api.post("/api/jobs/", {"files": [upload("j1.jpg", jpeg_bytes(4610)), upload("j2.jpg", jpeg_bytes(4611))],
+                                "name": "two"}, format="multipart")
+    job_id = r.json()["id"]
+    in_job = set(Image.objects.filter(job_id=job_id).values_list("id", flat=True))
+    ids, _ = gallery
+    html = signed_in(user).post("/search/", {"by": "examples", "positive": [ids[0]], "job": job_id}).content.decode()
+    assert {uuid.UUID(i) for i in card_ids(html)} == in_job
+    assert ("job", job_id) in hidden(examples_form(html))
+
+
+def test_diverse_results_on_every_kind_of_search(gallery, api, user):
+    ids, vec = gallery
+    c = signed_in(user)
+    # "more like this" with diversity 1: the image itself, then each time the one least like those picked
+    page = c.get("/search/", {"like": ids[0], "diversity": "1"})
+    assert page.status_code == 200
+    assert card_ids(page.content.decode()) == picked_from(ids[0], ids, vec) == api_ids(api, {"image_id": ids[0],
+                                                                                             "diversity": 1})
+    # the toggle (0.5): a text search, checked after it, carried by "more like this" and the other forms
+    html = c.get("/search/", {"q": "a photo", "diversity": "0.5"}).content.decode()
+    assert card_ids(html) == api_ids(api, {"text": "a photo", "diversity": 0.5})
+    assert '<input id="diverse" name="diversity" type="checkbox" value="0.5" checked>' in html
+    assert html.count('&amp;diversity=0.5" aria-label="More like') == 6
+    image_form = re.search(r'id="image-search".*?</form>', html, re.S).group(0)
+    assert '<input type="hidden" name="diversity" value="0.5">' in image_form
+    assert ("diversity", "0.5") in hidden(examples_form(html)) and '<span class="badge">diverse</span>' in html
+    # a search by examples and a search by an uploaded image
+    ex = c.post("/search/", {"by": "examples", "positive": [ids[1], ids[2]], "negative": [ids[3]], "diversity": "0.5"})
+    assert card_ids(ex.content.decode()) == api_ids(api, {"positive": [{"image_id": ids[1]}, {"image_id": ids[2]}],
+                                                          "negative": [{"image_id": ids[3]}], "diversity": 0.5})
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    query = SimpleUploadedFile("q.jpg", jpeg_bytes(4604), "image/jpeg")  # g4's bytes
+    by_image = c.post("/search/", {"image": query, "diversity": "1"})
+    assert card_ids(by_image.content.decode()) == picked_from(ids[4], ids, vec)
+    # 0 or no diversity: the plain top-k, nothing carried
+    plain = c.get("/search/", {"like": ids[0], "diversity": "0"}).content.decode()
+    assert card_ids(plain) == api_ids(api, {"image_id": ids[0]}) and "diversity=" not in plain
+
+
+def picked_from(first: str, ids: list[str], vec: dict) -> list[str]:
+    """MMR with diversity 1 from the image ``first`` (a copy of it is the query): the query's nearest
+    (itself), then each time the image least like those picked."""
+    picked = [first]
+    while len(picked) < len(ids):
+        picked.append(min((i for i in ids if i not in picked), key=lambda i: max(vec[i] @ vec[p] for p in picked)))
+    return picked
+
+
+def test_refusals_of_a_search_by_examples_are_shown_with_the_apis_message(gallery, api, user, other_user):
+    ids, _ = gallery
+    theirs = uploaded(client_for(other_user), "theirs.jpg", jpeg_bytes(4620))
+    c = signed_in(user)
+    cases = [
+        ({"negative": [ids[0]]}, 400,
+         "positive_required: a multi-example search needs at least one positive example"),
+        ({"positive_text": "a photo", "remove": "positive_text:a photo", "negative": [ids[0]]}, 400,
+         "positive_required: a multi-example search needs at least one positive example"),
+        ({"positive": [str(uuid.UUID(int=n)) for n in range(40)],
+          "negative": [str(uuid.UUID(int=1000 + n)) for n in range(25)]}, 400,
+         "too_many_examples: 65 examples; at most MAX_EXAMPLES = 64 in one search"),
+        ({"positive": [str(uuid.UUID(int=n)) for n in range(65)]}, 400,
+         "too_many_examples: 65 positive examples; at most MAX_EXAMPLES = 64"),
+        ({"positive": [ids[0], theirs["id"]]}, 404, "not_found: no such image"),
+        ({"positive": [ids[0], "nonsense"]}, 400, "invalid_example: positive[1]: image_id is not a UUID"),
+        ({"positive": [ids[0]], "diversity": "2"}, 400,
+         "invalid: Diversity: Ensure this value is less than or equal to 1."),
+        ({"positive": [ids[0]], "diversity": "nan"}, 400, "invalid: Diversity: Enter a number."),
+        ({"positive": [ids[0]], "strategy": "worst_score"}, 400,
+         "invalid: Strategy: Select a valid choice. worst_score is not one of the available choices."),
+        ({"positive": [ids[0]], "job": "nonsense"}, 400, "invalid: that is not an image or job id"),
+    ]
+    for body, status, shown in cases:
+        r = c.post("/search/", {"by": "examples", **body})
+        html = r.content.decode()
+        assert r.status_code == status, body
+        assert error_of(html).endswith(f"({shown})"), (body, error_of(html))
+        assert card_ids(html) == [], body  # nothing searched
+        assert "theirs.jpg" not in html and f'/api/images/{theirs["id"]}/thumbnail/' not in html
+    # the examples stay on the page, so one can be removed
+    r = c.post("/search/", {"by": "examples", "positive": [ids[0], theirs["id"]]}).content.decode()
+    assert re.findall(r'name="remove" value="([^"]+)"', examples_form(r)) == [f"positive:{ids[0]}",
+                                                                               f"positive:{theirs['id']}"]
+    assert error_of(r).startswith("There is no such image or job (or it is not yours).")
+    assert error_of(c.post("/search/", {"by": "examples", "negative": [ids[0]]}).content.decode()).startswith(
+        "Tick at least one result you want more of")
+    # the same refusals on a plain search's diversity, nothing searched
+    for value, words in (("1.5", "Ensure this value is less than or equal to 1."),
+                         ("-0.1", "Ensure this value is greater than or equal to 0."), ("inf", "Enter a number.")):
+        r = c.get("/search/", {"q": "a photo", "diversity": value})
+        assert r.status_code == 400 and words in error_of(r.content.decode()) and card_ids(r.content.decode()) == []
+
+
+def test_a_search_by_examples_needs_the_csrf_token(gallery, user):
+    ids, _ = gallery
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post("/search/", {"by": "examples", "positive": [ids[0]]}).status_code == 403
+    page = strict.get("/search/", {"q": "a photo"}).content.decode()
+    token = dict(hidden(examples_form(page)))["csrfmiddlewaretoken"]
+    r = strict.post("/search/", {"by": "examples", "positive": [ids[0]], "csrfmiddlewaretoken": token})
+    assert r.status_code == 200 and len(card_ids(r.content.decode())) == 5

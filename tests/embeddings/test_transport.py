@@ -17,7 +17,12 @@ from django.test import Client, RequestFactory
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from embeddings import transport
-from embeddings.site.fields import _LONGEST_DATE, NUMBER_CHARS, search_maxlengths
+from embeddings.site.fields import (
+    _LONGEST_DATE,
+    _LONGEST_DIVERSITY,
+    NUMBER_CHARS,
+    search_maxlengths,
+)
 from project import processes
 from tests.embeddings.conftest import client_for
 
@@ -249,9 +254,9 @@ DECLARED = [
 def longest_urls(declared: dict[str, str]) -> list[str]:
     """The longest search URL the page can produce with ``declared`` filter fields (every text input
     filled to its maxlength with a character of 9 URL bytes, dates the longest a browser sends, the
-    page's own ``like`` and ``all`` added), and the sign-in URL that carries it when signed out."""
+    page's own ``like``, ``all`` and ``diversity`` added), and the sign-in URL that carries it when signed out."""
     sizes, an_id = search_maxlengths(declared), str(uuid.uuid4())
-    values = {"q": "\u4e2d" * sizes["q"], "like": an_id, "job": an_id, "all": "1"}
+    values = {"q": "\u4e2d" * sizes["q"], "like": an_id, "job": an_id, "all": "1", "diversity": _LONGEST_DIVERSITY}
     for field, kind in declared.items():
         if kind == "keyword":
             values[f"m-{field}"] = "\u4e2d" * sizes[f"m-{field}"]
@@ -273,9 +278,9 @@ def test_the_longest_url_the_search_form_produces_fits_the_request_line(declared
     for url in longest_urls(declared):
         assert len(url) + LINE_OVERHEAD <= processes.REQUEST_LINE_BYTES
     if not declared:  # the bound is tight: one more character of q would not fit
-        assert sizes == {"q": 536}
-        url = "/search/?" + urlencode({"q": "\u4e2d" * 537, "like": str(uuid.uuid4()), "job": str(uuid.uuid4()),
-                                       "all": "1"})
+        assert sizes == {"q": 534}
+        url = "/search/?" + urlencode({"q": "\u4e2d" * 535, "like": str(uuid.uuid4()), "job": str(uuid.uuid4()),
+                                       "all": "1", "diversity": _LONGEST_DIVERSITY})
         assert len(redirect_to_login(url)["Location"]) + LINE_OVERHEAD > processes.REQUEST_LINE_BYTES
 
 

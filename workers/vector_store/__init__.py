@@ -42,6 +42,78 @@ UPSERT_BATCH = 256
 #: Backend names accepted by :func:`open_store` (``VECTOR_STORE``).
 KINDS = ("edge", "local", "server")
 
+#: How a multi-example query (:meth:`VectorStore.recommend`) scores a point, Qdrant's names
+#: (``RecommendStrategy``): ``best_score``: the best similarity to a positive when it beats the best
+#: to a negative, mapped into (0, 1) by ``s(x) = (x / (1 + |x|) + 1) / 2``, else ``-s(best negative)``
+#: (so every point nearer a negative ranks below every point nearer a positive); ``sum_scores``: the
+#: sum of cosines to the positives minus the sum to the negatives; ``average_vector``: plain cosine to
+#: ``2·mean(positives) − mean(negatives)`` (``mean(positives)`` without negatives).
+STRATEGIES = ("best_score", "sum_scores", "average_vector")
+
+#: A multi-example query's strategy when none is given: ``best_score`` keeps several distinct
+#: positives apart (a point near any one of them ranks high) and pushes away whatever is nearer a
+#: negative than to every positive, where averaging blurs distinct examples into one direction.
+DEFAULT_STRATEGY = "best_score"
+
+
+def average_vector(positive: Sequence[np.ndarray], negative: Sequence[np.ndarray]) -> np.ndarray:
+    """Qdrant's ``average_vector`` query (``avg_vector_for_recommendation``): ``mean(positive)``
+    without negatives, else ``2·mean(positive) − mean(negative)``; ``(D,) float32``. It is also the
+    relevance direction MMR uses for a diverse multi-example query.
+
+    Raises:
+        ValueError: ``positive`` is empty.
+    """
+    if not len(positive):
+        raise ValueError("a multi-example query needs at least one positive example")
+    pos = np.mean(np.asarray(positive, np.float32), axis=0)
+    if not len(negative):
+        return pos.astype(np.float32)
+    return (pos + pos - np.mean(np.asarray(negative, np.float32), axis=0)).astype(np.float32)
+
+
+def check_examples(positive: Sequence[np.ndarray], negative: Sequence[np.ndarray], strategy: str,
+                   diversity: float, candidates: int | None) -> None:
+    """Check a multi-example query's arguments before any engine call.
+
+    Raises:
+        ValueError: no positive, an unknown strategy, ``diversity`` outside [0, 1], ``candidates`` < 1.
+        UnusableVector: an example vector that is not finite or is all zeros; with
+            ``average_vector`` or a diversity, their :func:`average_vector` (examples that cancel out).
+    """
+    if not len(positive):
+        raise ValueError("a multi-example query needs at least one positive example")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    check_diversity(diversity, candidates)
+    for i, v in enumerate(positive):
+        screen.require_usable(v, f"positive example {i}")
+    for i, v in enumerate(negative):
+        screen.require_usable(v, f"negative example {i}")
+    if strategy == "average_vector" or diversity > 0:  # the query (or MMR's relevance) direction
+        screen.require_usable(average_vector(positive, negative), "the examples' average vector")
+
+
+def check_diversity(diversity: float, candidates: int | None) -> None:
+    """Raises ValueError for ``diversity`` outside [0, 1] or ``candidates`` below 1."""
+    if not 0.0 <= diversity <= 1.0:
+        raise ValueError(f"diversity must be in [0, 1], got {diversity}")
+    if candidates is not None and candidates < 1:
+        raise ValueError(f"candidates must be at least 1, got {candidates}")
+
+
+def candidate_pool(k: int, candidates: int | None) -> int:
+    """The points MMR re-ranks: ``candidates`` when given, else :func:`default_candidates`;
+    never fewer than ``k``."""
+    return max(k, candidates if candidates is not None else default_candidates(k))
+
+
+def default_candidates(k: int) -> int:
+    """The default MMR candidate pool of a top-``k`` query: ``max(100, 10·k)``: wide enough that
+    MMR can trade a near-duplicate for a different point (Qdrant's own default, ``limit``, only
+    reorders the top k), small enough that its pairwise similarities stay ≤ 100·k."""
+    return max(100, 10 * k)
+
 
 class CollectionMismatch(RuntimeError):
     """An existing collection's vector size or distance differs from what the model produces."""
@@ -120,8 +192,14 @@ class VectorStore(abc.ABC):
     @abc.abstractmethod
     def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
                exclude: Iterable[uuid.UUID] = (), where: Where | None = None,
-               with_vectors: bool = False) -> list[Hit]:
+               with_vectors: bool = False, diversity: float = 0.0, candidates: int | None = None) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32``, best first.
+
+        ``diversity`` > 0: the engine's maximal marginal relevance (Qdrant ``Mmr``, lambda =
+        1 − diversity) picks the ``k`` among the ``candidates`` nearest matching points
+        (:func:`candidate_pool`): first the nearest, then each time the one maximising
+        ``(1 − diversity)·cos(query, p) − diversity·max cos(p, picked)``; hits keep their cosine to
+        ``vector`` as score, in the order picked. 0: the plain top-k (no MMR stage at all).
 
         Every condition is part of the vector query (a Qdrant payload filter), never applied to its
         results: ``k`` hits whenever at least ``k`` points match (exact search; see the backend).
@@ -142,6 +220,28 @@ class VectorStore(abc.ABC):
 
         Raises:
             UnusableVector: ``vector`` is not finite or is all zeros (no similarity is defined).
+            ValueError: ``diversity`` outside [0, 1], ``candidates`` < 1.
+        """
+
+    @abc.abstractmethod
+    def recommend(self, positive: Sequence[np.ndarray], negative: Sequence[np.ndarray] = (), *, k: int,
+                  strategy: str = DEFAULT_STRATEGY, owner_id: int | None = None, job_id: str | None = None,
+                  exclude: Iterable[uuid.UUID] = (), where: Where | None = None, with_vectors: bool = False,
+                  diversity: float = 0.0, candidates: int | None = None) -> list[Hit]:
+        """Top-``k`` points for several examples (each ``(D,) float32``), by the engine's own
+        recommend query of ``strategy`` (:data:`STRATEGIES`), best first; owner, job, exclusions and
+        ``where`` inside the query as in :meth:`search`.
+
+        Scores are the strategy's: ``best_score`` in (-1, 1), ``sum_scores`` in
+        [-(P+N), P+N], ``average_vector`` a cosine. ``diversity`` > 0: the ``candidates`` best
+        points by the strategy (:func:`candidate_pool`) re-ranked by MMR as in :meth:`search`,
+        relevance being the cosine to :func:`average_vector` of the examples, which then is each
+        hit's score. 0: the plain top-k of the strategy.
+
+        Raises:
+            ValueError: no positive, an unknown strategy, ``diversity`` outside [0, 1].
+            UnusableVector: an example, or (``average_vector``, or with diversity) the examples'
+                average vector, is not finite or is all zeros.
         """
 
     @abc.abstractmethod
@@ -235,5 +335,6 @@ def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, 
     raise ValueError(f"unknown vector store {kind!r}: expected one of {', '.join(KINDS)}")
 
 
-__all__ = ["KINDS", "UPSERT_BATCH", "CollectionMismatch", "Hit", "Point", "StoreError", "UnusableVector",
+__all__ = ["DEFAULT_STRATEGY", "KINDS", "STRATEGIES", "UPSERT_BATCH", "average_vector", "candidate_pool",
+           "check_diversity", "check_examples", "default_candidates", "CollectionMismatch", "Hit", "Point", "StoreError", "UnusableVector",
            "VectorStore", "mismatch", "open_store", "require_usable", "usable_hits", "usable_points", "usable_vectors"]

@@ -14,8 +14,9 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 
 from workers import screen
-from workers.vector_store import (UPSERT_BATCH, Hit, Point, VectorStore, mismatch, require_usable, usable_hits,
-                                  usable_vectors)
+from workers.vector_store import (DEFAULT_STRATEGY, UPSERT_BATCH, Hit, Point, VectorStore, average_vector,
+                                  candidate_pool, check_diversity, check_examples, mismatch, require_usable,
+                                  usable_hits, usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_client
 
 log = logging.getLogger(__name__)
@@ -113,21 +114,38 @@ class QdrantClientStore(VectorStore):
         exclude: Iterable[uuid.UUID] = (),
         where: Where | None = None,
         with_vectors: bool = False,
+        diversity: float = 0.0,
+        candidates: int | None = None,
     ) -> list[Hit]:
         """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see
-        :meth:`VectorStore.search`: owner, job, exclusions and ``where`` inside the query)."""
+        :meth:`VectorStore.search`: owner, job, exclusions and ``where`` inside the query;
+        ``diversity`` > 0: ``NearestQuery(mmr=Mmr(diversity, candidates_limit))``)."""
         screen.require_usable(vector, "query vector")
+        check_diversity(diversity, candidates)
         flt = to_client(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
         if k <= 0 or not self.client.collection_exists(self.collection):
             return []
-        res = self.client.query_points(
-            self.collection,
-            query=np.asarray(vector, np.float32).tolist(),
-            limit=k,
-            query_filter=flt,
-            with_payload=True,
-            with_vectors=with_vectors,
-        )
+        return self._query(query_request(vector, k=k, diversity=diversity, candidates=candidates), flt, k,
+                           with_vectors)
+
+    def recommend(self, positive: Sequence[np.ndarray], negative: Sequence[np.ndarray] = (), *, k: int,
+                  strategy: str = DEFAULT_STRATEGY, owner_id: int | None = None, job_id: str | None = None,
+                  exclude: Iterable[uuid.UUID] = (), where: Where | None = None, with_vectors: bool = False,
+                  diversity: float = 0.0, candidates: int | None = None) -> list[Hit]:
+        """Top-``k`` points for several examples (see :meth:`VectorStore.recommend`): qdrant-client's
+        ``RecommendQuery`` of ``strategy`` (:func:`recommend_request`)."""
+        check_examples(positive, negative, strategy, diversity, candidates)
+        flt = to_client(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
+        if k <= 0 or not self.client.collection_exists(self.collection):
+            return []
+        return self._query(recommend_request(positive, negative, strategy=strategy, k=k, diversity=diversity,
+                                             candidates=candidates, where=flt), flt, k, with_vectors)
+
+    def _query(self, request: dict, flt, k: int, with_vectors: bool) -> list[Hit]:
+        if isinstance(request.get("prefetch"), models.Prefetch):
+            request["prefetch"].filter = flt  # the pool is drawn from the matching points only
+        res = self.client.query_points(self.collection, **request, limit=k, query_filter=flt, with_payload=True,
+                                       with_vectors=with_vectors)
         # local mode scores a stored NaN vector NaN, and ranks it first
         return usable_hits(Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {},
                                vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res.points)
@@ -175,3 +193,33 @@ class QdrantClientStore(VectorStore):
         if not self.client.collection_exists(self.collection):
             return 0
         return self.client.count(self.collection, exact=True).count
+
+
+def query_request(vector: np.ndarray, *, k: int, diversity: float = 0.0, candidates: int | None = None) -> dict:
+    """``query_points`` arguments of a top-``k`` search by ``vector``: the vector itself, or with
+    ``diversity`` > 0 a ``NearestQuery`` with ``Mmr(diversity, candidates_limit)`` (the pool:
+    :func:`candidate_pool`)."""
+    v = np.asarray(vector, np.float32).tolist()
+    if diversity <= 0:
+        return {"query": v}
+    return {"query": models.NearestQuery(nearest=v, mmr=models.Mmr(diversity=diversity,
+                                                                   candidates_limit=candidate_pool(k, candidates)))}
+
+
+def recommend_request(positive: Sequence[np.ndarray], negative: Sequence[np.ndarray], *, strategy: str, k: int,
+                      diversity: float = 0.0, candidates: int | None = None, where=None) -> dict:
+    """``query_points`` arguments of a multi-example query (``VectorStore.recommend``): a
+    ``RecommendQuery`` of raw vectors and ``strategy``; with ``diversity`` > 0 that query becomes a
+    ``Prefetch`` of the candidate pool (filtered by ``where``, a qdrant-client ``Filter``) re-ranked
+    by ``NearestQuery(average_vector, mmr=Mmr(...))``, as :class:`~workers.vector_store.edge.EdgeStore` does."""
+    recommend = models.RecommendQuery(recommend=models.RecommendInput(
+        positive=[np.asarray(v, np.float32).tolist() for v in positive],
+        negative=[np.asarray(v, np.float32).tolist() for v in negative],
+        strategy=models.RecommendStrategy(strategy)))
+    if diversity <= 0:
+        return {"query": recommend}
+    relevance = average_vector(positive, negative)
+    pool = candidate_pool(k, candidates)
+    return {"prefetch": models.Prefetch(query=recommend, limit=pool, filter=where),
+            "query": models.NearestQuery(nearest=relevance.tolist(),
+                                         mmr=models.Mmr(diversity=diversity, candidates_limit=pool))}

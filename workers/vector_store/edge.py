@@ -33,8 +33,9 @@ import numpy as np
 import qdrant_edge as qe
 
 from workers import screen
-from workers.vector_store import (UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError, VectorStore, mismatch,
-                                  require_usable, usable_hits, usable_vectors)
+from workers.vector_store import (DEFAULT_STRATEGY, UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError,
+                                  VectorStore, average_vector, candidate_pool, check_diversity, check_examples,
+                                  mismatch, require_usable, usable_hits, usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_edge
 
 log = logging.getLogger(__name__)
@@ -217,20 +218,56 @@ class EdgeStore(VectorStore):
 
     def search(self, vector: np.ndarray, *, k: int, owner_id: int | None = None, job_id: str | None = None,
                exclude: Iterable[uuid.UUID] = (), where: Where | None = None,
-               with_vectors: bool = False) -> list[Hit]:
-        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see :class:`VectorStore`).
+               with_vectors: bool = False, diversity: float = 0.0, candidates: int | None = None) -> list[Hit]:
+        """Top-``k`` points by cosine similarity to ``vector`` ``(D,) float32`` (see :class:`VectorStore`);
+        ``diversity`` > 0: the engine's ``Mmr`` query over ``candidates`` nearest points.
 
         Exact (every matching point scored) while segments are below :data:`INDEXING_THRESHOLD_KB`;
         the filter goes through the payload indexes when it is selective.
         """
         screen.require_usable(vector, "query vector")  # the engine answers an empty list for NaN
+        check_diversity(diversity, candidates)
         flt = to_edge(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
         if k <= 0:
             return []
+        v = np.asarray(vector, np.float32).tolist()
+        # Qdrant's MMR weighs relevance by lambda = 1 - diversity (qdrant-client's models.Mmr does the same)
+        query = qe.Mmr(v, 1.0 - diversity, candidate_pool(k, candidates)) if diversity > 0 else qe.Query.Nearest(v)
+        return self._query(qe.QueryRequest(limit=k, query=query, filter=flt, with_payload=True,
+                                           with_vector=with_vectors), with_vectors)
+
+    def recommend(self, positive: Sequence[np.ndarray], negative: Sequence[np.ndarray] = (), *, k: int,
+                  strategy: str = DEFAULT_STRATEGY, owner_id: int | None = None, job_id: str | None = None,
+                  exclude: Iterable[uuid.UUID] = (), where: Where | None = None, with_vectors: bool = False,
+                  diversity: float = 0.0, candidates: int | None = None) -> list[Hit]:
+        """Top-``k`` points for several examples (see :meth:`VectorStore.recommend`): the engine's
+        ``RecommendBestScore`` / ``RecommendSumScores`` query; ``average_vector`` is a ``Nearest``
+        query on :func:`average_vector`, as a Qdrant server runs it. With ``diversity``, the
+        recommend query is a prefetch of the candidate pool and the engine's ``Mmr`` re-ranks it."""
+        check_examples(positive, negative, strategy, diversity, candidates)
+        if strategy == "average_vector":
+            return self.search(average_vector(positive, negative), k=k, owner_id=owner_id, job_id=job_id,
+                               exclude=exclude, where=where, with_vectors=with_vectors, diversity=diversity,
+                               candidates=candidates)
+        flt = to_edge(where, owner_id=owner_id, job_id=job_id, exclude=exclude)
+        if k <= 0:
+            return []
+        examples = qe.RecommendQuery([np.asarray(v, np.float32).tolist() for v in positive],
+                                     [np.asarray(v, np.float32).tolist() for v in negative])
+        query = (qe.Query.RecommendBestScore if strategy == "best_score" else qe.Query.RecommendSumScores)(examples)
+        if diversity > 0:
+            relevance = average_vector(positive, negative)  # usable: check_examples
+            pool = candidate_pool(k, candidates)
+            request = qe.QueryRequest(limit=k, prefetches=[qe.Prefetch(pool, query=query, filter=flt)],
+                                      query=qe.Mmr(relevance.tolist(), 1.0 - diversity, pool), filter=flt,
+                                      with_payload=True, with_vector=with_vectors)
+        else:
+            request = qe.QueryRequest(limit=k, query=query, filter=flt, with_payload=True, with_vector=with_vectors)
+        return self._query(request, with_vectors)
+
+    def _query(self, request: qe.QueryRequest, with_vectors: bool) -> list[Hit]:
         try:
-            res = self._shard().query(qe.QueryRequest(
-                limit=k, query=qe.Query.Nearest(np.asarray(vector, np.float32).tolist()), filter=flt, with_payload=True,
-                with_vector=with_vectors))
+            res = self._shard().query(request)
         except Exception as e:
             raise _engine_error(e) from e
         return usable_hits(Hit(id=_uuid(p.id), score=float(p.score), payload=p.payload or {},
