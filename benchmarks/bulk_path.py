@@ -33,7 +33,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -42,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, distinct_photos, machine, machine_line, pyplot, write_folder  # noqa: E402
-from benchmarks.lanes import Client, _bases, ingest, scratch_database  # noqa: E402
+from benchmarks.lanes import Client, _bases, ingest, scratch_database, wait_job  # noqa: E402
 from benchmarks.migration import picture  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -135,17 +134,6 @@ def decode_bound(datas: list[bytes], processes: int) -> dict:
             "per_process_s": [round(s, 3) for s in seconds],
             # the bound: the slowest share's decoding time, no pool start-up
             "images_per_s": round(len(datas) / max(seconds), 1)}
-
-
-def wait_job(client: Client, job_id: str, timeout: float = 3600, every: float = 0.5) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        j = client.job(job_id)
-        if j.get("status") in ("done", "cancelled"):
-            return j
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} not done after {timeout} s: {j.get('counts')}")
-        time.sleep(every)
 
 
 def _job_rate(j: dict) -> dict:
@@ -386,5 +374,4 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
-    threading.current_thread().name = "bulk-path"
     sys.exit(main())

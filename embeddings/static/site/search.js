@@ -25,24 +25,14 @@
     const send = function () { carryFilters(form); form.submit(); };
     const submitWith = function (files) {
       if (!files.length) return;
-      if (input.files !== files && window.DataTransfer) {
+      if (input.files[0] !== files[0] && window.DataTransfer) {
         const dt = new DataTransfer();
         dt.items.add(files[0]);
         input.files = dt.files;
       }
       send();
     };
-    ["dragenter", "dragover"].forEach(function (t) {
-      form.addEventListener(t, function (e) { e.preventDefault(); form.classList.add("over"); });
-    });
-    ["dragleave", "drop"].forEach(function (t) {
-      form.addEventListener(t, function () { form.classList.remove("over"); });
-    });
-    form.addEventListener("drop", function (e) {
-      e.preventDefault();
-      if (e.dataTransfer && e.dataTransfer.files.length) submitWith(Array.from(e.dataTransfer.files));
-    });
-    input.addEventListener("change", function () { if (input.files.length) send(); });
+    Site.dropZone(form, input, submitWith);  // common.js: drag and drop, and the chooser
   }
 
   const examples = document.getElementById("examples-search");
