@@ -3,8 +3,8 @@ Redis, the real vectors worker on the embedded edge store, SQLite. Precomputed v
 ``index_chunk`` messages (``benchmarks/sink.py``), so no model runs and the kill lands mid-write.
 
 What must hold: every image marked embedded (acknowledged) has its point in the store after the
-kill, with the vector that was sent; the points not yet acknowledged are at most the slice being
-written; when the work is delivered again (as the reconciler or a redelivery does) every image ends
+kill, with the vector that was sent; the points not yet acknowledged are at most the chunk part being
+written (its images are marked once all its slices are written: issue 43); when the work is delivered again (as the reconciler or a redelivery does) every image ends
 embedded with exactly one point each: nothing lost, nothing duplicated.
 """
 from __future__ import annotations
@@ -70,7 +70,8 @@ def test_kill_9_of_the_vectors_worker_mid_bulk_write_loses_and_duplicates_nothin
         vectors = store.vectors(sorted(acknowledged))
         assert set(vectors) == acknowledged  # every acknowledged point survived the kill
         in_store = store.count()
-        assert len(acknowledged) <= in_store <= len(acknowledged) + 8  # at most the slice being written
+        # at most the chunk part being written: its slices are written, then its images marked at once
+        assert len(acknowledged) <= in_store <= len(acknowledged) + 64
         payloads = store.payloads(sorted(acknowledged))
         index = {p["sha256"]: int(p["sha256"], 16) for p in payloads.values()}
         for pid, payload in payloads.items():
