@@ -57,6 +57,7 @@ class FixedEncoder:
         if model_cfg is None:
             raise ValueError(f"unknown open_clip model {config.model_name!r}")
         self.embed_dim = int(model_cfg["embed_dim"])
+        self.has_text = True
         size = model_cfg["vision_cfg"].get("image_size", 224)
         pre = {"size": (size, size) if isinstance(size, int) else tuple(size),
                "mode": "RGB", "mean": open_clip.OPENAI_DATASET_MEAN, "std": open_clip.OPENAI_DATASET_STD,

@@ -172,7 +172,8 @@ VARS: tuple[Var, ...] = (
               "open_clip architecture of the first embedding space; after the first start the active space (a "
               "database row) decides and a change is a migration (`docs/operations.md`, \"Changing the model\")"),
     _pipeline("CLIP_PRETRAINED", "pretrained", str, "models",
-              "its weights: an open_clip tag, a checkpoint file, or `random` (seeded random weights, explicit only)"),
+              "its weights: an open_clip tag, a checkpoint file (a whole model, or `visual.*` alone: an image-only "
+              "space whose texts are refused, `text_tower_missing`), or `random` (seeded random weights, explicit only)"),
     _pipeline("CLIP_SEED", "seed", int, "models", "seed of the random weights"),
     _pipeline("CLIP_PRECISION", None, str, "models",
               "`auto`, `fp32`, `bf16` or `fp16` (CUDA only); `auto` is `bf16` where the hardware computes it "

@@ -37,6 +37,7 @@ class Reason(enum.StrEnum):
     INVALID_BASE64 = "invalid_base64"  #: an image sent as base64 (or a base64 data URL) that does not decode
     NON_FINITE_EMBEDDING = "non_finite_embedding"  #: the model gave NaN or infinity (fp16 overflow, a broken checkpoint)
     ZERO_EMBEDDING = "zero_embedding"  #: the model gave an all-zero vector (no direction to compare)
+    TEXT_TOWER_MISSING = "text_tower_missing"  #: a text in a space whose checkpoint holds only the image tower
 
 
 class ImageRejected(Exception):

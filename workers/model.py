@@ -27,6 +27,18 @@ class WeightsUnavailable(RuntimeError):
     """The configured weights cannot be loaded (unknown tag, missing file, no network)."""
 
 
+class TextTowerMissing(RuntimeError):
+    """A text was given to an encoder whose checkpoint holds only the image tower
+    (:attr:`ClipEncoder.has_text` False); reason code ``text_tower_missing``."""
+
+    code = "text_tower_missing"
+
+
+#: The state-dict prefix of open_clip's image tower (``CLIP.visual``): a checkpoint whose every
+#: tensor is under it is an image-only space (a fine-tuned image tower exported alone).
+VISUAL_PREFIX = "visual."
+
+
 class ClipEncoder:
     """An open_clip model ready to embed images and texts.
 
@@ -34,6 +46,8 @@ class ClipEncoder:
         config: the :class:`PipelineConfig` it was built from.
         preprocess_config: the model's own preprocessing parameters.
         embed_dim: embedding dimension D (512 for ViT-B-32).
+        has_text: whether the model has a text tower: False for a checkpoint file that holds only
+            the image tower (``visual.*``), whose texts are refused (:class:`TextTowerMissing`).
         image_tower: the image tower on another runtime (``workers.backends.ImageTower``), or
             ``None``: open_clip's own torch module runs it (``config.backend`` torch, CUDA, or a
             backend that could not load here, logged as a WARNING).
@@ -64,7 +78,7 @@ class ClipEncoder:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.precision]
-        model = _create_model(open_clip, config)
+        model, self.has_text = _create_model(open_clip, config)
         self.preprocess_config = PreprocessConfig.from_open_clip(open_clip.get_model_preprocess_cfg(model))
         # Exported from the fp32 tower before the cast below: the runtime applies the precision itself.
         self.image_tower = build_image_tower(
@@ -111,9 +125,12 @@ class ClipEncoder:
 
         Raises:
             ValueError: ``texts`` is empty.
+            TextTowerMissing: the checkpoint holds only the image tower.
         """
         if not texts:
             raise ValueError("encode_texts needs at least one text")
+        if not self.has_text:
+            raise TextTowerMissing(f"{self.config.model_id} holds only an image tower: texts cannot be embedded")
         self._use_threads()
         tokens = self.tokenizer(texts).to(self.device)
         return _normalise(self.model.encode_text(tokens))
@@ -148,17 +165,28 @@ def _normalise(out: torch.Tensor) -> np.ndarray:
 
 
 def _create_model(open_clip, config: PipelineConfig):
+    """The open_clip model of ``config`` and whether it has a text tower: ``(model, has_text)``.
+
+    Raises:
+        WeightsUnavailable: an unknown model or tag, or a checkpoint that does not load.
+        FileNotFoundError: a checkpoint file that does not exist.
+    """
     name = config.model_name
     if name not in open_clip.list_models():
         raise WeightsUnavailable(f"unknown open_clip model {name!r}")
     if config.pretrained == RANDOM_WEIGHTS:
         # Explicitly requested: the real architecture with seeded random weights.
         torch.manual_seed(config.seed)
-        return open_clip.create_model(name, pretrained=None)
+        return open_clip.create_model(name, pretrained=None), True
     if config.is_checkpoint_file:
         config.weights_id  # raises FileNotFoundError with the options if the file is missing
         try:
-            return open_clip.create_model(name, pretrained=config.pretrained)
+            visual = _image_tower_only(config.pretrained)
+            if visual is not None:
+                model = open_clip.create_model(name, pretrained=None)
+                model.visual.load_state_dict(visual, strict=True)
+                return model, False
+            return open_clip.create_model(name, pretrained=config.pretrained), True
         except Exception as e:  # open_clip raises RuntimeError/KeyError on a bad state dict
             raise WeightsUnavailable(f"checkpoint {config.pretrained!r} does not load into {name}: {e}") from e
     tags = open_clip.list_pretrained_tags_by_model(name)
@@ -168,12 +196,30 @@ def _create_model(open_clip, config: PipelineConfig):
             f"CLIP_PRETRAINED also takes a checkpoint file path or 'random'"
         )
     try:
-        return open_clip.create_model(name, pretrained=config.pretrained)
+        return open_clip.create_model(name, pretrained=config.pretrained), True
     except Exception as e:  # download failures surface as many exception types
         raise WeightsUnavailable(
             f"could not load weights {config.pretrained!r} for {name} ({e}); without network access "
             f"set CLIP_PRETRAINED to a local checkpoint file, or to 'random' for seeded random weights"
         ) from e
+
+
+def _image_tower_only(path: str) -> dict | None:
+    """The image tower's state dict (prefix :data:`VISUAL_PREFIX` removed) when every tensor of the
+    checkpoint at ``path`` is under it, else None (a whole model: open_clip loads it). Memory-mapped,
+    so looking costs no copy of a whole model's weights."""
+    try:
+        state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except RuntimeError:  # a checkpoint in torch's legacy (non-zip) format cannot be memory-mapped
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not state:
+        return None
+    keys = [k.removeprefix("module.") for k in state]
+    if not all(k.startswith(VISUAL_PREFIX) for k in keys):
+        return None
+    return {k.removeprefix(VISUAL_PREFIX): v for k, v in zip(keys, state.values())}
 
 
 class EncoderHolder:

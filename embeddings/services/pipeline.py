@@ -595,7 +595,17 @@ def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
         holder = runtime.encoder_holder(model_id)
     except ModelNotConfigured as e:
         return {"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)}
-    return _query_vector(holder.get().encode_texts([text])[0])
+    encoder = holder.get()
+    if not encoder.has_text:
+        return _no_text_tower(model_id)
+    return _query_vector(encoder.encode_texts([text])[0])
+
+
+def _no_text_tower(model_id: str) -> dict:
+    """The refusal of a text in space ``model_id`` whose checkpoint holds only the image tower."""
+    return {"reason": Reason.TEXT_TOWER_MISSING.value,
+            "detail": f"the space {model_id} has no text tower (its checkpoint holds only the image tower): "
+                      f"search it by image or by stored image"}
 
 
 def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dict:
@@ -653,6 +663,10 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
             for meta, vector in zip(metas, vectors):
                 out[int(meta.key)] = {"vector": encode_vector(vector)}
     encoder = holder.get()
+    if texts and not encoder.has_text:
+        for i, _ in texts:
+            out[i] = _no_text_tower(model_id)
+        texts = []
     if texts:
         if (refused := _query_expired(deadline_ts)) is not None:  # the images took the time: nobody waits
             return every(refused)
@@ -727,7 +741,8 @@ def examples_search(*, embedded: dict, examples: dict, owner_id: int | None, k: 
             example ids).
 
     Returns:
-        ``{"results": [...]}``, or ``{"reason", "detail"}``: the first refused input's refusal
+        ``{"results": [...]}``, or ``{"reason", "detail", "example"}``: the first refused input's
+        refusal (``example`` naming it, e.g. ``negative[0]``)
         (``expired``, a refused image's code, ``non_finite_embedding``...), ``vector_missing`` (a
         stored example's point is not in the store), ``zero_embedding`` (examples whose average
         vector, the query of ``average_vector`` or MMR's relevance, is all zeros).
@@ -735,9 +750,12 @@ def examples_search(*, embedded: dict, examples: dict, owner_id: int | None, k: 
     from workers.screen import UnusableVector
 
     data = embedded.get("data", [])
-    for got in data:
+    names = {e["input"]: f"{side}[{i}]" for side in ("positive", "negative")
+             for i, e in enumerate(examples.get(side, [])) if "input" in e}
+    for n, got in enumerate(data):
         if "vector" not in got:
-            return {"reason": got.get("reason", Reason.EXPIRED.value), "detail": got.get("detail", "")}
+            return {"reason": got.get("reason", Reason.EXPIRED.value), "detail": got.get("detail", ""),
+                    "example": names.get(n)}
     store = runtime.vector_store(model_id)
     wanted = {e["point_id"] for side in ("positive", "negative") for e in examples.get(side, []) if "point_id" in e}
     stored = store.vectors([uuid.UUID(p) for p in sorted(wanted)])

@@ -256,6 +256,8 @@ def search_examples(*, user, k: int, positive: list[dict], negative: list[dict],
     if answer.get("reason") == "vector_missing":
         raise ApplicationError(answer.get("detail", ""), code="vector_missing", status=409)
     if "reason" in answer:
-        raise ApplicationError(f"{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
-                               status=REASON_STATUS.get(answer["reason"], 400))
+        named = f"{answer['example']}: " if answer.get("example") else ""
+        raise ApplicationError(f"{named}{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
+                               status=REASON_STATUS.get(answer["reason"], 400),
+                               extra={"example": answer["example"]} if answer.get("example") else None)
     return answer["results"]

@@ -30,6 +30,7 @@ REASON_STATUS = {
     Reason.INVALID_BASE64.value: 400,
     Reason.NON_FINITE_EMBEDDING.value: 422,
     Reason.ZERO_EMBEDDING.value: 422,
+    Reason.TEXT_TOWER_MISSING.value: 422,
 }
 
 

@@ -322,3 +322,23 @@ def test_an_unknown_id_is_not_a_space_even_when_it_looks_like_one(service, user)
 
 def test_client_for_token_keyword_still_works(service, user):
     assert client_for(user).get("/api/images/").status_code == 200
+
+
+def test_a_space_without_a_text_tower_refuses_texts_and_embeds_images(service, api, encoder, tmp_path):
+    """A checkpoint of the image tower alone: each text input is refused with
+    ``text_tower_missing`` (a 422 when every input is a text), images are embedded as before."""
+    import torch
+
+    from workers.config import PipelineConfig
+    from workers.model import ClipEncoder
+
+    path = tmp_path / "visual-only.pt"
+    torch.save({f"visual.{k}": v for k, v in encoder.model.visual.state_dict().items()}, path)
+    runtime.encoder_holder()._encoder = ClipEncoder(PipelineConfig(pretrained=str(path), torch_threads=2))
+    r = post(api, {"inputs": [{"text": "a cat"}, {"image": b64(pixels_jpeg(1))}]})
+    assert r.status_code == 200, r.json()
+    text, image = r.json()["data"]
+    assert text["reason"] == "text_tower_missing" and "vector" not in text
+    assert vec(image).shape == (512,)
+    r = post(api, {"inputs": [{"text": "a cat"}, {"text": "a dog"}]})
+    assert r.status_code == 422, r.json()

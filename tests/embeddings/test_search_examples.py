@@ -175,3 +175,24 @@ def test_too_many_uploaded_examples_are_refused_before_any_is_kept(service, api)
     files = [upload(f"{i}.jpg", b"x") for i in range(65)]
     r = search(api, {"positive_image": files}, fmt="multipart")
     assert r.status_code == 400 and r.json()["code"] == "too_many_examples"
+
+
+def test_texts_are_refused_in_a_space_without_a_text_tower(gallery, api, encoder, tmp_path):
+    """A space whose checkpoint holds only the image tower: a text example (or a text search) is a
+    422 ``text_tower_missing`` naming the example; images and stored ids still search."""
+    import torch
+
+    from workers.config import PipelineConfig
+    from workers.model import ClipEncoder
+
+    ids, _ = gallery
+    path = tmp_path / "visual-only.pt"
+    torch.save({f"visual.{k}": v for k, v in encoder.model.visual.state_dict().items()}, path)
+    runtime.encoder_holder()._encoder = ClipEncoder(PipelineConfig(pretrained=str(path), torch_threads=2))
+    r = search(api, {"positive": [{"image_id": ids[0]}], "negative": [{"text": "a red car"}]})
+    assert r.status_code == 422, r.json()
+    assert r.json()["code"] == "text_tower_missing" and r.json()["extra"]["example"] == "negative[0]"
+    r = api.post("/api/search/", {"text": "a red car"}, format="json")
+    assert r.status_code == 422 and r.json()["code"] == "text_tower_missing"
+    r = search(api, {"positive": [{"image_id": ids[0]}], "negative": [{"image_id": ids[1]}], "k": 3})
+    assert r.status_code == 200 and len(r.json()["results"]) == 3

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from workers.config import PipelineConfig
-from workers.model import ClipEncoder, EncoderHolder, WeightsUnavailable
+from workers.model import ClipEncoder, EncoderHolder, TextTowerMissing, WeightsUnavailable
 
 
 def test_embeddings_are_unit_norm_float32(encoder):
@@ -39,6 +39,22 @@ def test_checkpoint_file_loads_through_the_checkpoint_path(encoder, tmp_path):
     x = torch.randn(2, 3, 224, 224)
     np.testing.assert_allclose(loaded.encode_images(x), encoder.encode_images(x), atol=1e-6)
     assert cfg.model_id == f"ViT-B-32/{cfg.weights_id}/fp32"
+
+
+def test_an_image_tower_checkpoint_is_a_space_without_texts(encoder, tmp_path):
+    path = tmp_path / "visual-only.pt"
+    torch.save({f"visual.{k}": v for k, v in encoder.model.visual.state_dict().items()}, path)
+    loaded = ClipEncoder(PipelineConfig(pretrained=str(path)))
+    assert loaded.has_text is False and encoder.has_text is True
+    x = torch.randn(2, 3, 224, 224)
+    np.testing.assert_allclose(loaded.encode_images(x), encoder.encode_images(x), atol=1e-6)
+    with pytest.raises(TextTowerMissing, match="only an image tower") as e:
+        loaded.encode_texts(["a dog"])
+    assert e.value.code == "text_tower_missing"
+    # an image tower that does not fit the architecture is refused, never half loaded
+    torch.save({"visual.proj": torch.zeros(3, 3)}, path)
+    with pytest.raises(WeightsUnavailable, match="does not load"):
+        ClipEncoder(PipelineConfig(pretrained=str(path)))
 
 
 def test_missing_checkpoint_names_the_options(tmp_path):

@@ -227,7 +227,7 @@ def encode_prompts(*, model_id: str) -> dict:
 
     Returns:
         ``{"vectors": [base64, ...]}`` (one per prompt), or ``{"error": code, "detail"}`` when this
-        process cannot load the model, or when a prompt's vector is not finite or is all zeros
+        process cannot load the model, when it has no text tower (``text_tower_missing``), or when a prompt's vector is not finite or is all zeros
         (code ``non_finite_embedding`` / ``zero_embedding``, counted: ``workers.screen``; a NaN
         would make the text cutoff NaN): the image cutoff is then computed alone.
     """
@@ -240,6 +240,8 @@ def encode_prompts(*, model_id: str) -> dict:
         encoder = runtime.encoder_holder(model_id).get()
     except Exception as e:  # noqa: BLE001 - ModelNotConfigured, WeightsUnavailable, a missing checkpoint
         return {"error": getattr(e, "code", None) or "weights_unavailable", "detail": f"{type(e).__name__}: {e}"}
+    if not encoder.has_text:
+        return {"error": "text_tower_missing", "detail": f"{model_id} has no text tower: no text cutoff"}
     vectors = encoder.encode_texts(list(prompts()))
     refused = [r for r in screen.faults(vectors) if r is not None]
     if refused:
