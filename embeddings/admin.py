@@ -1,19 +1,24 @@
 """Django admin: jobs with progress and failures, images with status, reason and thumbnail, and an
-action that retries failed images. Deleting (one object or "delete selected") goes through the
-services, so points, blobs and duplicates are settled as for the API (``image_deleted``)."""
+action that retries failed images; near-duplicate scans and groups, read-only. Deleting (one object
+or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
+the API (``image_deleted``)."""
 from __future__ import annotations
+
+import json
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
 from django.core.exceptions import ValidationError
+from django.db.models import Count
 from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
 from embeddings.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from embeddings.models import DuplicateGroup, DuplicateMember, DuplicateScan, NotDuplicate
 from embeddings.services import webhooks as webhook_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
@@ -301,3 +306,72 @@ class WebhookDeliveryAdmin(CheckedActionsMixin, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False
 
+
+
+# --- near-duplicate groups (issue 45, embeddings/services/duplicates/) ------------------------------
+# Read-only: groups are reviewed on the site or through the API, whose services delete the other
+# images with their points, blobs and thumbnails. Deleting a "not duplicates" row here lets a later
+# scan group those two pictures again.
+
+@admin.register(DuplicateScan)
+class DuplicateScanAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("owner", "model_id", "state", "threshold", "groups", "scanned", "finished_at")
+    list_filter = ("state", "model_id")
+    search_fields = ("owner__username",)
+    fields = ("owner", "model_id", "state", "threshold", "calibration_report", "scanned", "edges", "groups", "error",
+              "started_at", "finished_at", "duration_s", "query_s")
+    readonly_fields = fields
+
+    @admin.display(description="calibration")
+    def calibration_report(self, scan: DuplicateScan) -> str:
+        """The calibration's report as indented JSON (``workers.duplicates.calibrate``)."""
+        return format_html("<pre>{}</pre>", json.dumps(scan.calibration, indent=2, sort_keys=True))
+
+    def has_add_permission(self, request):
+        return False  # started by the site's button or the API (``scan_start``)
+
+
+class DuplicateMemberInline(admin.TabularInline):
+    model = DuplicateMember
+    fields = ("thumbnail", "image", "score", "representative", "point_id")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    @admin.display(description="thumbnail")
+    def thumbnail(self, m: DuplicateMember) -> str:
+        url = reverse("admin:embeddings_image_thumbnail", args=[m.image_id])
+        return format_html('<img src="{}" style="max-height:64px;max-width:96px" loading="lazy">', url)
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(DuplicateGroup)
+class DuplicateGroupAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("id", "owner", "kind", "status", "size", "threshold", "created_at")
+    list_filter = ("kind", "status")
+    search_fields = ("owner__username", "id")
+    fields = ("id", "owner", "model_id", "kind", "status", "threshold", "kept", "created_at", "reviewed_at")
+    readonly_fields = fields
+    inlines = (DuplicateMemberInline,)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("owner").annotate(member_count=Count("members"))
+
+    @admin.display(description="size", ordering="member_count")
+    def size(self, group: DuplicateGroup) -> int:
+        return group.member_count
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(NotDuplicate)
+class NotDuplicateAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("owner", "sha_a", "sha_b", "created_at")
+    search_fields = ("owner__username", "sha_a", "sha_b")
+    readonly_fields = ("owner", "sha_a", "sha_b", "created_at")
+
+    def has_add_permission(self, request):
+        return False  # said by a person on a group ("not duplicates")

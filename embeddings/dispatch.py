@@ -289,3 +289,12 @@ def send_search_point(*, point_id: str, owner_id: int | None, k: int, job_id: st
     return send("search_point", (point_id, owner_id, k, job_id, model_id, where,
                                  *_vectors_flag(with_vectors, diversity, candidates)),
                  **vectors_options(interactive=True, deadline_ts=deadline_ts))
+
+
+def send_duplicates_step(name: str, *args, bulk: bool) -> None:
+    """Queue a step of a near-duplicate scan (``services.duplicates``), work nobody waits for: on
+    the bulk queue at background priority (``bulk``: a step that needs the model, or any step when
+    the store is a Qdrant server every bulk worker reaches), else on the vectors queue (the embedded
+    store's owner) at background priority, behind every search. Its result is not stored."""
+    options = bulk_options("background") if bulk else vectors_options(interactive=False)
+    send(name, args, **options, **UNREAD)

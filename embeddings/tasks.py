@@ -343,3 +343,42 @@ def cutoff_compute(texts: dict, model_id: str) -> dict:
     from embeddings.services.lifecycle import cutoff
 
     return cutoff.calibrate(model_id=model_id, texts=texts)
+
+
+# --- near-duplicate groups (embeddings/services/duplicates/) ---------------------------------------
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S,
+             ignore_result=True)
+def duplicates_calibration_embed(scan_id: int, run: str, model_id: str, picks: list[dict]) -> None:
+    """Embed the calibration copies of an owner's sampled images (bulk queue, one bulk turn), then
+    send ``duplicates_calibrate`` with them to the store's owner."""
+    from embeddings import dispatch, sink
+    from embeddings.services.duplicates import calibration
+
+    with lane_control.bulk_turn():
+        embedded = calibration.calibration_embed(model_id=model_id, picks=picks)
+    dispatch.send_duplicates_step("duplicates_calibrate", embedded, scan_id, run, bulk=sink.is_direct())
+
+
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
+def duplicates_calibrate(embedded: dict, scan_id: int, run: str) -> dict:
+    """The scan's threshold from its copies' embeddings; then its first slice (vectors queue)."""
+    from embeddings.services.duplicates import calibration
+
+    return calibration.calibrate(embedded=embedded, scan_id=scan_id, run=run)
+
+
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
+def duplicates_scan_slice(scan_id: int, run: str, offset: str | None) -> dict:
+    """One slice of an owner's near-duplicate scan (vectors queue, background priority)."""
+    from embeddings.services.duplicates import scan
+
+    return scan.scan_slice(scan_id=scan_id, run=run, offset=offset)
+
+
+@shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
+def duplicates_update(scan_id: int, point_ids: list[str]) -> dict:
+    """Group points just written into a finished scan (vectors queue, background priority)."""
+    from embeddings.services.duplicates import scan
+
+    return scan.scan_update(scan_id=scan_id, point_ids=point_ids)

@@ -192,6 +192,14 @@ VARS: tuple[Var, ...] = (
         "quality gate of a promotion: the share of re-encoded copies (3/4 size, JPEG 85) that find their original "
         "first"),
     Var("MIGRATION_GATE_SAMPLE", int, 200, "models", "images the quality gate probes"),
+    Var("DUPLICATES_DEFAULT_THRESHOLD", float, 0.95, "models",
+        "near-duplicate cosine threshold of a catalogue too small to calibrate (fewer than 8 sampled images; "
+        "`docs/duplicates.md`)"),
+    Var("DUPLICATES_CALIBRATION_SAMPLE", int, 48, "models",
+        "images whose copies calibrate an owner's near-duplicate threshold (4 copies each, embedded on the bulk lane)"),
+    Var("DUPLICATES_SCAN_SLICE", int, 512, "models",
+        "points per near-duplicate scan task on the vectors worker (about 2 s at 100,000 points: interactive "
+        "searches go between slices)"),
     Var("MIGRATION_BULK_SLOTS", int, 1, "models",
         "migration chunks computing at once per worker host (`0`: no limit, hosts whose lanes do not share cores)"),
     Var("MIGRATION_CHUNK_SIZE", int, 512, "models",

@@ -208,6 +208,11 @@ SPECTACULAR_SETTINGS = {
                             "JobStatusEnum": "embeddings.models.JobStatus",
                             "WebhookEventEnum": "embeddings.models.WebhookEvent",
                             "DeliveryStatusEnum": "embeddings.models.DeliveryStatus",
+                            "DuplicateKindEnum": "embeddings.models.DuplicateKind",
+                            "GroupStatusEnum": "embeddings.models.GroupStatus",
+                            "ScanStateEnum": "embeddings.models.ScanState",
+                            # a space's state keeps the name it had before scans had one
+                            "StateEnum": "embeddings.models.SpaceState",
                             # POST /api/embeddings/: an input's kind (a job's kind keeps its name); how a
                             # vector is encoded (float | base64)
                             "KindEnum": "embeddings.models.JobKind",
@@ -234,6 +239,11 @@ SPACE_CACHE_S = config["SPACE_CACHE_S"]
 #: are probed (200: one miss passes, two do not).
 MIGRATION_GATE_THRESHOLD = config["MIGRATION_GATE_THRESHOLD"]
 MIGRATION_GATE_SAMPLE = config["MIGRATION_GATE_SAMPLE"]
+#: Near-duplicate groups (embeddings/services/duplicates/): the threshold of a catalogue too small to
+#: calibrate, the images a calibration copies, the points one scan task queries.
+DUPLICATES_DEFAULT_THRESHOLD = config["DUPLICATES_DEFAULT_THRESHOLD"]
+DUPLICATES_CALIBRATION_SAMPLE = config["DUPLICATES_CALIBRATION_SAMPLE"]
+DUPLICATES_SCAN_SLICE = config["DUPLICATES_SCAN_SLICE"]
 #: Calibrated cutoff (embeddings/services/lifecycle/cutoff.py): the percentile of cosine scores between
 #: unrelated pairs (image–image, text–image) taken as a space's default ``min_score``.
 CUTOFF_PERCENTILE = config["CUTOFF_PERCENTILE"]

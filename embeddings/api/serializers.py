@@ -242,7 +242,7 @@ class ImageSerializer(serializers.ModelSerializer):
     """Read-only image representation."""
 
     thumbnail_url = serializers.SerializerMethodField(
-        help_text="WebP thumbnail (256 px on the long side) once the image is embedded; null before")
+        help_text="JPEG thumbnail (256 px on the long side) once the image is embedded; null before")
     duplicate_of = serializers.SerializerMethodField(
         help_text="a skipped upload: the id of the caller's image with the same bytes, whose vector it shares")
 

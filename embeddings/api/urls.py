@@ -5,6 +5,7 @@ from embeddings.api import embeddings
 from embeddings.api import model_migrations as migrations
 from embeddings.api import webhooks
 from embeddings.api import exports
+from embeddings.api import duplicates
 
 urlpatterns = [
     path("auth/token/", views.TokenView.as_view(), name="api-token"),
@@ -14,6 +15,12 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
     path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
     path("search/", views.SearchView.as_view(), name="search"),
+    path("duplicates/", duplicates.DuplicateListView.as_view(), name="duplicates"),
+    path("duplicates/scan/", duplicates.DuplicateScanView.as_view(), name="duplicates-scan"),
+    path("duplicates/<uuid:group_id>/", duplicates.DuplicateDetailView.as_view(), name="duplicate-detail"),
+    path("duplicates/<uuid:group_id>/keep/", duplicates.DuplicateKeepView.as_view(), name="duplicate-keep"),
+    path("duplicates/<uuid:group_id>/not-duplicates/", duplicates.DuplicateDismissView.as_view(),
+         name="duplicate-dismiss"),
     path("embeddings/", embeddings.EmbeddingsView.as_view(), name="embeddings"),
     path("stats/", views.StatsView.as_view(), name="stats"),
     path("exports/vectors.<str:fmt>", exports.VectorExportView.as_view(), name="vector-export"),

@@ -23,6 +23,7 @@ from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobPr
 from embeddings.selectors import hits_to_results
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.duplicates import scan as duplicate_scans
 from embeddings.spaces import ModelNotConfigured
 from workers import screen
 from workers.errors import Reason
@@ -346,7 +347,9 @@ def _mark_written(live: list[dict]) -> list[dict]:
     for it in live:
         if it["id"] not in marked:
             point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=_space([it]))
-    return [it for it in live if it["id"] in marked]
+    done = [it for it in live if it["id"] in marked]
+    duplicate_scans.images_written(done)  # owners with a finished near-duplicate scan group them next
+    return done
 
 
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,

@@ -21,6 +21,7 @@ from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import pipeline
+from embeddings.services.duplicates import scan as duplicate_scans
 from embeddings.services.catalogue.sources import SourceFile
 from tests.embeddings.test_api import jpeg_bytes
 
@@ -66,9 +67,13 @@ def chunk_queries(user, sent, *, padding: int, seed: int) -> tuple[list[str], li
         out = pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
     assert out["embedded"] == 4
     (args,) = sent["embeddings.tasks.index_chunk"]
+    # "any finished duplicate scan in this space?" is asked once per process every few seconds,
+    # not per chunk: asked afresh here, so that both chunks measured ask it once
+    duplicate_scans._scans_seen.clear()
     with CaptureQueriesContext(connection) as index:
         out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert out["written"] == 4
+    assert sum('"EMBEDDINGS_DUPLICATESCAN"' in q["sql"].upper() for q in index.captured_queries) == 1
     assert Image.objects.filter(id__in=chunk, status=ImageStatus.EMBEDDED).count() == 4
     assert Job.objects.get(id=job.id).status == JobStatus.RUNNING  # the padding's queued half remains
     return [q["sql"] for q in embed.captured_queries], [q["sql"] for q in index.captured_queries]

@@ -79,8 +79,9 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
     ops = [(path, method, op) for path, item in served["paths"].items() for method, op in item.items()]
     # 13 + /api/migrations/ (list, create, retrieve, destroy, action): issue 13; PATCH image: 41;
     # issue 42: /api/embeddings/, /v1/embeddings, the export, webhooks (list, create, retrieve, update,
-    # destroy, rotate, deliveries, redeliver)
-    assert len(ops) == 30
+    # destroy, rotate, deliveries, redeliver); issue 45: duplicates (list, retrieve, keep,
+    # not-duplicates, scan retrieve and start)
+    assert len(ops) == 36
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)

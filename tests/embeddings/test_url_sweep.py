@@ -196,13 +196,15 @@ def _client(**defaults) -> Client:
 
 def make_world(user, staff) -> World:
     """An embedded image and a finished job of ``user``, a webhook endpoint of theirs with a
-    delivery, the active space, a group and a batch record; the four clients."""
+    delivery, the active space, a group and a batch record, a duplicate scan, group and "not
+    duplicates" pair of theirs; the four clients."""
     from django.contrib.auth.models import Group
     from django.contrib.contenttypes.models import ContentType
     from rest_framework.authtoken.models import Token
 
     from embeddings import spaces
-    from embeddings.models import BatchStat, Image, WebhookDelivery, WebhookEndpoint
+    from embeddings.models import (BatchStat, DuplicateGroup, DuplicateMember, DuplicateScan, Image, NotDuplicate,
+                                   WebhookDelivery, WebhookEndpoint)
 
     token = Token.objects.get_or_create(user=user)[0].key
     staff_token = Token.objects.get_or_create(user=staff)[0].key
@@ -225,12 +227,20 @@ def make_world(user, staff) -> World:
     group = Group.objects.create(name="sweepers")
     stat = BatchStat.objects.order_by("id").first()
     assert stat is not None  # the upload's batch
+    scan = DuplicateScan.objects.create(owner=user, model_id=space.model_id, state="done", threshold=0.9)
+    dup = DuplicateGroup.objects.create(owner=user, model_id=space.model_id, kind="near", threshold=0.9)
+    second = Image.objects.filter(job_id=job).first()
+    for im in (image["id"], second.id):
+        DuplicateMember.objects.create(group=dup, image_id=im, score=1.0, representative=im == image["id"])
+    pair = NotDuplicate.objects.create(owner=user, sha_a="a" * 64, sha_b="b" * 64)
     ids = {"image_id": image["id"], "job_id": job, "webhook_id": str(endpoint.id), "delivery_id": str(delivery.id),
-           "space_id": str(space.pk), "id": str(user.pk)}
+           "space_id": str(space.pk), "id": str(user.pk), "group_id": str(dup.id)}
     admin_pks = {"embeddings.image": image["id"], "embeddings.job": job, "embeddings.batchstat": str(stat.pk),
                  "embeddings.embeddingspace": str(space.pk), "embeddings.webhookendpoint": str(endpoint.id),
                  "embeddings.webhookdelivery": str(delivery.id), "auth.user": str(user.pk),
-                 "auth.group": str(group.pk), "authtoken.tokenproxy": str(user.pk)}  # TokenAdmin: the user's pk
+                 "auth.group": str(group.pk), "authtoken.tokenproxy": str(user.pk),  # TokenAdmin: the user's pk
+                 "embeddings.duplicatescan": str(scan.pk), "embeddings.duplicategroup": str(dup.id),
+                 "embeddings.notduplicate": str(pair.pk)}
     assert Image.objects.filter(id=image["id"], status="embedded").exists()
     return World(clients, {"user": user, "staff": staff}, ids, admin_pks,
                  str(ContentType.objects.get_for_model(Image).pk))

@@ -245,6 +245,27 @@ class VectorStore(abc.ABC):
         """
 
     @abc.abstractmethod
+    def neighbours(self, queries: Sequence[tuple[uuid.UUID, np.ndarray]], *, k: int, threshold: float,
+                   owner_id: int | None = None) -> list[list[Hit]]:
+        """For each query ``(point id, vector (D,) float32)``, the at most ``k`` other points whose
+        cosine to the vector is at least ``threshold``, best first (the query's own point left out
+        by the filter), as one batched engine request (edge ``query_batch``, qdrant-client
+        ``query_batch_points``): the near-duplicate scan's only similarity computation
+        (``workers.duplicates``). ``owner_id``: only points with an image of this owner.
+
+        Raises:
+            UnusableVector: a query vector that is not finite or is all zeros.
+            ValueError: ``threshold`` outside [-1, 1].
+        """
+
+    @abc.abstractmethod
+    def page(self, *, limit: int, offset: uuid.UUID | None = None,
+             owner_id: int | None = None) -> tuple[list[Point], uuid.UUID | None]:
+        """One page of at most ``limit`` points (vector and payload) in point-id order from
+        ``offset`` (None: the first), only those with an image of ``owner_id`` when given, and the
+        offset of the next page (None after the last): a scan that is resumed task by task."""
+
+    @abc.abstractmethod
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
         """Stored vectors ``(D,) float32`` by point id; ids not present, and points whose stored
         vector is not finite or is all zeros, are absent from the result."""
@@ -301,6 +322,25 @@ def usable_vectors(found: dict[uuid.UUID, np.ndarray]) -> dict[uuid.UUID, np.nda
     return {pid: v for pid, v in found.items() if screen.usable(v)}
 
 
+def check_neighbours(queries: Sequence[tuple[uuid.UUID, np.ndarray]], threshold: float) -> None:
+    """Check a :meth:`VectorStore.neighbours` call before any engine call.
+
+    Raises:
+        ValueError: ``threshold`` outside [-1, 1]. UnusableVector: a query vector that is not
+            finite or is all zeros.
+    """
+    if not -1.0 <= threshold <= 1.0:
+        raise ValueError(f"a cosine threshold must be in [-1, 1], got {threshold}")
+    for pid, v in queries:
+        screen.require_usable(v, f"point {pid}")
+
+
+def others(point: uuid.UUID, hits: list[Hit], k: int) -> list[Hit]:
+    """The first ``k`` of ``hits`` that are not ``point`` itself (a neighbour query asks ``k + 1``
+    under one filter shared by the whole batch, and drops the query's own point here)."""
+    return [h for h in hits if h.id != point][:k]
+
+
 def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, path: str | None = None,
                fsync: bool = False, indexed_fields: dict[str, str] | None = None) -> VectorStore:
     """The :class:`VectorStore` of backend ``kind``, not yet checked (call ``ensure_collection``).
@@ -336,5 +376,5 @@ def open_store(kind: str, *, collection: str, dim: int, url: str | None = None, 
 
 
 __all__ = ["DEFAULT_STRATEGY", "KINDS", "STRATEGIES", "UPSERT_BATCH", "average_vector", "candidate_pool",
-           "check_diversity", "check_examples", "default_candidates", "CollectionMismatch", "Hit", "Point", "StoreError", "UnusableVector",
+           "check_diversity", "check_examples", "check_neighbours", "others", "default_candidates", "CollectionMismatch", "Hit", "Point", "StoreError", "UnusableVector",
            "VectorStore", "mismatch", "open_store", "require_usable", "usable_hits", "usable_points", "usable_vectors"]

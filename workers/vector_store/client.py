@@ -15,8 +15,8 @@ from qdrant_client import QdrantClient, models
 
 from workers import screen
 from workers.vector_store import (DEFAULT_STRATEGY, UPSERT_BATCH, Hit, Point, VectorStore, average_vector,
-                                  candidate_pool, check_diversity, check_examples, mismatch, require_usable,
-                                  usable_hits, usable_vectors)
+                                  candidate_pool, check_diversity, check_examples, check_neighbours, mismatch, others,
+                                  require_usable, usable_hits, usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_client
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,33 @@ class QdrantClientStore(VectorStore):
         # local mode scores a stored NaN vector NaN, and ranks it first
         return usable_hits(Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload=p.payload or {},
                                vector=np.asarray(p.vector, np.float32) if with_vectors else None) for p in res.points)
+
+    def neighbours(self, queries: Sequence[tuple[uuid.UUID, np.ndarray]], *, k: int, threshold: float,
+                   owner_id: int | None = None) -> list[list[Hit]]:
+        """Near neighbours of each query point (see :meth:`VectorStore.neighbours`): one
+        ``query_batch_points`` of queries with ``score_threshold`` under the owner filter, ``k + 1``
+        each with the query's own point dropped (as :class:`~workers.vector_store.edge.EdgeStore`)."""
+        check_neighbours(queries, threshold)
+        if k <= 0 or not queries or not self.client.collection_exists(self.collection):
+            return [[] for _ in queries]
+        flt = to_client(None, owner_id=owner_id)
+        requests = [models.QueryRequest(query=np.asarray(v, np.float32).tolist(), limit=k + 1, score_threshold=threshold,
+                                        filter=flt, with_payload=False) for _, v in queries]
+        got = self.client.query_batch_points(self.collection, requests=requests)
+        return [others(pid, usable_hits(Hit(id=uuid.UUID(str(p.id)), score=float(p.score), payload={})
+                                        for p in res.points), k)
+                for (pid, _), res in zip(queries, got)]
+
+    def page(self, *, limit: int, offset: uuid.UUID | None = None,
+             owner_id: int | None = None) -> tuple[list[Point], uuid.UUID | None]:
+        """One page of points in id order (see :meth:`VectorStore.page`)."""
+        if not self.client.collection_exists(self.collection):
+            return [], None
+        flt = to_client(None, owner_id=owner_id) if owner_id is not None else None
+        got, nxt = self.client.scroll(self.collection, limit=limit, offset=None if offset is None else str(offset),
+                                      scroll_filter=flt, with_payload=True, with_vectors=True)
+        return ([Point(uuid.UUID(str(p.id)), np.asarray(p.vector, np.float32), p.payload or {}) for p in got],
+                None if nxt is None else uuid.UUID(str(nxt)))
 
     def vectors(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, np.ndarray]:
         """Stored vectors by point id; ids not present, and unusable vectors

@@ -35,7 +35,7 @@ import qdrant_edge as qe
 from workers import screen
 from workers.vector_store import (DEFAULT_STRATEGY, UPSERT_BATCH, CollectionMismatch, Hit, Point, StoreError,
                                   VectorStore, average_vector, candidate_pool, check_diversity, check_examples,
-                                  mismatch, require_usable, usable_hits, usable_vectors)
+                                  check_neighbours, mismatch, others, require_usable, usable_hits, usable_vectors)
 from workers.vector_store.filters import Where, payload_indexes, to_edge
 
 log = logging.getLogger(__name__)
@@ -264,6 +264,41 @@ class EdgeStore(VectorStore):
         else:
             request = qe.QueryRequest(limit=k, query=query, filter=flt, with_payload=True, with_vector=with_vectors)
         return self._query(request, with_vectors)
+
+    def neighbours(self, queries: Sequence[tuple[uuid.UUID, np.ndarray]], *, k: int, threshold: float,
+                   owner_id: int | None = None) -> list[list[Hit]]:
+        """Near neighbours of each query point (see :meth:`VectorStore.neighbours`): one
+        ``query_batch`` of ``Nearest`` queries with ``score_threshold`` under one shared filter (the
+        owner), ``k + 1`` each with the query's own point dropped from its answer; exact while
+        segments are below :data:`INDEXING_THRESHOLD_KB`. A per-query "not this point" condition
+        answers the same but made each query 3 to 4 times slower at 100,000 points
+        (docs/duplicates-benchmarks.md)."""
+        check_neighbours(queries, threshold)
+        if k <= 0 or not queries:
+            return [[] for _ in queries]
+        flt = to_edge(None, owner_id=owner_id)
+        requests = [qe.QueryRequest(limit=k + 1, query=qe.Query.Nearest(np.asarray(v, np.float32).tolist()),
+                                    filter=flt, score_threshold=threshold, with_payload=False, with_vector=False)
+                    for _, v in queries]
+        try:
+            got = self._shard().query_batch(qe.QueryBatchRequest(requests))
+        except Exception as e:
+            raise _engine_error(e) from e
+        self.last_used = time.monotonic()
+        return [others(pid, usable_hits(Hit(id=_uuid(p.id), score=float(p.score), payload={}) for p in res), k)
+                for (pid, _), res in zip(queries, got)]
+
+    def page(self, *, limit: int, offset: uuid.UUID | None = None,
+             owner_id: int | None = None) -> tuple[list[Point], uuid.UUID | None]:
+        """One page of points in id order (see :meth:`VectorStore.page`)."""
+        flt = to_edge(None, owner_id=owner_id) if owner_id is not None else None
+        try:
+            got, nxt = self._shard().scroll(qe.ScrollRequest(offset=None if offset is None else str(offset), limit=limit,
+                                                             filter=flt, with_payload=True, with_vector=True))
+        except Exception as e:
+            raise _engine_error(e) from e
+        return ([Point(_uuid(r.id), np.asarray(r.vector, np.float32), r.payload or {}) for r in got],
+                None if nxt is None else _uuid(nxt))
 
     def _query(self, request: qe.QueryRequest, with_vectors: bool) -> list[Hit]:
         try:

@@ -149,7 +149,7 @@ def reference_of(space: EmbeddingSpace) -> EmbeddingSpace | None:
     return None if ref.pk == space.pk else ref
 
 
-def _embed_copies(model_id: str, picks: list[dict], load) -> dict:
+def embed_copies(model_id: str, picks: list[dict], load) -> dict:
     """``picks``' copies (``load(id)`` → bytes) through ``model_id``'s model in forward passes of
     ``BULK_BATCH_SIZE``: ``{"items": [{"id", "sha256", "point_id", "vector"}], "failed": [...]}``,
     or ``{"error", "detail"}`` when this process cannot load the model."""
@@ -197,10 +197,10 @@ def gate_embed(*, model_id: str, picks: list[dict], reference: str | None = None
             copies[key] = reencode(blobs.read(p["storage_key"], p["sha256"]))
         return copies[key]
 
-    out = _embed_copies(model_id, picks, load)
+    out = embed_copies(model_id, picks, load)
     if "error" in out:
         return out
-    out["reference"] = _embed_copies(reference, picks, load) if reference else None
+    out["reference"] = embed_copies(reference, picks, load) if reference else None
     out["embed_s"] = round(time.perf_counter() - t0, 3)
     return out
 
