@@ -258,8 +258,10 @@ class EdgeStore(VectorStore):
         if diversity > 0:
             relevance = average_vector(positive, negative)  # usable: check_examples
             pool = candidate_pool(k, candidates)
+            # the filter is the prefetch's alone: MMR re-ranks only the pool it drew, and the same
+            # filter again on the outer stage cost about 0.15 ms of a 1 ms query under an owner filter
             request = qe.QueryRequest(limit=k, prefetches=[qe.Prefetch(pool, query=query, filter=flt)],
-                                      query=qe.Mmr(relevance.tolist(), 1.0 - diversity, pool), filter=flt,
+                                      query=qe.Mmr(relevance.tolist(), 1.0 - diversity, pool),
                                       with_payload=True, with_vector=with_vectors)
         else:
             request = qe.QueryRequest(limit=k, query=query, filter=flt, with_payload=True, with_vector=with_vectors)
