@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path
+.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -128,6 +128,12 @@ bench-decode: setup
 # ~5 min; make bench-model BENCH_ARGS="--quick" for batch 64 of the main rows (~1 min).
 bench-model: setup
 	$(PY) -m benchmarks.model_backends $(BENCH_ARGS)
+
+# Issue 45 item 3 (docs/duplicates-benchmarks.md): near-duplicate groups of the photos and their copies
+# at the calibrated threshold and around it, the full scan of 100,000 points with an incremental step,
+# and grouping a long chain, ~10 min on 2 cores; BENCH_ARGS="--points 20000 --clusters 400" (~3 min).
+bench-duplicates: setup
+	$(PY) -m benchmarks.duplicates $(BENCH_ARGS)
 
 # The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.
