@@ -4,8 +4,7 @@ and its calibrated threshold (issue 45, docs/duplicates.md). The caller's groups
 everyone's)."""
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import FormParser
@@ -90,12 +89,24 @@ class DuplicateScanSerializer(serializers.ModelSerializer):
             "query_s": {"help_text": "s inside the store's neighbour queries"}}
 
 
+@extend_schema_field({"type": "number", "format": "double", "minimum": 0, "exclusiveMinimum": True, "maximum": 1,
+                      "nullable": True})
+class CosineThresholdField(serializers.FloatField):
+    """A cosine threshold in (0, 1] (0 would group every pair of non-opposite images)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value <= 0.0:
+            raise serializers.ValidationError("must be greater than 0")
+        return value
+
+
 class ScanStartSerializer(serializers.Serializer):
     """``POST /api/duplicates/scan/``."""
 
-    threshold = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0,
-                                       help_text="a cosine in (0, 1] to group at; absent or null: calibrated from "
-                                                 "copies of your own images (docs/duplicates.md)")
+    threshold = CosineThresholdField(required=False, allow_null=True, max_value=1.0,
+                                     help_text="a cosine in (0, 1] to group at; absent or null: calibrated from "
+                                               "copies of your own images (docs/duplicates.md)")
 
 
 class KeepSerializer(serializers.Serializer):
@@ -150,7 +161,8 @@ class DuplicateKeepView(APIView):
     @extend_schema(operation_id="duplicates_keep", request=KeepSerializer,
                    responses={200: DuplicateGroupSerializer, **errors(400, 404, 409, 503)},
                    description="Keep `image_id` and delete the group's other images (with their vectors, as "
-                               "`DELETE /api/images/{id}/`); the group becomes `resolved`. 400 `not_a_member`, "
+                               "`DELETE /api/images/{id}/`); the group becomes `resolved`. 409 `not_a_member` (not in the group, "
+                               "or no longer), "
                                "409 `already_reviewed`.")
     def post(self, request, group_id):
         s = KeepSerializer(data=request.data)
@@ -172,9 +184,9 @@ class DuplicateDismissView(APIView):
 
 
 class DuplicateScanView(APIView):
-    """``GET`` / ``POST /api/duplicates/scan/``."""
+    """``GET`` / ``POST /api/duplicates/scan/`` (a JSON body: a form cannot say ``null``)."""
 
-    parser_classes = (JSONParser, FormParser)
+    parser_classes = (JSONParser,)
 
     @extend_schema(operation_id="duplicates_scan_retrieve", responses={200: DuplicateScanSerializer, **errors(404)},
                    description="The caller's scan in the active space; 404 `not_found` before the first.")
@@ -186,7 +198,6 @@ class DuplicateScanView(APIView):
 
     @extend_schema(operation_id="duplicates_scan_start", request=ScanStartSerializer,
                    responses={202: DuplicateScanSerializer, **errors(400, 503)},
-                   parameters=[OpenApiParameter("threshold", OpenApiTypes.FLOAT, exclude=True)],
                    description="Start (or restart) the near-duplicate scan of your images in the active space, as "
                                "background work: the threshold is calibrated from copies of a sample of your images "
                                "(unless given), every point's neighbours above it are asked of the store, and the "

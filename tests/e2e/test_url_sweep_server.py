@@ -64,7 +64,7 @@ def sweep_world(stack, api) -> tuple[World, dict[str, dict]]:
     spaces = api.get("/api/migrations/").json()
     space = next(s["id"] for s in spaces if s["state"] == "active")
     ids = {"image_id": image, "job_id": job, "webhook_id": webhook, "delivery_id": "999999999",
-           "space_id": str(space), "id": "1"}
+           "space_id": str(space), "id": "1", "group_id": UNKNOWN_UUID}
     world = World({}, {}, ids, collections.defaultdict(lambda: UNKNOWN_UUID), "1")
     auth = {"anonymous": {}, "user-token": {"Authorization": user.s.headers["Authorization"]},
             "staff": {"Authorization": api.s.headers["Authorization"]}}

@@ -176,7 +176,7 @@ def test_bad_input_and_other_users(catalogue, api, other_user):
     group = _groups(api, kind="near")[0]
     assert api.post(f"/api/duplicates/{group['id']}/keep/", {}, format="json").status_code == 400
     r = api.post(f"/api/duplicates/{group['id']}/keep/", {"image_id": str(uuid.uuid4())}, format="json")
-    assert r.status_code == 400 and r.json()["code"] == "not_a_member"
+    assert r.status_code == 409 and r.json()["code"] == "not_a_member"
     other = client_for(other_user)
     assert other.get("/api/duplicates/").json()["results"] == []
     assert other.get(f"/api/duplicates/{group['id']}/").status_code == 404
@@ -190,3 +190,12 @@ def test_bad_input_and_other_users(catalogue, api, other_user):
     assert other.get("/api/duplicates/").json()["results"] == []
     mine = {m["image_id"] for g in _groups(api) for m in g["members"]}
     assert mine <= set(str(i) for i in Image.objects.filter(owner__username="alice").values_list("id", flat=True))
+
+
+def test_a_scan_takes_json_and_a_threshold_above_zero(service, api, client):
+    assert api.post("/api/duplicates/scan/").status_code == 202  # no body: calibrate
+    assert api.post("/api/duplicates/scan/", {"threshold": None}, format="json").status_code == 202
+    r = api.post("/api/duplicates/scan/", {"threshold": 0}, format="json")
+    assert r.status_code == 400 and r.json()["extra"]["fields"] == {"threshold": ["must be greater than 0"]}
+    r = api.post("/api/duplicates/scan/", {"threshold": "0.9"}, format="multipart")
+    assert r.status_code == 415

@@ -71,7 +71,7 @@ def keep_one(user, group_id, image_id) -> DuplicateGroup:
     as with any delete); the group is ``resolved`` with ``kept`` set.
 
     Raises:
-        ApplicationError: ``not_found`` (404: the group), ``not_a_member`` (400: the image is not in
+        ApplicationError: ``not_found`` (404: the group), ``not_a_member`` (409: the image is not in
             the group), ``already_reviewed`` (409: the group is not open).
     """
     with transaction.atomic():
@@ -80,7 +80,7 @@ def keep_one(user, group_id, image_id) -> DuplicateGroup:
         ids = {str(m.image_id) for m in group.members.all()}
         if str(image_id) not in ids:
             raise ApplicationError("the image to keep is not a member of this group", code="not_a_member",
-                                   extra={"fields": ["image_id"]})
+                                   status=409, extra={"fields": ["image_id"]})
         DuplicateGroup.objects.filter(id=group.id).update(status=GroupStatus.RESOLVED, kept_id=image_id,
                                                           reviewed_at=timezone.now())
         # the deleted images leave every other open group too (their member rows cascade)
