@@ -141,6 +141,7 @@ class DuplicateListView(GenericAPIView):
     def get(self, request):
         kind = _choice(request, "kind", DuplicateKind.values)
         state = _choice(request, "status", GroupStatus.values, GroupStatus.OPEN)
+        review.refresh(request.user)
         page = self.paginate_queryset(review.groups_visible_to(request.user, kind=kind, status=state))
         return self.get_paginated_response(DuplicateGroupSerializer(page, many=True).data)
 

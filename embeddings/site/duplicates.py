@@ -96,6 +96,7 @@ def duplicates(request):
     "Not duplicates"."""
     view = _view_of(request.GET)
     scan = review.scan_of(request.user)
+    review.refresh(request.user)
     counts = {k: review.groups_visible_to(request.user, kind=k).count() for k in KINDS}
     if view["status"] == REVIEWED:
         groups = review.groups_visible_to(request.user, status=None).exclude(status=GroupStatus.OPEN)

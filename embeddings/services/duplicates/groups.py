@@ -41,14 +41,12 @@ def dismissed_points(owner_id: int, model_id: str) -> set[frozenset]:
             for a, b in NotDuplicate.objects.filter(owner_id=owner_id).values_list("sha_a", "sha_b")}
 
 
-def remember_not_duplicates(owner_id: int, shas: Iterable[str]) -> int:
-    """Record every pair of ``shas`` as "not duplicates" for the owner; returns the pairs added."""
+def remember_not_duplicates(owner_id: int, shas: Iterable[str]) -> None:
+    """Record every pair of ``shas`` as "not duplicates" for the owner (pairs already there kept)."""
     distinct = sorted(set(s for s in shas if s))
-    pairs = [NotDuplicate(owner_id=owner_id, sha_a=a, sha_b=b)
-             for i, a in enumerate(distinct) for b in distinct[i + 1:]]
-    before = NotDuplicate.objects.filter(owner_id=owner_id).count()
-    NotDuplicate.objects.bulk_create(pairs, ignore_conflicts=True)
-    return NotDuplicate.objects.filter(owner_id=owner_id).count() - before
+    NotDuplicate.objects.bulk_create([NotDuplicate(owner_id=owner_id, sha_a=a, sha_b=b)
+                                      for i, a in enumerate(distinct) for b in distinct[i + 1:]],
+                                     ignore_conflicts=True)
 
 
 def near_rows(owner_id: int, model_id: str, groups: list[duplicates.Group]) -> list[list[dict]]:
@@ -65,14 +63,12 @@ def near_rows(owner_id: int, model_id: str, groups: list[duplicates.Group]) -> l
     return out
 
 
-def exact_rows(owner_id: int, shas: Iterable[str] | None = None) -> list[list[dict]]:
+def exact_rows(owner_id: int) -> list[list[dict]]:
     """The owner's exact copies: user rows (not migration copies) sharing bytes, embedded or skipped
     as another upload of them, ``[[{"image_id", "point_id", "score": 1.0, "representative"}]]``,
-    the oldest upload the representative; only among ``shas`` when given."""
+    the oldest upload the representative."""
     rows = Image.objects.filter(owner_id=owner_id, source__isnull=True,
                                 status__in=(ImageStatus.EMBEDDED, ImageStatus.SKIPPED)).exclude(sha256="")
-    if shas is not None:
-        rows = rows.filter(sha256__in=list(shas))
     repeated = rows.values("sha256").annotate(n=Count("id")).filter(n__gt=1).values_list("sha256", flat=True)
     by_sha: dict[str, list] = {}
     for image_id, sha, pid in rows.filter(sha256__in=repeated).order_by("created_at").values_list("id", "sha256",

@@ -22,10 +22,8 @@ def groups_visible_to(user, *, model_id: str | None = None, kind: str | None = N
                       status: str | None = GroupStatus.OPEN) -> QuerySet[DuplicateGroup]:
     """The caller's groups in space ``model_id`` (None: the active one), of ``kind`` and ``status``
     when given (default: open ones), largest first then newest; members (with their images) prefetched.
-    The caller's exact groups are regrouped first when due (``scan.refresh_exact``)."""
-    model_id = model_id or spaces.active().model_id
-    scans.refresh_exact(DuplicateScan.objects.filter(owner=user, model_id=model_id).first())
-    qs = DuplicateGroup.objects.filter(model_id=model_id)
+    A request that lists groups calls :func:`refresh` once first."""
+    qs = DuplicateGroup.objects.filter(model_id=model_id or spaces.active().model_id)
     if not user.is_staff:
         qs = qs.filter(owner=user)
     if kind:
@@ -37,6 +35,12 @@ def groups_visible_to(user, *, model_id: str | None = None, kind: str | None = N
     return (qs.annotate(size=Count("members")).exclude(status=GroupStatus.OPEN, size__lt=2)
             .order_by("-size", "-created_at", "id")
             .prefetch_related(Prefetch("members", queryset=members)))
+
+
+def refresh(user, model_id: str | None = None) -> None:
+    """Regroup the caller's exact copies in space ``model_id`` (None: the active one) when due
+    (``scan.refresh_exact``): once per request that lists groups."""
+    scans.refresh_exact(scan_of(user, model_id))
 
 
 def group_of(user, group_id) -> DuplicateGroup:

@@ -190,11 +190,11 @@ def scan_update(*, scan_id: int, point_ids: list[str]) -> dict:
     """Group new points into a finished scan (vectors worker): their neighbours above its threshold
     (the store's batched queries), then the new points, their neighbours and every member of the
     open near groups those touch regrouped together on their cosines to each other
-    (``workers.duplicates.links_within``); only those groups are replaced. Exact groups of the new
-    points' bytes are regrouped from the database.
+    (``workers.duplicates.links_within``); only those groups are replaced. Exact groups follow the
+    rows when groups are read (:func:`refresh_exact`), whichever path made the copy.
 
     Returns:
-        ``{"edges", "regrouped" (points), "near": counts, "exact": counts}``.
+        ``{"edges", "regrouped" (points), "near": counts}``.
     """
     scan = DuplicateScan.objects.filter(pk=scan_id, state=ScanState.DONE).first()
     if scan is None or not point_ids:
@@ -215,9 +215,4 @@ def scan_update(*, scan_id: int, point_ids: list[str]) -> dict:
     touching = {image_id for _, _, image_id in members} | {r["image_id"] for g in rows for r in g}
     near = group_rows.replace(scan.owner_id, scan.model_id, DuplicateKind.NEAR, rows, threshold=scan.threshold,
                               touching=touching)
-    shas = set(Image.objects.filter(point_id__in=list(found), owner_id=scan.owner_id).values_list("sha256", flat=True))
-    exact = group_rows.replace(scan.owner_id, scan.model_id, DuplicateKind.EXACT,
-                               group_rows.exact_rows(scan.owner_id, shas), threshold=1.0,
-                               touching=set(Image.objects.filter(owner_id=scan.owner_id, sha256__in=shas)
-                                            .values_list("id", flat=True)))
-    return {"edges": len(edges), "regrouped": len(nodes), "near": near, "exact": exact}
+    return {"edges": len(edges), "regrouped": len(nodes), "near": near}
