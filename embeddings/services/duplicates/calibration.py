@@ -5,7 +5,6 @@ docs/duplicates.md). Then the scan's first slice is sent (``scan.scan_slice``).
 """
 from __future__ import annotations
 
-import random
 import uuid
 
 import numpy as np
@@ -14,21 +13,18 @@ from django.utils import timezone
 
 from embeddings import dispatch, runtime, sink
 from embeddings.messages import decode_vector
-from embeddings.models import DuplicateScan, Image, ImageStatus, ScanState
+from embeddings.models import DuplicateScan, ScanState
 from workers import duplicates, screen
 
 
 def calibration_sample(owner_id: int, model_id: str, *, size: int | None = None, seed: int = 0) -> list[dict]:
-    """A seeded sample of the owner's embedded images in the space, one per point:
-    ``[{"id", "storage_key", "sha256", "point_id"}]`` (strings), at most ``size``
-    (``DUPLICATES_CALIBRATION_SAMPLE``)."""
+    """A seeded sample of the owner's embedded images in the space, one per point, as the quality
+    gate draws its own (``gate.sample_points``): ``[{"id", "storage_key", "sha256", "point_id"}]``,
+    at most ``size`` (``DUPLICATES_CALIBRATION_SAMPLE``)."""
+    from embeddings.services.lifecycle.gate import sample_points
+
     size = settings.DUPLICATES_CALIBRATION_SAMPLE if size is None else size
-    rows: dict[str, dict] = {}
-    for i, key, sha, pid in (Image.objects.filter(owner_id=owner_id, model_id=model_id, status=ImageStatus.EMBEDDED)
-                             .order_by("sha256", "created_at").values_list("id", "storage_key", "sha256", "point_id")):
-        rows.setdefault(sha, {"id": str(i), "storage_key": key, "sha256": sha, "point_id": str(pid)})
-    distinct = list(rows.values())
-    return random.Random(seed).sample(distinct, min(max(0, size), len(distinct)))
+    return sample_points(model_id, size=size, seed=seed, owner_id=owner_id)
 
 
 def calibration_embed(*, model_id: str, picks: list[dict]) -> dict:
@@ -78,8 +74,8 @@ def calibrate(*, embedded: dict, scan_id: int, run: str) -> dict:
             positives.append(float(np.dot(v, o)))
     queries = list(originals.items())
     nearest = store.neighbours(queries, k=1, threshold=-1.0, owner_id=scan.owner_id) if queries else []
-    sims = np.stack([v for _, v in queries]) @ np.stack([v for _, v in queries]).T if queries else np.zeros((0, 0))
-    pairs = sims[np.triu_indices(len(queries), k=1)].tolist()  # each sampled image with each other
+    x = np.stack([v for _, v in queries]) if queries else np.zeros((0, 1), np.float32)
+    pairs = (x @ x.T)[np.triu_indices(len(queries), k=1)].tolist()  # each sampled image with each other
     report = duplicates.calibrate(positives, pairs, neighbours=[hits[0].score for hits in nearest if hits],
                                   default=settings.DUPLICATES_DEFAULT_THRESHOLD)
     report.update(sample=len(originals), copies=len(items), failed=len(embedded.get("failed", [])))

@@ -81,16 +81,25 @@ def reencode(data: bytes) -> bytes:
 
 
 def gate_sample(space: EmbeddingSpace, *, size: int, seed: int = 0) -> list[dict]:
-    """A seeded sample of ``size`` distinct points of ``space`` (all owners): one embedded row per
-    sha256 (the oldest), drawn with ``random.Random(seed)`` from the rows ordered by sha256, so the
-    same catalogue and seed give the same sample.
+    """A seeded sample of ``size`` distinct points of ``space`` (all owners): :func:`sample_points`."""
+    return sample_points(space.model_id, size=size, seed=seed)
+
+
+def sample_points(model_id: str, *, size: int, seed: int = 0, owner_id: int | None = None) -> list[dict]:
+    """A seeded sample of ``size`` distinct points of space ``model_id`` (of one owner's rows when
+    ``owner_id`` is given): one embedded row per sha256 (the oldest), drawn with
+    ``random.Random(seed)`` from the rows ordered by sha256, so the same catalogue and seed give the
+    same sample.
 
     Returns:
         ``[{"id", "storage_key", "sha256", "point_id"}]`` (strings), at most ``size``.
     """
     rows: dict[str, dict] = {}
-    for i, key, sha, pid in (Image.objects.filter(model_id=space.model_id, status=ImageStatus.EMBEDDED)
-                             .order_by("sha256", "created_at").values_list("id", "storage_key", "sha256", "point_id")):
+    embedded = Image.objects.filter(model_id=model_id, status=ImageStatus.EMBEDDED)
+    if owner_id is not None:
+        embedded = embedded.filter(owner_id=owner_id)
+    for i, key, sha, pid in (embedded.order_by("sha256", "created_at")
+                             .values_list("id", "storage_key", "sha256", "point_id")):
         rows.setdefault(sha, {"id": str(i), "storage_key": key, "sha256": sha, "point_id": str(pid)})
     distinct = list(rows.values())
     return random.Random(seed).sample(distinct, min(max(0, size), len(distinct)))
