@@ -352,12 +352,12 @@ def cutoff_compute(texts: dict, model_id: str) -> dict:
 def duplicates_calibration_embed(scan_id: int, run: str, model_id: str, picks: list[dict]) -> None:
     """Embed the calibration copies of an owner's sampled images (bulk queue, one bulk turn), then
     send ``duplicates_calibrate`` with them to the store's owner."""
-    from embeddings import dispatch, sink
     from embeddings.services.duplicates import calibration
+    from embeddings.services.duplicates.steps import send_step
 
     with lane_control.bulk_turn():
         embedded = calibration.calibration_embed(model_id=model_id, picks=picks)
-    dispatch.send_duplicates_step("duplicates_calibrate", embedded, scan_id, run, bulk=sink.is_direct())
+    send_step("duplicates_calibrate", embedded, scan_id, run)
 
 
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)

@@ -11,9 +11,10 @@ import numpy as np
 from django.conf import settings
 from django.utils import timezone
 
-from embeddings import dispatch, runtime, sink
+from embeddings import runtime
 from embeddings.messages import decode_vector
 from embeddings.models import DuplicateScan, ScanState
+from embeddings.services.duplicates.steps import send_step
 from workers import duplicates, screen
 
 
@@ -82,5 +83,5 @@ def calibrate(*, embedded: dict, scan_id: int, run: str) -> dict:
     updated = DuplicateScan.objects.filter(pk=scan_id, run=run).update(
         threshold=report["threshold"], calibration=report, state=ScanState.SCANNING)
     if updated:  # the first slice of the scan
-        dispatch.send_duplicates_step("duplicates_scan_slice", scan_id, run, None, bulk=sink.is_direct())
+        send_step("duplicates_scan_slice", scan_id, run, None)
     return report

@@ -35,12 +35,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import dispatch, runtime, sink, spaces
+from embeddings import runtime, spaces
 from embeddings.errors import ApplicationError
 from embeddings.models import (DuplicateEdge, DuplicateKind, DuplicateMember, DuplicateScan, GroupStatus, Image,
                                ScanState)
 from embeddings.services.duplicates import calibration
 from embeddings.services.duplicates import groups as group_rows
+from embeddings.services.duplicates.steps import send_step
 from workers import duplicates, screen
 
 #: Seconds a process trusts its answer to "does any finished scan exist in this space?" (read per
@@ -49,12 +50,6 @@ _SCANS_CACHE_S = 5.0
 #: Seconds between two regroupings of an owner's exact copies at read time (:func:`refresh_exact`).
 EXACT_REFRESH_S = 10.0
 _scans_seen: dict[str, tuple[float, bool]] = {}
-
-
-def _send(name: str, *args, bulk: bool = False) -> None:
-    """Queue the next step (``dispatch.send_duplicates_step``): with a Qdrant server every step may
-    run on a bulk worker."""
-    dispatch.send_duplicates_step(name, *args, bulk=bulk or sink.is_direct())
 
 
 def scan_start(*, owner, threshold: float | None = None) -> DuplicateScan:
@@ -86,9 +81,9 @@ def scan_start(*, owner, threshold: float | None = None) -> DuplicateScan:
         DuplicateScan.objects.filter(pk=scan.pk).update(**fields)
     if threshold is None:
         picks = calibration.calibration_sample(owner.id, model_id)
-        _send("duplicates_calibration_embed", scan.pk, run, model_id, picks, bulk=True)
+        send_step("duplicates_calibration_embed", scan.pk, run, model_id, picks, model=True)
     else:
-        _send("duplicates_scan_slice", scan.pk, run, None)
+        send_step("duplicates_scan_slice", scan.pk, run, None)
     return DuplicateScan.objects.get(pk=scan.pk)
 
 
@@ -112,7 +107,7 @@ def scan_slice(*, scan_id: int, run: str, offset: str | None) -> dict:
                                                              edges=F("edges") + len(edges),
                                                              query_s=F("query_s") + query_s)
     if nxt is not None:
-        _send("duplicates_scan_slice", scan_id, run, str(nxt))
+        send_step("duplicates_scan_slice", scan_id, run, str(nxt))
     else:
         scan_finish(scan_id=scan_id, run=run)
     return {"points": len(points), "edges": len(edges)}
@@ -183,7 +178,7 @@ def images_written(items: list[dict]) -> None:
         if owner in scans:
             by_scan.setdefault(scans[owner], []).append(str(it["point_id"]))
     for scan_id, pids in by_scan.items():
-        _send("duplicates_update", scan_id, sorted(set(pids)))
+        send_step("duplicates_update", scan_id, sorted(set(pids)))
 
 
 def scan_update(*, scan_id: int, point_ids: list[str]) -> dict:
