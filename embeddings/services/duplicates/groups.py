@@ -14,7 +14,7 @@ from typing import Iterable
 from django.db import transaction
 from django.db.models import Count
 
-from embeddings.models import (DuplicateGroup, DuplicateKind, DuplicateMember, GroupStatus, Image, ImageStatus,
+from embeddings.models import (DuplicateGroup, DuplicateMember, GroupStatus, Image, ImageStatus,
                                NotDuplicate)
 from workers import duplicates
 from workers.ids import point_id
@@ -84,7 +84,8 @@ def replace(owner_id: int, model_id: str, kind: str, found: list[list[dict]], *,
     :func:`near_rows` / :func:`exact_rows`): an open group with the same members is kept as it is
     (its id stays), other open groups are deleted, new ones created. Reviewed groups (resolved,
     dismissed) are never touched. ``touching``: only open groups with a member image in it are
-    candidates for deletion (an incremental update leaves the rest alone).
+    candidates for deletion (an incremental update leaves the rest alone). ``threshold``: the
+    groups' (1.0 for exact copies).
 
     Returns:
         ``{"kept", "created", "deleted"}`` counts.
@@ -101,15 +102,11 @@ def replace(owner_id: int, model_id: str, kind: str, found: list[list[dict]], *,
         by_members = {frozenset(m): gid for gid, m in current.items()}
         stale = [gid for m, gid in by_members.items() if m not in wanted]
         DuplicateGroup.objects.filter(id__in=stale).delete()
-        created = 0
-        members = []
-        for key, rows in wanted.items():
-            if key in by_members:
-                continue
-            g = DuplicateGroup.objects.create(owner_id=owner_id, model_id=model_id, kind=kind,
-                                              threshold=1.0 if kind == DuplicateKind.EXACT else threshold)
-            members += [DuplicateMember(group=g, image_id=r["image_id"], point_id=r["point_id"], score=r["score"],
-                                        representative=r["representative"]) for r in rows]
-            created += 1
-        DuplicateMember.objects.bulk_create(members)
-    return {"kept": len(wanted) - created, "created": created, "deleted": len(stale)}
+        new = {key: DuplicateGroup(owner_id=owner_id, model_id=model_id, kind=kind, threshold=threshold)
+               for key in wanted if key not in by_members}  # ids are made here (uuid4): one INSERT for all
+        DuplicateGroup.objects.bulk_create(new.values(), batch_size=1000)
+        DuplicateMember.objects.bulk_create(
+            [DuplicateMember(group=g, image_id=r["image_id"], point_id=r["point_id"], score=r["score"],
+                             representative=r["representative"]) for key, g in new.items() for r in wanted[key]],
+            batch_size=1000)
+    return {"kept": len(wanted) - len(new), "created": len(new), "deleted": len(stale)}
