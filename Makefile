@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
+.PHONY: setup browser demo test test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The working loop: the suite without the end-to-end tests (tests/e2e, marker e2e) and the tests that
+# load the real model (marker model, set in tests/conftest.py); `make test` stays the whole suite (CI).
+test-fast: setup
+	$(PY) -m pytest -m "not e2e and not model" $(PYTEST_ARGS)
 
 test-e2e: setup browser
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)

@@ -40,6 +40,24 @@ def photo_paths() -> list[Path]:
 needs_shared = pytest.mark.skipif(not (IMAGES / "MANIFEST.tsv").exists(), reason="../shared/data is not present")
 
 
+#: Fixtures that build the real model's configuration or the model itself: a test that takes one,
+#: directly or through other fixtures (``service``, ``runner``, ``measured``...), is marked ``model``.
+MODEL_FIXTURES = frozenset({"random_config", "encoder"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark ``e2e`` every test under tests/e2e and ``model`` every test that loads the real model
+    (:data:`MODEL_FIXTURES` in its fixture closure), before ``-m`` deselects: ``make test-fast``
+    leaves both out. Runs first so that the marks exist when pytest's own hook filters."""
+    e2e = ROOT / "tests" / "e2e"
+    for item in items:
+        if item.path.is_relative_to(e2e) and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+        if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("model") is None:
+            item.add_marker(pytest.mark.model)
+
+
 @pytest.fixture(scope="session")
 def random_config():
     """The real ViT-B-32 architecture with seeded random weights, selected explicitly."""

@@ -92,6 +92,7 @@ def vit_s32(pretrained: str = "random"):
     return PipelineConfig(model_name="ViT-S-32", pretrained=pretrained, seed=0, torch_threads=os.cpu_count())
 
 
+@pytest.mark.model  # a real ViT-S-32 through the module's own `stack` (tests/conftest.py's rule misses it)
 def test_a_healthy_model_passes_the_gate(stack, user, monkeypatch):
     space = stack(vit_s32())
     report = gate.gate_start(space, calibrate=False)
@@ -127,6 +128,7 @@ def test_a_healthy_model_passes_the_gate(stack, user, monkeypatch):
     assert report["hits"] == report["judged"] - report["failed_count"] and report["rate"] > report["raw_rate"]
 
 
+@pytest.mark.model  # a real ViT-S-32 through the module's own `stack` (tests/conftest.py's rule misses it)
 def test_a_scrambled_checkpoint_is_refused(stack, tmp_path):
     """The patch embedding of a seeded ViT-S-32 scrambled into a pixel checkerboard: the image tower
     then sees only the finest detail, which resizing and JPEG rewrite, so copies land elsewhere.
