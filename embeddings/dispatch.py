@@ -176,7 +176,7 @@ def send_webhook_delivery(*, delivery_id: int, attempt: int):
     """Queue attempt ``attempt`` of a webhook delivery (``send_webhook_delivery``) on the fetch queue
     (threads, network-bound, no model) at urgent bulk priority: a message someone waits for goes
     before catalogue fetching. Never with a countdown: later attempts are due times in the
-    database, queued by the reconciler (``services.webhook_delivery``)."""
+    database, queued by the reconciler (``services.webhooks.delivery``)."""
     return send("send_webhook_delivery", (delivery_id, attempt), **fetch_options("urgent"))
 
 

@@ -50,7 +50,7 @@ from embeddings.api.serializers import (
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import search as search_services
-from embeddings.services import webhooks as webhook_services
+from embeddings.services.webhooks import endpoints as webhook_services
 from embeddings.api.webhook_fields import WebhookCreatedSerializer, WebhookSerializer
 from embeddings.services import upload as request_services
 from embeddings.errors import ApplicationError
