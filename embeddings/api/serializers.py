@@ -163,8 +163,8 @@ class VectorView:
         self.model_id, self.vector_format, self.vectors = model_id, vector_format, vectors
 
     def render(self, image_id: str):
-        """The image's vector as JSON (``services.exports.vector_json``), None when it has none."""
-        from embeddings.services.exports import vector_json
+        """The image's vector as JSON (``services.exports.formats.vector_json``), None when it has none."""
+        from embeddings.services.exports.formats import vector_json
 
         v = self.vectors.get(image_id)
         return None if v is None else vector_json(v, self.vector_format)
