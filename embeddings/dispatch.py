@@ -41,7 +41,7 @@ def expires_at(deadline_ts: float) -> dt.datetime:
 def read_by(deadline_ts: float) -> dict:
     """``apply_async`` options for a task whose result someone waits for until ``deadline_ts``
     (Unix s): the result backend keeps its result no longer than that (``project.results``), read
-    or not; the reader forgets it at once (``services.waiting``)."""
+    or not; the reader forgets it at once (``services.interactive.waiting``)."""
     return {"headers": {RESULT_DEADLINE_HEADER: deadline_ts}}
 
 

@@ -12,7 +12,8 @@ from rest_framework import serializers
 from embeddings.api.json_input import JSONField
 from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
 from embeddings.models import Image, ImageStatus, Job, JobPriority, WebhookEvent
-from embeddings.services.search import MAX_CANDIDATES, MAX_EXAMPLES
+from embeddings.services.interactive.examples import MAX_EXAMPLES
+from embeddings.services.interactive.search import MAX_CANDIDATES
 from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 
 
