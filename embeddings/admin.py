@@ -19,7 +19,7 @@ from django.utils.html import format_html, format_html_join
 from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
 from embeddings.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from embeddings.models import DuplicateGroup, DuplicateMember, DuplicateScan, NotDuplicate
-from embeddings.services import webhooks as webhook_services
+from embeddings.services.webhooks import delivery as webhook_delivery
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
 from embeddings.services.catalogue.jobs import images_retry
@@ -298,7 +298,7 @@ class WebhookDeliveryAdmin(CheckedActionsMixin, admin.ModelAdmin):
     @admin.action(description="Send again from the first attempt (same webhook-id)")
     def redeliver(self, request, queryset):
         for delivery in queryset:
-            webhook_services.delivery_redeliver(delivery=delivery)
+            webhook_delivery.delivery_redeliver(delivery=delivery)
 
     def has_add_permission(self, request):
         return False

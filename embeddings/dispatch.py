@@ -41,7 +41,7 @@ def expires_at(deadline_ts: float) -> dt.datetime:
 def read_by(deadline_ts: float) -> dict:
     """``apply_async`` options for a task whose result someone waits for until ``deadline_ts``
     (Unix s): the result backend keeps its result no longer than that (``project.results``), read
-    or not; the reader forgets it at once (``services.waiting``)."""
+    or not; the reader forgets it at once (``services.interactive.waiting``)."""
     return {"headers": {RESULT_DEADLINE_HEADER: deadline_ts}}
 
 
@@ -176,7 +176,7 @@ def send_webhook_delivery(*, delivery_id: int, attempt: int):
     """Queue attempt ``attempt`` of a webhook delivery (``send_webhook_delivery``) on the fetch queue
     (threads, network-bound, no model) at urgent bulk priority: a message someone waits for goes
     before catalogue fetching. Never with a countdown: later attempts are due times in the
-    database, queued by the reconciler (``services.webhook_delivery``)."""
+    database, queued by the reconciler (``services.webhooks.delivery``)."""
     return send("send_webhook_delivery", (delivery_id, attempt), **fetch_options("urgent"))
 
 

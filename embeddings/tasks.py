@@ -84,7 +84,7 @@ def fetch_chunk(job_id: str, image_ids: list[str]) -> dict:
 def send_webhook_delivery(delivery_id: int, attempt: int) -> dict:
     """Make one attempt of a webhook delivery (``services.webhook_delivery.delivery_attempt``: a
     message for an attempt already made does nothing)."""
-    from embeddings.services import webhook_delivery
+    from embeddings.services.webhooks import delivery as webhook_delivery
 
     return webhook_delivery.delivery_attempt(delivery_id=delivery_id, attempt=attempt)
 

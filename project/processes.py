@@ -26,7 +26,7 @@ Why each worker is shaped as it is:
   admitted requests can wait at once: at 6 requests/s and a 5 s deadline about 30 do (rate ×
   deadline), and with fewer threads the rest queue in front of Django, where admission cannot see
   them (docs/benchmarks-load.md). A waiting thread holds no database connection
-  (``embeddings.services.waiting``), so the threads do not multiply PostgreSQL connections.
+  (``embeddings.services.interactive.waiting``), so the threads do not multiply PostgreSQL connections.
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ deadline is kept no longer than that deadline (plus :data:`RESULT_MARGIN_S`), wh
 
 Celery keeps every stored result for ``result_expires`` (one setting for all tasks; there is no
 per-task expiry). A search's or an upload's result carries query vectors and neighbours; the web
-forgets it once read (``services.waiting``), but a request whose deadline passed never reads it.
+forgets it once read (``services.interactive.waiting``), but a request whose deadline passed never reads it.
 So each message whose result is waited for names the time after which nobody will
 (:data:`RESULT_DEADLINE_HEADER`, set by ``embeddings.dispatch``), and this backend writes that
 result (success, failure or revocation) with ``SETEX`` to then, in the same single command Celery

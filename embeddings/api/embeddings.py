@@ -1,6 +1,6 @@
 """Embeddings on demand: ``POST /api/embeddings/`` (this API's shapes, per-input errors, optional
 storing) and ``POST /v1/embeddings`` (OpenAI's shapes and errors, for OpenAI clients). Both validate,
-call ``services.embed.embeddings_create`` and serialise (docs/embeddings-api.md).
+call ``services.interactive.embed.embeddings_create`` and serialise (docs/embeddings-api.md).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from embeddings.api.serializers import ErrorSerializer, FormSerializer, StrictBo
 from embeddings.api.views import _check_parts, _files, _parsed
 from embeddings.errors import ApplicationError
 from embeddings.messages import decode_vector
-from embeddings.services import embed as embed_services
+from embeddings.services.interactive import embed as embed_services
 from embeddings.services.catalogue.sources import SourceFile, from_uploads
-from embeddings.services.upload import deadline_for
+from embeddings.services.interactive.upload import deadline_for
 
 ENCODINGS = ("float", "base64")
 

@@ -12,7 +12,8 @@ from rest_framework.views import APIView
 from embeddings.api.parsers import AnyAccept
 from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.api.serializers import VectorExportQuerySerializer
-from embeddings.services import exports as export_services
+from embeddings.services.exports import formats as export_formats
+from embeddings.services.exports import rows as export_rows
 
 
 class VectorExportView(APIView):
@@ -22,7 +23,7 @@ class VectorExportView(APIView):
 
     @extend_schema(
         operation_id="vectors_export",
-        parameters=[OpenApiParameter("fmt", str, OpenApiParameter.PATH, enum=sorted(export_services.FORMATS),
+        parameters=[OpenApiParameter("fmt", str, OpenApiParameter.PATH, enum=sorted(export_formats.FORMATS),
                                      description="parquet, jsonl (JSON Lines) or npz (a zip numpy.load opens: "
                                                  "vectors.npy, ids.parquet, space.json)"),
                     VectorExportQuerySerializer, RETRY_AFTER],
@@ -41,10 +42,10 @@ class VectorExportView(APIView):
         q = VectorExportQuerySerializer(data=request.query_params)
         q.is_valid(raise_exception=True)
         v = q.validated_data
-        export = export_services.export_start(user=request.user, job_id=str(v["job"]) if v.get("job") else None,
-                                              model_id=v.get("space"))
-        chunks = export_services.export_stream(export, fmt, vector_format=v["vector_format"])
-        media_type, filename = export_services.FORMATS[fmt]
+        export = export_rows.export_start(user=request.user, job_id=str(v["job"]) if v.get("job") else None,
+                                          model_id=v.get("space"))
+        chunks = export_formats.export_stream(export, fmt, vector_format=v["vector_format"])
+        media_type, filename = export_formats.FORMATS[fmt]
         response = StreamingHttpResponse(chunks, content_type=media_type)
         response["Content-Disposition"] = f'attachment; filename="{filename}"'
         response["Embedding-Space"] = json.dumps(export.space_info(), separators=(",", ":"), ensure_ascii=True)

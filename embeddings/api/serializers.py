@@ -12,7 +12,8 @@ from rest_framework import serializers
 from embeddings.api.json_input import JSONField
 from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
 from embeddings.models import Image, ImageStatus, Job, JobPriority, WebhookEvent
-from embeddings.services.search import MAX_CANDIDATES, MAX_EXAMPLES
+from embeddings.services.interactive.examples import MAX_EXAMPLES
+from embeddings.services.interactive.search import MAX_CANDIDATES
 from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 
 
@@ -163,8 +164,8 @@ class VectorView:
         self.model_id, self.vector_format, self.vectors = model_id, vector_format, vectors
 
     def render(self, image_id: str):
-        """The image's vector as JSON (``services.exports.vector_json``), None when it has none."""
-        from embeddings.services.exports import vector_json
+        """The image's vector as JSON (``services.exports.formats.vector_json``), None when it has none."""
+        from embeddings.services.exports.formats import vector_json
 
         v = self.vectors.get(image_id)
         return None if v is None else vector_json(v, self.vector_format)

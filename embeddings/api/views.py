@@ -49,10 +49,11 @@ from embeddings.api.serializers import (
 )
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services import search as search_services
-from embeddings.services import webhooks as webhook_services
+from embeddings.services.interactive import examples as example_services
+from embeddings.services.interactive import search as search_services
+from embeddings.services.webhooks import endpoints as webhook_services
 from embeddings.api.webhook_fields import WebhookCreatedSerializer, WebhookSerializer
-from embeddings.services import upload as request_services
+from embeddings.services.interactive import upload as request_services
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue.sources import from_folder, from_uploads, from_zip
@@ -375,10 +376,10 @@ def _examples(value, side: str) -> list[dict]:
         return []
     if not isinstance(value, list):
         raise ApplicationError(f"{side} must be a list of examples", code="invalid_example", extra={"example": side})
-    if len(value) > search_services.MAX_EXAMPLES:
-        raise ApplicationError(f"{len(value)} {side} examples; at most MAX_EXAMPLES = {search_services.MAX_EXAMPLES}",
+    if len(value) > example_services.MAX_EXAMPLES:
+        raise ApplicationError(f"{len(value)} {side} examples; at most MAX_EXAMPLES = {example_services.MAX_EXAMPLES}",
                                code="too_many_examples", extra={"limit": "MAX_EXAMPLES",
-                                                                "value": search_services.MAX_EXAMPLES})
+                                                                "value": example_services.MAX_EXAMPLES})
     out = []
     for i, item in enumerate(value):
         where = f"{side}[{i}]"
@@ -442,10 +443,10 @@ class SearchView(APIView):
             negative = _examples(v.get("negative"), "negative")
             uploads = {side: _files(files, f"{side}_image") for side in ("positive", "negative")}
             total = len(positive) + len(negative) + sum(len(u) for u in uploads.values())
-            if total > search_services.MAX_EXAMPLES:
-                raise ApplicationError(f"{total} examples; at most MAX_EXAMPLES = {search_services.MAX_EXAMPLES}",
+            if total > example_services.MAX_EXAMPLES:
+                raise ApplicationError(f"{total} examples; at most MAX_EXAMPLES = {example_services.MAX_EXAMPLES}",
                                        code="too_many_examples", extra={"limit": "MAX_EXAMPLES",
-                                                                        "value": search_services.MAX_EXAMPLES})
+                                                                        "value": example_services.MAX_EXAMPLES})
         where = search_filter(data.get("filter") if hasattr(data, "get") else None)  # refused before any bytes are kept
         from embeddings.services.lifecycle import cutoff
         from embeddings import spaces
@@ -460,8 +461,8 @@ class SearchView(APIView):
             from workers.vector_store import DEFAULT_STRATEGY
 
             strategy = v.get("strategy") or DEFAULT_STRATEGY
-            results = search_services.search_examples(positive=positive, negative=negative, strategy=strategy,
-                                                      **scope)
+            results = example_services.search_examples(positive=positive, negative=negative, strategy=strategy,
+                                                       **scope)
         else:
             image = from_uploads([v["image"]])[0] if v.get("image") else None
             results = search_services.search(

@@ -27,7 +27,8 @@ from embeddings.models import (
     WebhookEndpoint,
     WebhookEvent,
 )
-from embeddings.services import webhooks as webhook_services
+from embeddings.services.webhooks import delivery as webhook_delivery
+from embeddings.services.webhooks import endpoints as webhook_services
 
 #: Attempts shown with each delivery (newest last); the count is ``attempts``.
 SHOWN_ATTEMPTS = 20
@@ -203,7 +204,7 @@ class DeliveryRedeliverView(APIView):
     def post(self, request, webhook_id, delivery_id):
         endpoint = _endpoint(request, webhook_id)
         delivery = get_object_or_404(WebhookDelivery, endpoint=endpoint, id=delivery_id)
-        delivery = webhook_services.delivery_redeliver(delivery=delivery)
+        delivery = webhook_delivery.delivery_redeliver(delivery=delivery)
         return Response(WebhookDeliverySerializer(delivery).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -292,7 +292,7 @@ def webhooks_round() -> tuple[int, int]:
     Returns:
         ``(at-risk messages made, attempts queued)``.
     """
-    from embeddings.services import webhook_delivery
+    from embeddings.services.webhooks import delivery as webhook_delivery
     from embeddings.services.catalogue.jobs import jobs_at_risk_notify
 
     try:

@@ -44,7 +44,7 @@ def points_in_space(rows: Iterable[tuple[str, str, str]], *, model_id: str) -> d
     A row's point in a space is ``uuid5(space, sha256)`` (``workers.ids.point_id``). A row embedded
     in that space has it; a row from another space (before a model switch) has it once some row of
     the same bytes is embedded in that space (its migration copy, or another upload of the bytes),
-    the rule ``services.search`` applies to a search by id. One query for all the rows of another
+    the rule ``services.interactive.search`` applies to a search by id. One query for all the rows of another
     space, none when every row is of ``model_id``.
 
     Args:

@@ -20,8 +20,9 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services import search as search_services
-from embeddings.services import upload as request_services
+from embeddings.services.interactive import examples as example_services
+from embeddings.services.interactive import search as search_services
+from embeddings.services.interactive import upload as request_services
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue import reading
@@ -170,9 +171,9 @@ def search(request):
             where = filters.where()
             scope = {"user": request.user, "k": SEARCH_K, "job_id": job, "where": where, "diversity": opts["diversity"]}
             if by_examples:  # the API's checks, in its order: each list, then the service's
-                found = search_services.search_examples(positive=_examples(examples["positive"], "positive"),
-                                                        negative=_examples(examples["negative"], "negative"),
-                                                        strategy=opts["strategy"], **scope)
+                found = example_services.search_examples(positive=_examples(examples["positive"], "positive"),
+                                                         negative=_examples(examples["negative"], "negative"),
+                                                         strategy=opts["strategy"], **scope)
                 ctx["results"] = _cards(found)  # a strategy's scores are not cosines: no cutoff (docs/search.md)
             else:
                 space = spaces.active()  # the space searched: its calibrated cutoff applies (issue 13)

@@ -1,6 +1,6 @@
 """What a request leaves in Redis's result backend, through the real web process and workers: nothing
 once it is answered; after a request whose deadline passed, only keys that expire with that
-deadline (``project.results``, ``embeddings.dispatch.read_by``, ``services.waiting``). Every result
+deadline (``project.results``, ``embeddings.dispatch.read_by``, ``services.interactive.waiting``). Every result
 the workers write is watched with Redis's ``MONITOR``. Images are distinct pixels
 (``pixels_jpeg``) this module alone sends: the stack is shared with other modules."""
 from __future__ import annotations

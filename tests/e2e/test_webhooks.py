@@ -2,7 +2,7 @@
 bulk and vectors workers finish it, the fetch worker POSTs ``job.done`` to a receiver this test
 starts, signed as Standard Webhooks says (verified by the reference ``standardwebhooks`` library),
 and the delivery shows as delivered in the API. The retry schedule and every event kind are tested
-in-process (tests/embeddings/services/test_webhooks.py); this checks the wiring: the message is
+in-process (tests/embeddings/services/webhooks/test_delivery.py); this checks the wiring: the message is
 queued when the job's end commits, routed to the fetch queue, and sent from there.
 """
 from __future__ import annotations

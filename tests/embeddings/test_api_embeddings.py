@@ -187,7 +187,7 @@ def test_a_long_text_is_read_as_its_first_2000_characters(service, api):
 def test_the_deadline_passed_answers_504_and_keeps_nothing(service, api, monkeypatch):
     import time
 
-    from embeddings.services import embed
+    from embeddings.services.interactive import embed
 
     send = embed.dispatch.send_embed_inputs
     monkeypatch.setattr(embed.dispatch, "send_embed_inputs", lambda **kw: (time.sleep(0.1), send(**kw))[1])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from embeddings.services.waiting import REASON_STATUS
+from embeddings.services.interactive.waiting import REASON_STATUS
 from tests.conftest import IMAGES, needs_shared
 from tests.workers.test_decode_manifest import ODD_EXPECTED, Decodes, Refused
 

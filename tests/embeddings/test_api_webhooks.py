@@ -10,9 +10,9 @@ import pytest
 import standardwebhooks
 
 from embeddings.models import Job, WebhookDelivery, WebhookEndpoint
-from embeddings.services import webhook_delivery
+from embeddings.services.webhooks import delivery as webhook_delivery
 from tests.embeddings.conftest import client_for
-from tests.embeddings.services.test_webhooks import Receiver, drive
+from tests.embeddings.services.webhooks.test_delivery import Receiver, drive
 from tests.embeddings.test_api import jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def receiver(settings):
-    """The checking receiver of ``tests/embeddings/services/test_webhooks.py`` on 127.0.0.1."""
+    """The checking receiver of ``tests/embeddings/services/webhooks/test_delivery.py`` on 127.0.0.1."""
     settings.FETCH_ALLOW_NETWORKS = ["127.0.0.1/32"]
     with Receiver() as r:
         yield r

@@ -1,6 +1,6 @@
 """A broker's Redis at its memory limit under ``noeviction`` (the policy Celery's docs ask for)
 refuses every publish: the API answers 503 ``broker_full`` with ``Retry-After`` and leaves nothing
-half-written (``sink.broker_refusal``, ``services.upload``, ``services.catalogue.jobs``); a broker
+half-written (``sink.broker_refusal``, ``services.interactive.upload``, ``services.catalogue.jobs``); a broker
 that may evict keys is reported at start-up (``embeddings.checks``). A real redis-server of the
 test's own, filled until it refuses writes."""
 from __future__ import annotations

@@ -151,7 +151,7 @@ def test_an_expired_message_is_a_passed_deadline_and_other_failures_say_retry_af
     import time
 
     from embeddings.errors import ApplicationError
-    from embeddings.services.waiting import wait_for as _wait
+    from embeddings.services.interactive.waiting import wait_for as _wait
 
     assert _wait(_Revoked("expired"), time.time() + 1) is None
     with pytest.raises(ApplicationError) as e:

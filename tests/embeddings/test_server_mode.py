@@ -21,8 +21,8 @@ from embeddings import runtime, tasks
 from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus
 from embeddings.services.catalogue import jobs as job_services
 from embeddings import sink
-from embeddings.services.search import search
-from embeddings.services.upload import images_upload
+from embeddings.services.interactive.search import search
+from embeddings.services.interactive.upload import images_upload
 from tests.embeddings.services.test_reconcile import sources
 from workers.model_config import embed_dim
 

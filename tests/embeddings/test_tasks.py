@@ -19,7 +19,7 @@ from celery.app.task import Context
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.errors import ApplicationError
-from embeddings.services.search import search
+from embeddings.services.interactive.search import search
 from project import lanes
 from project.celery import app
 

@@ -284,7 +284,7 @@ def _real_values(route: Route, name: str, kind: str, w: World) -> list[str]:
         view = route.callback.view_class
         return sorted(getattr(view, "targets", None) or view.actions)
     if name == "fmt":
-        from embeddings.services.exports import FORMATS
+        from embeddings.services.exports.formats import FORMATS
 
         return sorted(FORMATS)
     if route.template.startswith("/admin/r/"):  # view on site: a content type and an object of it

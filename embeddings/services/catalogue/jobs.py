@@ -35,7 +35,8 @@ from embeddings.selectors import stage_summary
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import images_cancelled, images_create
 from embeddings.services.catalogue.sources import SourceFile
-from embeddings.services import webhooks
+from embeddings.services.webhooks import endpoints as webhook_endpoints
+from embeddings.services.webhooks import events as webhook_events
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def job_create(
     duplicates and refusals included). If storing fails part way, ``total`` becomes the number of
     rows made, what was stored is still sent, and the error propagates.
 
-    ``callbacks``: the job's own webhook endpoints, unsaved (``webhooks.job_callbacks_prepare``),
+    ``callbacks``: the job's own webhook endpoints, unsaved (``webhooks.endpoints.job_callbacks_prepare``),
     saved with the job before any of its work is sent.
 
     Returns:
@@ -87,7 +88,7 @@ def job_create(
         owner=owner, name=name[:200], priority=priority, deadline=deadline, model_id=runtime.model_id(),
         chunk_size=settings.PIPELINE.batch_size, total=len(sources),
     )
-    webhooks.job_endpoints_attach(job=job, endpoints=callbacks)
+    webhook_endpoints.job_endpoints_attach(job=job, endpoints=callbacks)
     size = job.chunk_size
     pending: list[str] = []
     made = 0
@@ -413,13 +414,13 @@ def job_event_data(job: Job, counts: dict[str, int]) -> dict:
 
 
 def job_listeners(job: Job) -> list:
-    """The active webhook endpoints that hear of ``job`` (``webhooks.job_recipients``: one query);
+    """The active webhook endpoints that hear of ``job`` (``webhooks.events.job_recipients``: one query);
     none for a migration job, whose events are the lifecycle's (``migration.*``)."""
-    return webhooks.job_recipients(job) if job.kind == JobKind.INGEST else []
+    return webhook_events.job_recipients(job) if job.kind == JobKind.INGEST else []
 
 
 def job_event_emit(*, job: Job, event: str | None, extra: dict | None = None, endpoints: list | None = None) -> int:
-    """Emit a job event to its endpoints and its owner's (``webhooks.event_emit``, once per job and
+    """Emit a job event to its endpoints and its owner's (``webhooks.events.event_emit``, once per job and
     type). ``event`` None: the end of a done job, ``job.done`` or ``job.failed`` (:func:`job_outcome`).
     ``endpoints``: :func:`job_listeners` when the caller has read them. Migration jobs are the
     lifecycle's (``migration.*`` events): nothing. Returns messages made."""
@@ -434,7 +435,7 @@ def job_event_emit(*, job: Job, event: str | None, extra: dict | None = None, en
         event = WebhookEvent.JOB_DONE if failure is None else WebhookEvent.JOB_FAILED
         if failure is not None:
             data["failure"] = failure
-    return len(webhooks.event_emit(event=event, key=f"{event}:{job.id}", data=data, endpoints=endpoints))
+    return len(webhook_events.event_emit(event=event, key=f"{event}:{job.id}", data=data, endpoints=endpoints))
 
 
 def jobs_at_risk_notify() -> int:

@@ -31,7 +31,7 @@ from embeddings import dispatch, runtime
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services import webhooks
+from embeddings.services.webhooks import endpoints as webhook_endpoints
 from embeddings.services.catalogue.manifests import (
     ManifestError,
     ManifestRow,
@@ -82,7 +82,7 @@ def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime
     job = Job.objects.create(owner=owner, name=name[:200], priority=priority, deadline=deadline,
                              model_id=runtime.model_id(), chunk_size=settings.PIPELINE.batch_size, total=0,
                              source=source, reading=True)
-    webhooks.job_endpoints_attach(job=job, endpoints=callbacks)  # its webhooks exist before its work is sent
+    webhook_endpoints.job_endpoints_attach(job=job, endpoints=callbacks)  # its webhooks exist before its work is sent
     transaction.on_commit(lambda: dispatch.send_job_read(job_id=str(job.id), priority=priority))
     return job
 
@@ -151,7 +151,7 @@ def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), n
     Raises:
         ApplicationError: ``source_uri_invalid`` (400), ``source_not_allowed`` (403).
 
-    ``callbacks`` (both): the job's own webhook endpoints, unsaved (``webhooks.job_callbacks_prepare``).
+    ``callbacks`` (both): the job's own webhook endpoints, unsaved (``webhooks.endpoints.job_callbacks_prepare``).
     """
     try:
         b, p = parse_s3_uri(uri)

@@ -301,13 +301,14 @@ def _ready_emit(model_id: str) -> None:
     goes through without ``force``. Once per migration (its job): a gate run again by hand is
     already being watched by whoever ran it."""
     from embeddings.models import JobStatus, SpaceState, WebhookEvent
-    from embeddings.services import webhooks
+    from embeddings.services.webhooks import events as webhook_events
 
     space = EmbeddingSpace.objects.select_related("job", "source").get(model_id=model_id)
     if space.state != SpaceState.CANDIDATE or space.job is None or space.job.status != JobStatus.DONE:
         return
-    webhooks.event_emit(event=WebhookEvent.MIGRATION_READY, key=f"{WebhookEvent.MIGRATION_READY}:{space.pk}:{space.job_id}",
-                        endpoints=webhooks.staff_recipients(), data=migration_event_data(space))
+    key = f"{WebhookEvent.MIGRATION_READY}:{space.pk}:{space.job_id}"
+    webhook_events.event_emit(event=WebhookEvent.MIGRATION_READY, key=key, endpoints=webhook_events.staff_recipients(),
+                              data=migration_event_data(space))
 
 
 #: Cosine slack of the twin judgement: the same bytes embedded in forward passes of different sizes

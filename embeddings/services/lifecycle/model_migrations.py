@@ -43,7 +43,7 @@ from embeddings.models import (
 )
 from embeddings import spaces
 from embeddings.services.catalogue import copies
-from embeddings.services import webhooks
+from embeddings.services.webhooks import events as webhook_events
 from embeddings.services.lifecycle import gate
 from embeddings.errors import ApplicationError
 
@@ -228,11 +228,11 @@ def promote(space: EmbeddingSpace, *, force: bool = False, by: str = "") -> Embe
         # webhooks: a standby made active again is a rollback; a candidate, a promotion
         event = WebhookEvent.MIGRATION_ROLLED_BACK if rows[space.pk].state == SpaceState.STANDBY \
             else WebhookEvent.MIGRATION_PROMOTED
-        webhooks.event_emit(event=event, key=f"{event}:{space.pk}:{now.isoformat()}", at=now,
-                            endpoints=webhooks.staff_recipients(), data={
-                                **gate.migration_event_data(EmbeddingSpace.objects.get(pk=space.pk)),
-                                "previous_model_id": previous.model_id if previous else None, "by": by,
-                                "forced": bool(force and report.get("forced"))})
+        webhook_events.event_emit(event=event, key=f"{event}:{space.pk}:{now.isoformat()}", at=now,
+                                  endpoints=webhook_events.staff_recipients(), data={
+                                      **gate.migration_event_data(EmbeddingSpace.objects.get(pk=space.pk)),
+                                      "previous_model_id": previous.model_id if previous else None, "by": by,
+                                      "forced": bool(force and report.get("forced"))})
     spaces.forget_cache()
     space.refresh_from_db()
     log.warning("embedding space %s promoted (by %s, force=%s)", space.model_id, by or "?", force)

@@ -25,8 +25,8 @@ from embeddings.errors import ApplicationError
 from embeddings.models import EmbeddingSpace, ImageStatus, SpaceState
 from embeddings.services.catalogue.images import quick_check
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks, safe_name
-from embeddings.services.upload import images_upload
-from embeddings.services.waiting import REASON_STATUS, wait_for
+from embeddings.services.interactive.upload import images_upload
+from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
 from workers.errors import ImageRejected, Reason
 
 #: A text's characters read; the rest is cut before tokenising, as a text search does. The text

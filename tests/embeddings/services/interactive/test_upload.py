@@ -1,4 +1,4 @@
-"""``embeddings/services/upload.py``: an interactive upload from the web's side (the deadline, the
+"""``embeddings/services/interactive/upload.py``: an interactive upload from the web's side (the deadline, the
 answer's status, each image's view), with eager Celery running the chain on the session's
 random-weights model and an embedded Qdrant.
 """
@@ -10,8 +10,8 @@ import pytest
 
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus
-from embeddings.services import upload, waiting
 from embeddings.services.catalogue.sources import SourceFile
+from embeddings.services.interactive import upload, waiting
 from tests.embeddings.test_api import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,4 +1,4 @@
-"""``embeddings/services/waiting.py``: the web's wait for a chain's last result, bounded by the
+"""``embeddings/services/interactive/waiting.py``: the web's wait for a chain's last result, bounded by the
 request's deadline, forgotten however it ends; what a failed or expired task means to the caller.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 
 from embeddings.errors import ApplicationError
-from embeddings.services import waiting
+from embeddings.services.interactive import waiting
 
 pytestmark = pytest.mark.django_db  # the wait closes the thread's connection when outside a transaction
 

@@ -2,9 +2,9 @@
 
 The web process never loads the model or opens an embedded vector store: it chains tasks (embed
 on the ``interactive`` queue → index on the ``vectors`` queue, sent through ``embeddings.dispatch``)
-and waits for the last result until the request's deadline (``services.waiting``). With a Qdrant
+and waits for the last result until the request's deadline (``interactive.waiting``). With a Qdrant
 server (``embeddings.sink``: direct) the interactive worker writes its own points. What does not
-finish in time keeps running; the caller gets a status URL. Searches: ``services.search``.
+finish in time keeps running; the caller gets a status URL. Searches: ``interactive.search``.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.services.catalogue.images import images_create
 from embeddings.services.catalogue.sources import SourceFile
-from embeddings.services.waiting import REASON_STATUS, wait_for
+from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
 from workers.errors import Reason
 
 

@@ -1,43 +1,27 @@
-"""Webhooks (issue 42, docs/webhooks.md): endpoints, and the event messages made for them.
+"""Webhook endpoints (issue 42, docs/webhooks.md): where messages go, made, changed and deleted.
 
-An event is emitted by the service where its state changes (``catalogue.jobs`` for a job's end,
-cancellation and deadline risk; ``lifecycle`` for a model migration), inside that change's
-transaction where there is one: :func:`event_emit` writes one ``WebhookDelivery`` row per
-subscribed endpoint, and the first attempt is queued when the transaction commits. The pair
-(endpoint, event key) is unique, so an emitter that runs twice (a redelivered task, a reconciler
-round after a crash) makes no second message. Sending, signing and retrying are
-``services.webhook_delivery``'s.
-
-Messages follow Standard Webhooks (https://www.standardwebhooks.com/): ``{"type", "timestamp",
-"data"}``, signed with the endpoint's ``whsec_`` secret.
+An endpoint is an account's (every job of its owner; for staff, every model migration too) or a
+job's own (``callback_url`` of ``POST /api/jobs/``, saved with the job). Each subscribes to event
+types (``[]``: all of them) and signs with its own ``whsec_`` secret, shown once when it is made or
+rotated. A callback URL is checked here as far as it can be without resolving it: its form and a
+literal address in a refused network; a host name is checked at every attempt
+(``webhooks.delivery``).
 """
 from __future__ import annotations
 
 import base64
 import datetime as dt
 import ipaddress
-import logging
 import secrets
-import uuid
 from collections.abc import Iterable
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
-from embeddings import dispatch
 from embeddings.errors import ApplicationError
-from embeddings.models import (
-    DeliveryStatus,
-    Job,
-    WebhookDelivery,
-    WebhookEndpoint,
-    WebhookEvent,
-)
+from embeddings.models import Job, WebhookEndpoint, WebhookEvent
 from workers.errors import ImageRejected, Reason
 from workers.fetch import address_refusal, parse_url
-
-log = logging.getLogger(__name__)
 
 #: Standard Webhooks' secret form: ``whsec_`` + base64 of 24..64 random bytes; 32 bytes = the
 #: HMAC-SHA256 block's natural key strength.
@@ -46,8 +30,6 @@ SECRET_BYTES = 32
 #: After a rotation the previous secret signs too (a second signature) for this long, so a receiver
 #: can deploy the new one without rejecting messages in between (Standard Webhooks: key rotation).
 ROTATION_GRACE = dt.timedelta(hours=24)
-#: A queued attempt has this long to start before the reconciler queues it again (a lost message).
-DISPATCH_LEASE = dt.timedelta(minutes=5)
 #: Callback URLs one ``POST /api/jobs/`` may name.
 MAX_JOB_CALLBACKS = 5
 
@@ -55,11 +37,6 @@ MAX_JOB_CALLBACKS = 5
 def secret_new() -> str:
     """A fresh endpoint secret: ``whsec_`` + base64 of :data:`SECRET_BYTES` random bytes."""
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode("ascii")
-
-
-def message_id_new() -> str:
-    """A message id (``webhook-id``): ``msg_`` + 32 hex digits, unique per delivery."""
-    return f"msg_{uuid.uuid4().hex}"
 
 
 def callback_url_check(url: str) -> str:
@@ -215,69 +192,3 @@ def endpoint_rotate(*, endpoint: WebhookEndpoint) -> WebhookEndpoint:
 def endpoint_delete(*, endpoint: WebhookEndpoint) -> None:
     """Delete the endpoint with its deliveries (pending ones are not sent)."""
     endpoint.delete()
-
-
-# --- events ----------------------------------------------------------------------------------------
-
-def job_recipients(job: Job) -> list[WebhookEndpoint]:
-    """Active endpoints that hear about ``job``: its own, and its owner's account endpoints."""
-    from django.db.models import Q
-
-    return list(WebhookEndpoint.objects.filter(Q(job=job) | Q(owner_id=job.owner_id, job__isnull=True), active=True))
-
-
-def staff_recipients() -> list[WebhookEndpoint]:
-    """Active account endpoints of staff users: model migrations are staff work."""
-    return list(WebhookEndpoint.objects.filter(owner__is_staff=True, job__isnull=True, active=True))
-
-
-def event_emit(*, event: str, key: str, data: dict, endpoints: Iterable[WebhookEndpoint],
-               at: dt.datetime | None = None) -> list[WebhookDelivery]:
-    """Make one message of ``event`` for each endpoint subscribed to it, unless that endpoint
-    already has one with ``key``; queue each new one's first attempt when the transaction commits.
-
-    Args:
-        event: a :class:`WebhookEvent` value.
-        key: names this occurrence (``"job.done:<job id>"``): at most one message per endpoint.
-        data: the message's ``data`` (JSON-serialisable).
-        endpoints: candidates (e.g. :func:`job_recipients`); those not subscribed are skipped.
-        at: the event's time (``timestamp``), default now.
-
-    Returns:
-        The deliveries made now (none for an occurrence already emitted).
-    """
-    WebhookEvent(event)
-    now = timezone.now()
-    payload = {"type": event, "timestamp": (at or now).isoformat(), "data": data}
-    rows = [WebhookDelivery(endpoint=e, event=event, key=key[:200], message_id=message_id_new(), payload=payload,
-                            next_attempt_at=now + DISPATCH_LEASE)
-            for e in endpoints if not e.events or event in e.events]
-    if not rows:
-        return []
-    # The unique (endpoint, key) drops the rows of an occurrence emitted before; what is left has
-    # the message ids made here.
-    WebhookDelivery.objects.bulk_create(rows, ignore_conflicts=True)
-    made = list(WebhookDelivery.objects.filter(message_id__in=[r.message_id for r in rows]))
-    for delivery in made:
-        transaction.on_commit(lambda d=delivery.id: delivery_queue(delivery_id=d, attempt=1))
-    return made
-
-
-def delivery_queue(*, delivery_id: int, attempt: int) -> None:
-    """Queue ``attempt`` of a delivery on the fetch queue. A failure to publish (broker down) is
-    logged: the row stays due, and the reconciler queues it again after :data:`DISPATCH_LEASE`."""
-    try:
-        dispatch.send_webhook_delivery(delivery_id=delivery_id, attempt=attempt)
-    except Exception:
-        log.exception("webhook delivery %s: attempt %s not queued; the reconciler will", delivery_id, attempt)
-
-
-def delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
-    """Send a delivery again from its first attempt, whatever its status (same ``webhook-id``: a
-    receiver that had it deduplicates). Its attempt log is kept."""
-    now = timezone.now()
-    WebhookDelivery.objects.filter(id=delivery.id).update(status=DeliveryStatus.PENDING, attempts=0,
-                                                          next_attempt_at=now + DISPATCH_LEASE)
-    transaction.on_commit(lambda: delivery_queue(delivery_id=delivery.id, attempt=1))
-    delivery.refresh_from_db()
-    return delivery

@@ -1,4 +1,4 @@
-"""``embeddings/services/search.py``: a search from the web's side (what may be searched, by whom,
+"""``embeddings/services/interactive/search.py``: a search from the web's side (what may be searched, by whom,
 and what each refusal says), with eager Celery running the embedding and the look-up on the
 session's random-weights model and an embedded Qdrant.
 """
@@ -14,8 +14,8 @@ from embeddings.models import Image, ImageStatus, Lane
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import images_create
 from embeddings.services.catalogue.sources import SourceFile
-from embeddings.services.search import search
-from embeddings.services.upload import images_upload
+from embeddings.services.interactive.search import search
+from embeddings.services.interactive.upload import images_upload
 from tests.embeddings.test_api import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,5 +1,6 @@
-"""Vector exports (``embeddings.services.exports``) against a real embedded store: rows made in the
-database, points written straight into the store (no model), files read back with pyarrow / numpy."""
+"""Vector exports (``embeddings.services.exports``: its rows and formats) against a real embedded
+store: rows made in the database, points written straight into the store (no model), files read
+back with pyarrow / numpy."""
 from __future__ import annotations
 
 import hashlib
@@ -16,7 +17,8 @@ import pytest
 from embeddings import runtime, spaces
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, Lane
-from embeddings.services import exports
+from embeddings.services.exports import formats as export_formats
+from embeddings.services.exports import rows as export_rows
 from workers.ids import point_id
 from workers.vector_store import Point
 
@@ -57,7 +59,7 @@ def stored(rows) -> dict[str, np.ndarray]:
 
 
 def read_parquet(export, pages=None) -> pa.Table:
-    data = b"".join(exports.write_parquet(export, export.pages() if pages is None else pages))
+    data = b"".join(export_formats.write_parquet(export, export.pages() if pages is None else pages))
     return pq.read_table(io.BytesIO(data))
 
 
@@ -68,7 +70,7 @@ def assert_bit_equal(got: np.ndarray, want: np.ndarray) -> None:
 def test_parquet_has_every_row_with_its_exact_vector_and_the_space(service, user, other_user):
     mine = seed(user, 23, tag="a")
     seed(other_user, 4, tag="b")
-    export = exports.export_start(user=user, page_rows=5)  # 5 pages, the last one short
+    export = export_rows.export_start(user=user, page_rows=5)  # 5 pages, the last one short
     table = read_parquet(export)
     assert table.num_rows == 23
     assert table.schema.field("vector").type == pa.list_(pa.float32(), 512)
@@ -104,7 +106,7 @@ def test_rows_without_a_vector_are_left_out_and_skipped_duplicates_share_their_o
     Image.objects.create(owner=user, lane=Lane.BULK, status=ImageStatus.SKIPPED, sha256=queued.sha256,
                          size_bytes=10, storage_key=queued.storage_key, model_id=queued.model_id,
                          duplicate_of=queued)  # its original has no vector yet: neither has it
-    table = read_parquet(exports.export_start(user=user))
+    table = read_parquet(export_rows.export_start(user=user))
     rows = {r["id"]: r for r in table.to_pylist()}
     assert set(rows) == {str(im.id) for im in embedded} | {str(dup.id)}
     assert (rows[str(dup.id)]["external_id"], json.loads(rows[str(dup.id)]["metadata"])) == ("dup", {"copy": True})
@@ -117,23 +119,23 @@ def test_owner_isolation_staff_and_the_job_filter(service, user, other_user, sta
     loose = seed(user, 3, tag="l")
     theirs = seed(other_user, 5, tag="o")
     ids = lambda export: set(read_parquet(export).column("id").to_pylist())  # noqa: E731
-    assert ids(exports.export_start(user=user)) == {str(im.id) for im in in_job + loose}
-    assert ids(exports.export_start(user=other_user)) == {str(im.id) for im in theirs}
-    assert ids(exports.export_start(user=staff)) == {str(im.id) for im in in_job + loose + theirs}
-    export = exports.export_start(user=user, job_id=str(job.id))
+    assert ids(export_rows.export_start(user=user)) == {str(im.id) for im in in_job + loose}
+    assert ids(export_rows.export_start(user=other_user)) == {str(im.id) for im in theirs}
+    assert ids(export_rows.export_start(user=staff)) == {str(im.id) for im in in_job + loose + theirs}
+    export = export_rows.export_start(user=user, job_id=str(job.id))
     assert ids(export) == {str(im.id) for im in in_job} and export.space_info()["job_id"] == str(job.id)
     with pytest.raises(ApplicationError) as e:  # another's job is no job
-        exports.export_start(user=other_user, job_id=str(job.id))
+        export_rows.export_start(user=other_user, job_id=str(job.id))
     assert (e.value.status, e.value.code) == (404, "not_found")
-    assert ids(exports.export_start(user=staff, job_id=str(job.id))) == {str(im.id) for im in in_job}
+    assert ids(export_rows.export_start(user=staff, job_id=str(job.id))) == {str(im.id) for im in in_job}
     with pytest.raises(ApplicationError) as e:
-        exports.export_start(user=user, model_id="no/such/space")
+        export_rows.export_start(user=user, model_id="no/such/space")
     assert (e.value.status, e.value.code) == (404, "not_found")
 
 
 def test_a_long_export_sees_deletions_after_its_page_and_no_rows_created_after_it_began(service, user):
     rows = sorted(seed(user, 12, tag="d"), key=lambda im: str(im.id))
-    export = exports.export_start(user=user, page_rows=4)
+    export = export_rows.export_start(user=user, page_rows=4)
     pages = export.pages()
     first = next(pages)
     assert first.ids == [str(im.id) for im in rows[:4]]
@@ -150,8 +152,8 @@ def test_jsonl_rows_are_the_stored_vectors_in_either_format(service, user):
     mine = seed(user, 7, tag="js")
     want = stored(mine)
     for fmt in ("float", "base64"):
-        export = exports.export_start(user=user, page_rows=3)
-        lines = b"".join(exports.export_stream(export, "jsonl", vector_format=fmt)).decode().splitlines()
+        export = export_rows.export_start(user=user, page_rows=3)
+        lines = b"".join(export_formats.export_stream(export, "jsonl", vector_format=fmt)).decode().splitlines()
         assert len(lines) == 7
         for line in lines:
             row = json.loads(line)
@@ -164,8 +166,8 @@ def test_jsonl_rows_are_the_stored_vectors_in_either_format(service, user):
 
 def test_npz_holds_vectors_ids_and_space(service, user):
     mine = seed(user, 11, tag="np")
-    export = exports.export_start(user=user, page_rows=4)
-    data = b"".join(exports.export_stream(export, "npz"))
+    export = export_rows.export_start(user=user, page_rows=4)
+    data = b"".join(export_formats.export_stream(export, "npz"))
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         assert [i.compress_type for i in z.infolist()] == [zipfile.ZIP_STORED] * 3
         assert z.namelist() == ["space.json", "ids.parquet", "vectors.npy"]
@@ -181,8 +183,8 @@ def test_npz_holds_vectors_ids_and_space(service, user):
 
 
 def test_an_empty_export_is_a_valid_empty_file(service, user):
-    for fmt in exports.FORMATS:
-        data = b"".join(exports.export_stream(exports.export_start(user=user), fmt))
+    for fmt in export_formats.FORMATS:
+        data = b"".join(export_formats.export_stream(export_rows.export_start(user=user), fmt))
         if fmt == "parquet":
             assert pq.read_table(io.BytesIO(data)).num_rows == 0
         elif fmt == "jsonl":
@@ -195,12 +197,12 @@ def test_unknown_formats_are_refused_before_any_store_call(service, user, monkey
     from embeddings import sink
 
     monkeypatch.setattr(sink, "store_call", lambda *a, **k: pytest.fail("no store call expected"))
-    export = exports.export_start(user=user)
+    export = export_rows.export_start(user=user)
     with pytest.raises(ApplicationError) as e:
-        exports.export_stream(export, "csv")
+        export_formats.export_stream(export, "csv")
     assert (e.value.status, e.value.code) == (400, "unsupported_export_format")
     with pytest.raises(ApplicationError) as e:
-        exports.export_stream(export, "parquet", vector_format="base64")
+        export_formats.export_stream(export, "parquet", vector_format="base64")
     assert (e.value.status, e.value.code) == (400, "invalid")
 
 
@@ -212,7 +214,7 @@ def test_one_store_call_per_page(service, user, monkeypatch):
     real = sink.store_call
     monkeypatch.setattr(sink, "store_call",
                         lambda name, *a, **k: calls.append((name, len(a[0]))) or real(name, *a, **k))
-    assert read_parquet(exports.export_start(user=user, page_rows=4)).num_rows == 10
+    assert read_parquet(export_rows.export_start(user=user, page_rows=4)).num_rows == 10
     assert calls == [("point_vectors", 4), ("point_vectors", 4), ("point_vectors", 2)]
 
 
@@ -224,7 +226,7 @@ def test_rows_from_before_a_model_switch_count_once_their_bytes_are_in_the_space
     Image.objects.create(owner=user, lane=Lane.BULK, status=ImageStatus.EMBEDDED, sha256=copy.sha256, size_bytes=10,
                          storage_key=copy.storage_key, model_id=spaces.active().model_id, source=copy,
                          point_id=point_id(copy.sha256, spaces.active().model_id))  # its migration copy
-    ids = set(read_parquet(exports.export_start(user=user)).column("id").to_pylist())
+    ids = set(read_parquet(export_rows.export_start(user=user)).column("id").to_pylist())
     assert ids == {str(mine[1].id), str(mine[2].id)}  # the copy itself is never a row of its own
 
 

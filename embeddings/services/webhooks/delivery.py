@@ -1,4 +1,5 @@
-"""Sending webhook messages (issue 42, docs/webhooks.md): sign, POST, record, reschedule.
+"""Sending webhook messages (issue 42, docs/webhooks.md): queue, sign, POST, record, reschedule,
+and send again on request (:func:`delivery_redeliver`).
 
 One attempt is one ``send_webhook_delivery`` task on the ``fetch`` queue (threads pool, no model):
 a receiver that never answers holds one thread for at most ``WEBHOOK_TIMEOUT_S`` and never delays
@@ -24,16 +25,17 @@ import logging
 import time
 
 from django.conf import settings
+from django.db import transaction
 from django.utils import timezone
 
-from embeddings import runtime
+from embeddings import dispatch, runtime
 from embeddings.models import (
     DeliveryStatus,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
 )
-from embeddings.services import webhooks
+from embeddings.services.webhooks.endpoints import SECRET_PREFIX
 from workers.errors import ImageRejected, Reason
 
 log = logging.getLogger(__name__)
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 #: Past the timeout, the time a started attempt keeps its lease (recording it, a slow database):
 #: after it, an attempt whose worker died is due again.
 ATTEMPT_MARGIN_S = 60.0
+#: A queued attempt has this long to start before the reconciler queues it again (a lost message).
+DISPATCH_LEASE = dt.timedelta(minutes=5)
 #: Deliveries the reconciler queues per round (the rest wait for the next round).
 DUE_BATCH = 1000
 
@@ -55,7 +59,7 @@ def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
         timestamp: the ``webhook-timestamp`` (Unix s, integer).
         body: the exact body bytes sent.
     """
-    key = base64.b64decode(secret.removeprefix(webhooks.SECRET_PREFIX))
+    key = base64.b64decode(secret.removeprefix(SECRET_PREFIX))
     mac = hmac.new(key, f"{message_id}.{timestamp}.".encode() + body, hashlib.sha256).digest()
     return "v1," + base64.b64encode(mac).decode("ascii")
 
@@ -141,7 +145,7 @@ def _settle(delivery: WebhookDelivery, attempt: int, started: dt.datetime, *, ok
 
 def deliveries_due_send(*, now: dt.datetime | None = None, limit: int = DUE_BATCH) -> int:
     """Queue the next attempt of every pending delivery due by ``now`` (the reconciler, each
-    round). Each is first pushed :data:`webhooks.DISPATCH_LEASE` ahead by a conditional update, so a
+    round). Each is first pushed :data:`DISPATCH_LEASE` ahead by a conditional update, so a
     second round (or a second reconciler) does not queue it again while its message waits.
 
     Returns:
@@ -154,7 +158,27 @@ def deliveries_due_send(*, now: dt.datetime | None = None, limit: int = DUE_BATC
     for delivery_id, attempts, at in due:
         if WebhookDelivery.objects.filter(id=delivery_id, attempts=attempts, next_attempt_at=at,
                                           status=DeliveryStatus.PENDING).update(
-                next_attempt_at=timezone.now() + webhooks.DISPATCH_LEASE):
-            webhooks.delivery_queue(delivery_id=delivery_id, attempt=attempts + 1)
+                next_attempt_at=timezone.now() + DISPATCH_LEASE):
+            delivery_queue(delivery_id=delivery_id, attempt=attempts + 1)
             sent += 1
     return sent
+
+
+def delivery_queue(*, delivery_id: int, attempt: int) -> None:
+    """Queue ``attempt`` of a delivery on the fetch queue. A failure to publish (broker down) is
+    logged: the row stays due, and the reconciler queues it again after :data:`DISPATCH_LEASE`."""
+    try:
+        dispatch.send_webhook_delivery(delivery_id=delivery_id, attempt=attempt)
+    except Exception:
+        log.exception("webhook delivery %s: attempt %s not queued; the reconciler will", delivery_id, attempt)
+
+
+def delivery_redeliver(*, delivery: WebhookDelivery) -> WebhookDelivery:
+    """Send a delivery again from its first attempt, whatever its status (same ``webhook-id``: a
+    receiver that had it deduplicates). Its attempt log is kept."""
+    now = timezone.now()
+    WebhookDelivery.objects.filter(id=delivery.id).update(status=DeliveryStatus.PENDING, attempts=0,
+                                                          next_attempt_at=now + DISPATCH_LEASE)
+    transaction.on_commit(lambda: delivery_queue(delivery_id=delivery.id, attempt=1))
+    delivery.refresh_from_db()
+    return delivery
