@@ -206,12 +206,12 @@ def test_unknown_urls_outside_api_get_the_sites_page(client):
 
 
 def test_an_unhandled_error_answers_json_500(service, user, monkeypatch):
-    from embeddings.api import views
+    from embeddings.api import images
 
     def boom(u):
         raise RuntimeError("secret detail")
 
-    monkeypatch.setattr(views, "images_visible_to", boom)
+    monkeypatch.setattr(images, "images_visible_to", boom)
     c = client_for(user)
     c.raise_request_exception = False
     r = c.get("/api/images/")
