@@ -36,8 +36,7 @@ from embeddings.services import webhook_delivery, webhooks
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.lifecycle import cutoff, gate, model_migrations
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import client_for, jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
