@@ -140,7 +140,7 @@ bench-model: setup
 bench-duplicates: setup
 	$(PY) -m benchmarks.duplicates $(BENCH_ARGS)
 
-# The versioned OpenAPI schema (tests/embeddings/test_schema.py fails when the served one differs):
+# The versioned OpenAPI schema (tests/embeddings/api/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.
 schema: setup
 	$(PY) manage.py spectacular --file docs/openapi.yaml --validate --fail-on-warn

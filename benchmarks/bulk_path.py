@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks._common import ROOT, distinct_photos, machine, machine_line, pyplot, write_folder  # noqa: E402
-from benchmarks.lanes import Client, _bases, ingest, scratch_database, wait_job  # noqa: E402
+from benchmarks.lanes import Client, base_images, ingest, scratch_database, wait_job  # noqa: E402
 from benchmarks.migration import picture  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     images = out / "images"
     shutil.rmtree(images, ignore_errors=True)
     write_folder(images / "originals", originals)
-    bases = _bases()
+    bases = base_images()
     write_folder(images / "catalogue", ((f"p{i:06d}.jpg", picture(bases, i + 1000)) for i in range(args.images)))
     print(f"{args.images} catalogue pictures written", flush=True)
 

@@ -43,7 +43,7 @@ def _variants(info):
     import simplejpeg
 
     from workers.containers import jpeg_scale
-    from workers.decode import _CV_REDUCE, _CV_RGB
+    from workers.decode import CV_REDUCE, CV_RGB
 
     scale = jpeg_scale(info.width, info.height, MODEL_SIDE, False)
     reduced = {"min_height": -(-info.height // scale), "min_width": -(-info.width // scale)}
@@ -51,9 +51,9 @@ def _variants(info):
     cv = lambda flags: lambda d: cv2.imdecode(np.frombuffer(d, np.uint8), flags)  # noqa: E731
     sj = lambda **kw: lambda d: simplejpeg.decode_jpeg(d, "rgb", strict=False, **kw)  # noqa: E731
     return {
-        "opencv full": cv(_CV_RGB),
+        "opencv full": cv(CV_RGB),
         "simplejpeg full": sj(),
-        f"opencv 1/{scale}": cv(_CV_RGB | _CV_REDUCE[scale]),
+        f"opencv 1/{scale}": cv(CV_RGB | CV_REDUCE[scale]),
         f"simplejpeg 1/{scale}": sj(**reduced),
         "simplejpeg finest M/8": sj(**finest),
         "simplejpeg 1/s fastdct+fastupsample": sj(fastdct=True, fastupsample=True, **reduced),

@@ -68,7 +68,7 @@ INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.lane_control
 
 # --- images ---------------------------------------------------------------------------------------
 
-def _bases(limit: int = 84) -> list[np.ndarray]:
+def base_images(limit: int = 84) -> list[np.ndarray]:
     """Decoded real photos (BGR) from the first existing folder of ``_common.PHOTO_DIRS``, or
     synthetic smooth images when there is none."""
     bases = []
@@ -358,7 +358,7 @@ def main(argv=None) -> int:
         return prefill_main(args, out)
     n = args.bulk_images
     print(f"preparing {2 * n + 2 * args.requests + 64 + 10} distinct images in {out}/images ...", flush=True)
-    bases = _bases()
+    bases = base_images()
     images = out / "images"
     import shutil
 
@@ -500,7 +500,7 @@ def prefill_main(args, out: Path) -> int:
     """``--prefill``: phase (1) on an empty and on a pre-filled store, stacks taking turns; p95 ratio."""
     import shutil
 
-    bases = _bases()
+    bases = base_images()
     counter = iter(range(10**6, 10**9))
     env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
            "VECTOR_STORE": "edge", "QDRANT_URL": ""}

@@ -48,7 +48,7 @@ from benchmarks._common import wait_for, write_folder  # noqa: E402
 from benchmarks.lanes import (  # noqa: E402
     Client,
     Sample,
-    _bases,
+    base_images,
     ingest,
     percentile,
     scratch_database,
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    bases = _bases()
+    bases = base_images()
     shutil.rmtree(out / "images", ignore_errors=True)
     catalogue = write_folder(out / "images" / "catalogue", ((f"img{i:06d}.jpg", picture(bases, i))
                                                              for i in range(args.images)))

@@ -5,8 +5,8 @@ from django.views.generic import RedirectView
 
 from embeddings.admin import view_on_site as admin_view_on_site
 from embeddings.api.embeddings import OpenAIEmbeddingsView
+from embeddings.api.health import healthz
 from embeddings.api.schema import DocsView, SchemaView
-from embeddings.api.views import healthz
 from embeddings.metrics import metrics_view
 from embeddings.site.thumbnails import ThumbnailView
 

@@ -12,7 +12,7 @@ again), no parameters, and the reason in ``content_type_error``; reading the bod
 URLs that never read the body (``/healthz``) answer as usual.
 
 Django's test client builds a plain ``WSGIRequest`` in its own handler, so it cannot send such a
-header; tests call :data:`application` itself (tests/embeddings/test_multipart.py) or gunicorn
+header; tests call :data:`application` itself (tests/embeddings/api/test_parsers.py) or gunicorn
 (tests/e2e/test_hostile_requests.py).
 """
 import os

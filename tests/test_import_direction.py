@@ -34,10 +34,14 @@ GENERATED = ROOT / "embeddings" / "migrations"
 URL_WIRING = {("project", "embeddings")}
 
 
-def modules() -> dict[str, Path]:
-    """``{dotted name: file}`` of every module of the project's packages."""
+#: Where a private name may not be imported from: the project's packages and its tests.
+OWN = (*PACKAGES, "tests")
+
+
+def modules(packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of ``packages`` (default: the project's)."""
     out = {}
-    for package in PACKAGES:
+    for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             if GENERATED in path.parents:
                 continue
@@ -45,6 +49,16 @@ def modules() -> dict[str, Path]:
             parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
             out[".".join(parts)] = path
     return out
+
+
+def from_module(node: ast.ImportFrom, package: str) -> str:
+    """The dotted module a ``from ... import`` reads, a relative one resolved against ``package``
+    (the importing module's package: ``from . import x`` in ``a.b.c`` reads ``a.b``)."""
+    base = node.module or ""
+    if node.level:
+        anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
 
 
 def raw_imports(name: str, path: Path) -> set[str]:
@@ -56,12 +70,28 @@ def raw_imports(name: str, path: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
-                base = ".".join([*anchor, base] if base else anchor)
+            base = from_module(node, package)
             found.add(base)
             found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def private_imports(name: str, source: str, *, is_package: bool = False) -> list[str]:
+    """``["module:_name", ...]``: every ``from module import _name`` (``as`` any alias, on one line
+    or in parentheses over several, at module level or inside a function) in ``source``, the text of
+    module ``name``, where ``module`` (relative imports resolved) is in one of :data:`OWN`. A leading
+    underscore says "this module's own": another module that needs it needs a public name. Dunder
+    names (``__version__``) are public.
+    """
+    package = name if is_package else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = from_module(node, package)
+            if base.split(".")[0] not in OWN:
+                continue
+            found += [f"{base}:{a.name}" for a in node.names
+                      if a.name.startswith("_") and not (a.name.startswith("__") and a.name.endswith("__"))]
     return found
 
 
@@ -224,3 +254,38 @@ def test_a_circle_is_detected():
     layered = {"p.x.a": {"p.y.b"}, "p.y.b": {"p.x.c"}, "p.x.c": set()}  # no module circle, a room circle
     assert circles(layered) == []
     assert circles(rooms(layered, "p")) == [{"p.x", "p.y"}]
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A ``_name`` is its module's own: no module of the project or its tests imports one
+    from another of them."""
+    offenders = {}
+    for name, path in modules(OWN).items():
+        found = private_imports(name, path.read_text(), is_package=path.name == "__init__.py")
+        if found:
+            offenders[name] = found
+    assert offenders == {}
+
+
+def test_a_private_import_is_detected():
+    """The check fails on a private import, also in parentheses over several lines, aliased, relative,
+    or inside a function (guards against a reader that silently sees nothing)."""
+    source = """
+from embeddings.api.search import parse_examples as _alias, SEARCH_FILES
+from embeddings.api.search import (
+    SearchView,
+    _hidden as shown,
+)
+from . import _sibling
+from ..services import _helper
+from tests.conftest import __doc__, _fixture
+from django.conf import _private_of_a_library
+
+
+def f():
+    from workers.vector_store import _inner
+"""
+    assert private_imports("embeddings.api.tokens", source) == [
+        "embeddings.api.search:_hidden", "embeddings.api:_sibling", "embeddings.services:_helper",
+        "tests.conftest:_fixture", "workers.vector_store:_inner"]
+    assert private_imports("embeddings.api", "from . import _x", is_package=True) == ["embeddings.api:_x"]

@@ -13,7 +13,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 os.environ.setdefault("DJANGO_SECRET_KEY", "import-probe")
 import django
 django.setup()
-import project.urls, project.wsgi, embeddings.tasks, embeddings.admin, embeddings.api.views  # noqa
+import project.urls, project.wsgi, embeddings.tasks, embeddings.admin, embeddings.api.urls  # noqa
 import embeddings.services.pipeline, embeddings.services.interactive.upload, embeddings.services.interactive.search  # noqa
 from project.celery import app
 app.loader.import_default_modules()

@@ -124,10 +124,10 @@ _PILLOW_ERRORS = (
 )
 
 # cv2 flag bits: colour output in RGB order, no EXIF rotation (we apply it), DCT reduction.
-_CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
+CV_RGB = cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION
 _CV_UNCHANGED = cv2.IMREAD_UNCHANGED  # UNCHANGED never rotates
-_CV_REDUCE = {1: 0, 2: cv2.IMREAD_REDUCED_COLOR_2 & ~cv2.IMREAD_COLOR,
-              4: cv2.IMREAD_REDUCED_COLOR_4 & ~cv2.IMREAD_COLOR, 8: cv2.IMREAD_REDUCED_COLOR_8 & ~cv2.IMREAD_COLOR}
+CV_REDUCE = {1: 0, 2: cv2.IMREAD_REDUCED_COLOR_2 & ~cv2.IMREAD_COLOR,
+             4: cv2.IMREAD_REDUCED_COLOR_4 & ~cv2.IMREAD_COLOR, 8: cv2.IMREAD_REDUCED_COLOR_8 & ~cv2.IMREAD_COLOR}
 
 
 #: OpenCV refuses to decode an image with a side longer than this (``CV_IO_MAX_IMAGE_WIDTH`` /
@@ -308,7 +308,7 @@ def _decode_jpeg(data: bytes, max_pixels: int, min_side: int | None) -> DecodedI
             rgb = None  # what TurboJPEG refuses, OpenCV decides (and refuses with a reason)
     if rgb is None:
         try:
-            rgb = cv2.imdecode(np.frombuffer(data, np.uint8), _CV_RGB | _CV_REDUCE[scale])
+            rgb = cv2.imdecode(np.frombuffer(data, np.uint8), CV_RGB | CV_REDUCE[scale])
         except cv2.error as e:
             raise ImageRejected(Reason.CORRUPT, f"libjpeg could not decode this JPEG: {e}") from e
     if rgb is None:
@@ -335,7 +335,7 @@ def _decode_png(data: bytes, max_pixels: int) -> DecodedImage:
     # the raw samples so that we composite and scale by our rules rather than libpng's defaults.
     plain = info.color_type in (0, 2, 3) and not info.trns and info.depth <= 8
     try:
-        arr = cv2.imdecode(np.frombuffer(data, np.uint8), _CV_RGB if plain else _CV_UNCHANGED)
+        arr = cv2.imdecode(np.frombuffer(data, np.uint8), CV_RGB if plain else _CV_UNCHANGED)
     except cv2.error as e:
         raise ImageRejected(Reason.CORRUPT, f"libpng could not decode this PNG: {e}") from e
     if arr is None:
@@ -509,7 +509,7 @@ def _decode_opencv(data: bytes, fmt: str, width: int, height: int, orientation: 
             Reason.UNSUPPORTED_FORMAT, f"{what}: {width}x{height} has a side longer than OpenCV decodes ({_CV_MAX_SIDE})"
         )
     try:
-        rgb = cv2.imdecode(np.frombuffer(data, np.uint8), _CV_RGB)
+        rgb = cv2.imdecode(np.frombuffer(data, np.uint8), CV_RGB)
     except cv2.error as e:
         raise ImageRejected(Reason.CORRUPT, f"{what}: OpenCV could not decode it: {e}") from e
     if rgb is None:

@@ -15,12 +15,12 @@ from rest_framework.views import APIView
 
 from embeddings.api import json_input
 from embeddings.api.catalogue_fields import with_identities
-from embeddings.api.errors import exception_handler
+from embeddings.api.errors import ErrorSerializer, exception_handler
+from embeddings.api.form_input import FormSerializer, StrictBooleanField
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
+from embeddings.api.request_body import check_parts, parsed, uploaded_files
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
-from embeddings.api.serializers import ErrorSerializer, FormSerializer, StrictBooleanField
-from embeddings.api.views import _check_parts, _files, _parsed
 from embeddings.errors import ApplicationError
 from embeddings.messages import decode_vector
 from embeddings.services.interactive import embed as embed_services
@@ -299,9 +299,9 @@ class EmbeddingsView(APIView):
                                         + ERROR_STATUS[422]),
                    **errors(429, 503, 504)})
     def post(self, request):
-        data, files = _parsed(request)
-        _check_parts(data, files, file_fields=("files",))
-        uploads = _files(files, "files")
+        data, files = parsed(request)
+        check_parts(data, files, file_fields=("files",))
+        uploads = uploaded_files(files, "files")
         raw = data.get("inputs") if hasattr(data, "get") else None
         if raw is not None and not isinstance(raw, (list, str)):
             raise ApplicationError("inputs must be an array", code="invalid_input", extra={"index": None})
@@ -425,7 +425,7 @@ class OpenAIEmbeddingsView(APIView):
         responses={200: OpenAIEmbeddingListSerializer, **openai_errors(400, 401, 404, 413, 415, 429, 503, 504)})
     # 413: a body over DATA_UPLOAD_MAX_MEMORY_SIZE; 415: a Content-Type other than JSON
     def post(self, request):
-        data, _ = _parsed(request)
+        data, _ = parsed(request)
         if not isinstance(data, dict):
             raise ApplicationError("the body must be a JSON object", code="invalid_input", extra={"param": None})
         if "input" not in data:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -75,3 +75,11 @@ def exception_handler(exc, context):
 
 
 __all__ = ["exception_handler", "error_response", "as_application_error", "status"]
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape (``embeddings.api.errors``): a stable ``code`` and facts in ``extra``."""
+
+    message = serializers.CharField()
+    code = serializers.CharField(help_text="stable reason code: not_found, invalid, overloaded, ...")
+    extra = serializers.DictField(help_text="facts of the refusal (limit names and values, fields)")

@@ -7,13 +7,25 @@ import json
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
 from rest_framework.views import APIView
 
+from embeddings.api.form_input import FormSerializer
 from embeddings.api.parsers import AnyAccept
 from embeddings.api.schema import RETRY_AFTER, errors
-from embeddings.api.serializers import VectorExportQuerySerializer
+from embeddings.api.vector_fields import VECTOR_FORMAT_HELP
 from embeddings.services.exports import formats as export_formats
 from embeddings.services.exports import rows as export_rows
+
+
+class VectorExportQuerySerializer(FormSerializer):
+    """Query parameters of ``GET /api/exports/vectors.{format}``."""
+
+    job = serializers.UUIDField(required=False, help_text="only this job's images (one of yours; any job for staff)")
+    space = serializers.CharField(required=False, max_length=200,
+                                  help_text="the embedding space's model_id (default: the active one)")
+    vector_format = serializers.ChoiceField(choices=["float", "base64"], default="float",
+                                            help_text="JSON Lines only: " + VECTOR_FORMAT_HELP)
 
 
 class VectorExportView(APIView):

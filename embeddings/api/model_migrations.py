@@ -10,9 +10,10 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.form_input import StrictBooleanField
+from embeddings.api.jobs import JobProgressSerializer, JobSerializer
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import RETRY_AFTER, errors
-from embeddings.api.serializers import JobProgressSerializer, JobSerializer, StrictBooleanField
 from embeddings.models import EmbeddingSpace, SpaceState
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.lifecycle import gate

@@ -17,8 +17,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.renderers import JSONRenderer
 
+from embeddings.api.errors import ErrorSerializer
 from embeddings.api.parsers import AnyAccept
-from embeddings.api.serializers import ErrorSerializer
 
 #: What each error status means in this service (README "API"); the ``code`` values are stable.
 ERROR_STATUS = {

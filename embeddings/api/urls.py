@@ -1,20 +1,24 @@
 from django.urls import path
 
-from embeddings.api import views
 from embeddings.api import embeddings
 from embeddings.api import model_migrations as migrations
 from embeddings.api import webhooks
 from embeddings.api import exports
 from embeddings.api import duplicates
+from embeddings.api import images
+from embeddings.api import jobs
+from embeddings.api import search
+from embeddings.api import stats
+from embeddings.api import tokens
 
 urlpatterns = [
-    path("auth/token/", views.TokenView.as_view(), name="api-token"),
-    path("images/", views.ImageUploadView.as_view(), name="images"),
-    path("images/<uuid:image_id>/", views.ImageDetailView.as_view(), name="image-detail"),
-    path("jobs/", views.JobListView.as_view(), name="jobs"),
-    path("jobs/<uuid:job_id>/", views.JobDetailView.as_view(), name="job-detail"),
-    path("jobs/<uuid:job_id>/<str:action>/", views.JobActionView.as_view(), name="job-action"),
-    path("search/", views.SearchView.as_view(), name="search"),
+    path("auth/token/", tokens.TokenView.as_view(), name="api-token"),
+    path("images/", images.ImageUploadView.as_view(), name="images"),
+    path("images/<uuid:image_id>/", images.ImageDetailView.as_view(), name="image-detail"),
+    path("jobs/", jobs.JobListView.as_view(), name="jobs"),
+    path("jobs/<uuid:job_id>/", jobs.JobDetailView.as_view(), name="job-detail"),
+    path("jobs/<uuid:job_id>/<str:action>/", jobs.JobActionView.as_view(), name="job-action"),
+    path("search/", search.SearchView.as_view(), name="search"),
     path("duplicates/", duplicates.DuplicateListView.as_view(), name="duplicates"),
     path("duplicates/scan/", duplicates.DuplicateScanView.as_view(), name="duplicates-scan"),
     path("duplicates/<uuid:group_id>/", duplicates.DuplicateDetailView.as_view(), name="duplicate-detail"),
@@ -22,7 +26,7 @@ urlpatterns = [
     path("duplicates/<uuid:group_id>/not-duplicates/", duplicates.DuplicateDismissView.as_view(),
          name="duplicate-dismiss"),
     path("embeddings/", embeddings.EmbeddingsView.as_view(), name="embeddings"),
-    path("stats/", views.StatsView.as_view(), name="stats"),
+    path("stats/", stats.StatsView.as_view(), name="stats"),
     path("exports/vectors.<str:fmt>", exports.VectorExportView.as_view(), name="vector-export"),
     path("migrations/", migrations.MigrationListView.as_view(), name="migrations"),
     path("migrations/<int:space_id>/", migrations.MigrationDetailView.as_view(), name="migration-detail"),

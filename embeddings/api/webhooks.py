@@ -14,10 +14,10 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.form_input import StrictBooleanField
+from embeddings.api.pagination import NewestFirst
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import errors
-from embeddings.api.serializers import StrictBooleanField
-from embeddings.api.pagination import NewestFirst
 from embeddings.api.webhook_fields import WebhookCreatedSerializer, WebhookSerializer
 from embeddings.errors import ApplicationError
 from embeddings.models import (

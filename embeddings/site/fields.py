@@ -50,13 +50,13 @@ NUMBER_CHARS = 24
 #: (9 bytes in the search URL, 15 once that URL is the ``next`` of the sign-in URL).
 _WIDEST = "\u4e2d"
 #: The longest value a browser's date input sends (year 275760, the end of ECMAScript's time range).
-_LONGEST_DATE = "275760-09-13"
+LONGEST_DATE = "275760-09-13"
 #: The diversity the search page's "diverse results" toggle sends (MMR's 1 − lambda, docs/search.md):
 #: halfway between the plain top-k (0) and the candidates least like the hits picked before (1).
 DIVERSE = 0.5
 #: The longest ``format(x, "g")`` of a float in [0, 1] (a subnormal): the page writes a diversity so
 #: in its links and its toggle (:func:`diversity_text`).
-_LONGEST_DIVERSITY = "4.94066e-324"
+LONGEST_DIVERSITY = "4.94066e-324"
 #: The search by examples' strategies in words, in ``workers.vector_store.STRATEGIES`` order.
 STRATEGY_WORDS = {"best_score": "best score", "sum_scores": "sum of scores", "average_vector": "average vector"}
 
@@ -284,7 +284,7 @@ def search_maxlengths(declared: dict[str, str]) -> dict[str, int]:
 def _search_maxlengths(declared: tuple[tuple[str, str], ...]) -> tuple[tuple[str, int], ...]:
     an_id = str(uuid.UUID(int=0))
     # the page's own links add like / all to the form's fields; the toggle or a link, a diversity
-    fixed = {"like": an_id, "job": an_id, "all": "1", "diversity": _LONGEST_DIVERSITY}
+    fixed = {"like": an_id, "job": an_id, "all": "1", "diversity": LONGEST_DIVERSITY}
     numbers, shared = {}, {"q": SEARCH_TEXT_CHARS}
     for field, kind in declared:
         for suffix, _ in _inputs(field, kind):
@@ -294,7 +294,7 @@ def _search_maxlengths(declared: tuple[tuple[str, str], ...]) -> tuple[tuple[str
             elif kind in ("integer", "float"):
                 numbers[name] = NUMBER_CHARS
             else:
-                fixed[name] = _LONGEST_DATE if kind == "datetime" else "yes"
+                fixed[name] = LONGEST_DATE if kind == "datetime" else "yes"
     room = REQUEST_LINE_BYTES - len("GET  HTTP/1.1")
 
     def sizes(per_mille: int) -> dict[str, int]:

@@ -164,15 +164,15 @@ def search(request):
     elif query or by_examples:
         try:
             from embeddings import spaces
-            from embeddings.api.views import _examples
+            from embeddings.api.search import parse_examples
             from embeddings.services.lifecycle import cutoff
 
             opts = options.options()
             where = filters.where()
             scope = {"user": request.user, "k": SEARCH_K, "job_id": job, "where": where, "diversity": opts["diversity"]}
             if by_examples:  # the API's checks, in its order: each list, then the service's
-                found = example_services.search_examples(positive=_examples(examples["positive"], "positive"),
-                                                         negative=_examples(examples["negative"], "negative"),
+                found = example_services.search_examples(positive=parse_examples(examples["positive"], "positive"),
+                                                         negative=parse_examples(examples["negative"], "negative"),
                                                          strategy=opts["strategy"], **scope)
                 ctx["results"] = _cards(found)  # a strategy's scores are not cosines: no cutoff (docs/search.md)
             else:
@@ -265,7 +265,7 @@ def job_detail(request, job_id):
     refreshes it from ``GET /api/jobs/{id}/`` once a second (``job.js``)."""
     from rest_framework.utils.encoders import JSONEncoder
 
-    from embeddings.api.serializers import JobSerializer
+    from embeddings.api.jobs import JobSerializer
 
     job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
     data = json.loads(json.dumps({**JobSerializer(job).data, **job_services.job_progress(job)}, cls=JSONEncoder))

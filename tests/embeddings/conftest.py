@@ -1,4 +1,5 @@
-"""Fixtures for the Django app: isolated state folders, eager Celery, the session's model, API clients.
+"""Fixtures for the Django app: isolated state folders, eager Celery, the session's model, API clients,
+and the small JPEG images the tests upload.
 
 Eager Celery runs every task in the test process, through the same chains and services the real
 workers run (the end-to-end tests in tests/e2e use real worker processes instead).
@@ -8,7 +9,10 @@ from __future__ import annotations
 import contextlib
 import time
 
+import cv2
+import numpy as np
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from rest_framework.test import APIClient
 
 from embeddings import runtime
@@ -81,6 +85,18 @@ def client_for(u) -> APIClient:
 @pytest.fixture
 def api(user):
     return client_for(user)
+
+
+def jpeg_bytes(seed: int, size=(200, 260)) -> bytes:
+    """A smooth random JPEG of ``size`` (height, width) pixels, the same for the same ``seed``."""
+    rng = np.random.default_rng(seed)
+    img = cv2.resize(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8), size[::-1], interpolation=cv2.INTER_CUBIC)
+    return cv2.imencode(".jpg", img)[1].tobytes()
+
+
+def upload(name: str, data: bytes) -> SimpleUploadedFile:
+    """``data`` as an uploaded ``image/jpeg`` file named ``name``."""
+    return SimpleUploadedFile(name, data, content_type="image/jpeg")
 
 
 @contextlib.contextmanager

@@ -13,8 +13,7 @@ import redis
 
 from embeddings.models import Image
 from tests.conftest import redis_server
-from tests.embeddings.conftest import celery_publishing_to
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import celery_publishing_to, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

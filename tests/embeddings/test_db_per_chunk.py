@@ -23,7 +23,7 @@ from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import pipeline
 from embeddings.services.duplicates import scan as duplicate_scans
 from embeddings.services.catalogue.sources import SourceFile
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,8 +23,7 @@ from django.test import Client
 
 from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Job, Lane
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,8 +5,7 @@ import re
 
 import pytest
 
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,8 +13,7 @@ import pytest
 from embeddings import runtime
 from embeddings.models import Image
 from tests.conftest import ROOT
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

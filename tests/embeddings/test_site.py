@@ -16,8 +16,7 @@ from django.test import Client
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus, Job
 from embeddings.storage import thumbnail_exists, thumbnail_path
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

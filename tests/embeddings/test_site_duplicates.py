@@ -11,8 +11,7 @@ from django.test import Client
 
 from embeddings import spaces
 from embeddings.models import DuplicateGroup, DuplicateMember, DuplicateScan, Image, NotDuplicate, ScanState
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

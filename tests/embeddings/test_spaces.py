@@ -56,7 +56,7 @@ def test_the_cached_row_is_used_until_it_is_older_than_space_cache_s(configured,
 @pytest.mark.django_db
 def test_a_duplicate_of_a_re_embedded_copy_names_the_users_own_image(user):
     """After a switch, a re-upload's original can be a copy row (``source`` set); users see their row."""
-    from embeddings.api.serializers import ImageSerializer
+    from embeddings.api.images import ImageSerializer
     from embeddings.models import Image, ImageStatus
 
     def row(**kw):

@@ -176,7 +176,7 @@ def test_uploads_and_jobs_store_in_the_bucket_and_embed_from_it(moto, service, a
     """The API with ``STORAGES["blobs"]`` on S3 (eager Celery: the worker code reads the bucket):
     uploads and a job are embedded, identical bytes stored once, and deleting the last image that
     names the bytes deletes the object, its thumbnail and its preview; nothing lands under ``BLOB_ROOT``."""
-    from tests.embeddings.test_api import jpeg_bytes, upload
+    from tests.embeddings.conftest import jpeg_bytes, upload
 
     prefix = "api"
     settings.STORAGES = {**settings.STORAGES, "blobs": s3_config(moto, prefix)}

@@ -18,8 +18,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 
 from embeddings import transport
 from embeddings.site.fields import (
-    _LONGEST_DATE,
-    _LONGEST_DIVERSITY,
+    LONGEST_DATE,
+    LONGEST_DIVERSITY,
     NUMBER_CHARS,
     search_maxlengths,
 )
@@ -257,14 +257,14 @@ def longest_urls(declared: dict[str, str]) -> list[str]:
     filled to its maxlength with a character of 9 URL bytes, dates the longest a browser sends, the
     page's own ``like``, ``all`` and ``diversity`` added), and the sign-in URL that carries it when signed out."""
     sizes, an_id = search_maxlengths(declared), str(uuid.uuid4())
-    values = {"q": "\u4e2d" * sizes["q"], "like": an_id, "job": an_id, "all": "1", "diversity": _LONGEST_DIVERSITY}
+    values = {"q": "\u4e2d" * sizes["q"], "like": an_id, "job": an_id, "all": "1", "diversity": LONGEST_DIVERSITY}
     for field, kind in declared.items():
         if kind == "keyword":
             values[f"m-{field}"] = "\u4e2d" * sizes[f"m-{field}"]
         elif kind in ("integer", "float"):
             values |= {f"m-{field}-{end}": "\u4e2d" * sizes[f"m-{field}-{end}"] for end in ("min", "max")}
         elif kind == "datetime":
-            values |= {f"m-{field}-{end}": _LONGEST_DATE for end in ("from", "to")}
+            values |= {f"m-{field}-{end}": LONGEST_DATE for end in ("from", "to")}
         else:
             values[f"m-{field}"] = "yes"
     url = "/search/?" + urlencode(values)
@@ -281,7 +281,7 @@ def test_the_longest_url_the_search_form_produces_fits_the_request_line(declared
     if not declared:  # the bound is tight: one more character of q would not fit
         assert sizes == {"q": 534}
         url = "/search/?" + urlencode({"q": "\u4e2d" * 535, "like": str(uuid.uuid4()), "job": str(uuid.uuid4()),
-                                       "all": "1", "diversity": _LONGEST_DIVERSITY})
+                                       "all": "1", "diversity": LONGEST_DIVERSITY})
         assert len(redirect_to_login(url)["Location"]) + LINE_OVERHEAD > processes.REQUEST_LINE_BYTES
 
 

@@ -55,7 +55,7 @@ from django.urls.converters import (
     UUIDConverter,
 )
 
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

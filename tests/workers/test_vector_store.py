@@ -40,7 +40,7 @@ def _server_url() -> str | None:
     return url
 
 
-def _open(kind: str, tmp_path, collection: str, dim: int = 8) -> VectorStore:
+def open_backend(kind: str, tmp_path, collection: str, dim: int = 8) -> VectorStore:
     if kind == "server":
         url = _server_url()
         if url is None:
@@ -57,7 +57,7 @@ def kind(request):
 @pytest.fixture
 def store(kind, tmp_path):
     collection = f"test_coll_{uuid.uuid4().hex[:8]}" if kind == "server" else "test_coll"
-    s = _open(kind, tmp_path, collection)
+    s = open_backend(kind, tmp_path, collection)
     s.ensure_collection()
     yield s
     if kind == "server":
@@ -195,7 +195,7 @@ def test_existing_collection_with_other_size_is_an_error_naming_both(kind, store
         other.ensure_collection()
     if kind != "server":
         other.close()
-        store = _open(kind, tmp_path, store.collection)
+        store = open_backend(kind, tmp_path, store.collection)
         store.ensure_collection()
     assert store.count() == 1  # never recreated
     if kind != "server":
@@ -208,7 +208,7 @@ def test_the_same_point_ids_and_payloads_in_every_backend(tmp_path):
            for i in range(5)]
     found = []
     for kind in ("edge", "local"):
-        s = _open(kind, tmp_path, "same")
+        s = open_backend(kind, tmp_path, "same")
         s.ensure_collection()
         s.upsert(pts)
         found.append([(h.id, round(h.score, 5), h.payload) for h in s.search(unit(2), k=5, owner_id=99)])

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workers.vector_store import Point, STRATEGIES, UnusableVector, average_vector
-from tests.workers.test_vector_store import _open
+from tests.workers.test_vector_store import open_backend
 
 N, DIM = 60, 8
 #: Scores are float32 in the engines: ties and near-ties are compared with this slack.
@@ -35,7 +35,7 @@ OWNER = [1 + i % 2 for i in range(N)]
 
 @pytest.fixture(scope="module", params=["edge", "local", "server"])
 def store(request, tmp_path_factory):
-    s = _open(request.param, tmp_path_factory.mktemp(request.param), f"examples_{uuid.uuid4().hex[:8]}", dim=DIM)
+    s = open_backend(request.param, tmp_path_factory.mktemp(request.param), f"examples_{uuid.uuid4().hex[:8]}", dim=DIM)
     s.ensure_collection()
     s.upsert([Point(IDS[i], X[i], {"owner_ids": [OWNER[i]], "job_ids": [], "sha256": str(i)}) for i in range(N)])
     yield s

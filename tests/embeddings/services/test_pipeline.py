@@ -28,7 +28,7 @@ from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.sources import SourceFile
 from project import lanes
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -25,9 +25,8 @@ from embeddings import runtime, spaces
 from embeddings.models import EmbeddingSpace, Image, ImageStatus
 from embeddings.services.lifecycle import gate
 from embeddings.services.lifecycle import model_migrations as migrations
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api_embeddings import bearer
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
+from tests.embeddings.api.test_embeddings import bearer
 from tests.embeddings.test_metrics import sample
 from tests.workers.test_screen import NAN_TEXT, poison
 

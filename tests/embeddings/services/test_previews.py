@@ -19,9 +19,8 @@ from django.core.management import call_command
 from embeddings import metrics, runtime
 from embeddings.models import Image, ImageStatus
 from embeddings.storage import BlobStore, preview_exists, preview_key, preview_read, thumbnail_exists
-from tests.embeddings.conftest import client_for
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 from tests.embeddings.services.lifecycle.test_model_migrations import S, small_encoder, two_models  # noqa: F401
-from tests.embeddings.test_api import jpeg_bytes, upload
 from workers.preview import preview_read as decode_preview
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -25,7 +25,7 @@ from embeddings.services.reconcile import (
 )
 from embeddings.services.catalogue.sources import SourceFile
 from project import lanes
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,7 +11,7 @@ from django.db import IntegrityError, transaction
 from embeddings.models import Image, ImageStatus, Job, Lane
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import jpeg_bytes, upload
 from tests.embeddings.services.catalogue.test_images import src
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,8 +15,7 @@ from embeddings.models import Image, Job
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.sources import from_folder, from_zip
 from tests.conftest import SHARED
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import client_for, jpeg_bytes
 from workers.errors import ImageRejected
 
 LIMITS = {"max_entries": 100, "max_uncompressed": 10_000_000}

@@ -16,7 +16,7 @@ from embeddings.services.catalogue.images import images_create
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.interactive.search import search
 from embeddings.services.interactive.upload import images_upload
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

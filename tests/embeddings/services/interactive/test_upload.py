@@ -12,7 +12,7 @@ from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.interactive import upload, waiting
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,8 +14,7 @@ from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Lane
 from embeddings.services.lifecycle import cutoff
 from embeddings import spaces
-from tests.embeddings.conftest import celery_publishing_to
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import celery_publishing_to, jpeg_bytes, upload
 from workers.ids import point_id
 from workers.vector_store import Point
 

@@ -20,8 +20,7 @@ from embeddings.services.lifecycle import gate
 from embeddings.services.lifecycle import model_migrations as migrations
 from embeddings.services.catalogue import copies as copies_services
 from embeddings import spaces
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 from workers.ids import point_id
 
 pytestmark = pytest.mark.django_db(transaction=True)

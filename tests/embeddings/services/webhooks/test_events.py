@@ -26,7 +26,7 @@ from embeddings.services.lifecycle import cutoff, gate, model_migrations
 from embeddings.services.webhooks import endpoints as webhook_endpoints
 from tests.embeddings.conftest import client_for
 from tests.embeddings.services.webhooks.test_delivery import drive, endpoint, receiver  # noqa: F401
-from tests.embeddings.test_api import jpeg_bytes
+from tests.embeddings.conftest import jpeg_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -13,9 +13,8 @@ import pytest
 
 from embeddings import runtime, spaces
 from embeddings.models import DuplicateGroup, DuplicateScan, GroupStatus, Image, NotDuplicate
-from tests.embeddings.conftest import client_for
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 from tests.duplicate_groups import expected_groups
-from tests.embeddings.test_api import jpeg_bytes, upload
 from workers.image_copies import copy_of
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,9 +11,8 @@ import standardwebhooks
 
 from embeddings.models import Job, WebhookDelivery, WebhookEndpoint
 from embeddings.services.webhooks import delivery as webhook_delivery
-from tests.embeddings.conftest import client_for
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 from tests.embeddings.services.webhooks.test_delivery import Receiver, drive
-from tests.embeddings.test_api import jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,7 @@ import pytest
 
 from embeddings import runtime, spaces
 from embeddings.models import Image
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,3 +195,19 @@ def test_texts_are_refused_in_a_space_without_a_text_tower(gallery, api, encoder
     assert r.status_code == 422 and r.json()["code"] == "text_tower_missing"
     r = search(api, {"positive": [{"image_id": ids[0]}], "negative": [{"image_id": ids[1]}], "k": 3})
     assert r.status_code == 200 and len(r.json()["results"]) == 3
+
+
+
+
+
+def test_search_by_text_image_and_id(service, api):
+    ids = [api.post("/api/images/", {"files": [upload(f"{i}.jpg", jpeg_bytes(300 + i))]}, format="multipart")
+           .json()["images"][0]["id"] for i in range(4)]
+    by_id = api.post("/api/search/", {"image_id": ids[2], "k": 4}, format="json").json()["results"]
+    assert by_id[0]["image_id"] == ids[2] and by_id[0]["score"] >= 0.99 and len(by_id) == 4
+    by_image = api.post("/api/search/", {"image": upload("q.jpg", jpeg_bytes(301)), "k": 2}, format="multipart")
+    assert by_image.status_code == 200 and by_image.json()["results"][0]["image_id"] == ids[1]
+    by_text = api.post("/api/search/", {"text": "a red bicycle", "k": 3}, format="json").json()["results"]
+    assert len(by_text) == 3 and {r["image_id"] for r in by_text} <= set(ids)
+    bad = api.post("/api/search/", {"text": "x", "image_id": ids[0]}, format="json")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_query"

@@ -13,8 +13,7 @@ import pytest
 
 from embeddings import runtime, spaces
 from embeddings.models import Image, ImageStatus, Lane
-from tests.embeddings.conftest import client_for
-from tests.embeddings.test_api import jpeg_bytes, upload
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 from workers.ids import point_id
 
 pytestmark = pytest.mark.django_db(transaction=True)

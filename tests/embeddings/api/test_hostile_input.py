@@ -15,8 +15,7 @@ from django.utils import timezone
 from embeddings.api.json_input import JSON_MAX_DEPTH
 from embeddings.models import Job
 from tests.conftest import SHARED
-from tests.embeddings.test_api import jpeg_bytes, upload
-from tests.embeddings.conftest import client_for
+from tests.embeddings.conftest import client_for, jpeg_bytes, upload
 
 pytestmark = pytest.mark.django_db
 
@@ -138,7 +137,7 @@ def test_json_text_in_a_form_field_has_the_same_limit(api, path, fields, field, 
 
 
 def test_metadata_text_nested_past_the_limit_is_metadata_too_deep(service, api):
-    from tests.embeddings.test_api import jpeg_bytes, upload
+    from tests.embeddings.conftest import jpeg_bytes, upload
 
     r = api.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(0))], "metadata": nested(50_000)},
                  format="multipart")
@@ -219,7 +218,7 @@ def test_the_docs_page_answers_whatever_accept_says(client):
 
 
 def test_a_thumbnail_answers_whatever_accept_says(service, api):
-    from tests.embeddings.test_api import jpeg_bytes, upload
+    from tests.embeddings.conftest import jpeg_bytes, upload
 
     r = api.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(1))]}, format="multipart")
     image = r.json()["images"][0]

@@ -2,15 +2,15 @@
 typed bodies, limits, error statuses in one component, Retry-After, pagination, staff-only marks."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from django.conf import settings
 
+from tests.conftest import ROOT
+
 pytestmark = pytest.mark.django_db
 
-SCHEMA_FILE = Path(__file__).resolve().parents[2] / "docs" / "openapi.yaml"
+SCHEMA_FILE = ROOT / "docs" / "openapi.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -157,3 +157,12 @@ def test_an_expired_message_is_a_passed_deadline_and_other_failures_say_retry_af
     with pytest.raises(ApplicationError) as e:
         _wait(_Revoked("revoked"), time.time() + 1)
     assert (e.value.status, e.value.code, e.value.headers) == (503, "worker_error", {"Retry-After": "5"})
+
+
+
+
+
+@pytest.mark.django_db(transaction=True)
+def test_openapi_schema_renders(service, api):
+    r = api.get("/api/schema/")
+    assert r.status_code == 200 and b"/api/images/" in r.content

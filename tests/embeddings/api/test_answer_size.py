@@ -1,7 +1,7 @@
 """Cost per request bounded by its size (issue 44): multipart parts counted against a limit, error
 answers of bounded size, and nothing left behind by a refused upload (temporary files, blobs).
 
-Requests go through ``project.wsgi.application`` (``tests/embeddings/test_multipart.py``'s client);
+Requests go through ``project.wsgi.application`` (``tests/embeddings/api/test_parsers.py``'s client);
 the shared case p07 (20,000 parts with empty header blocks) is sent as ``../shared/data/cases``'s
 README says when present.
 """
@@ -16,8 +16,8 @@ import pytest
 
 from embeddings.api.answer_size import BUDGET_CHARS, MAX_CHARS, MORE, bounded, bounded_error
 from embeddings.models import Image, Job
-from tests.embeddings.test_api import jpeg_bytes
-from tests.embeddings.test_multipart import CASES, Wsgi, body, file_part, needs_cases, part
+from tests.embeddings.conftest import jpeg_bytes
+from tests.embeddings.api.test_parsers import CASES, Wsgi, body, file_part, needs_cases, part
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
