@@ -2,6 +2,7 @@
 
 Two wings and the entry points above them: ``catalogue/`` (sources, images, jobs, copies in other
 spaces), ``lifecycle/`` (model migrations, quality gate, cutoff; it uses the catalogue, never the
-other way), and per request: ``upload``, ``search``, ``pipeline`` (chunks, interactive batches,
-queries, points), ``reconcile``, with ``waiting`` beneath them.
+other way), ``queues/`` (the worker side of each Celery queue: bulk chunks, interactive batches and
+queries, the vector store's writes, searches and points), and per request: ``upload``, ``search``,
+``reconcile``, with ``waiting`` beneath them.
 """
