@@ -32,10 +32,9 @@ from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services import webhooks
+from embeddings.services.catalogue.manifest_rows import ManifestRow, RowError
 from embeddings.services.catalogue.manifests import (
     ManifestError,
-    ManifestRow,
-    RowError,
     check_header,
     read_manifest,
     sniff_format,
