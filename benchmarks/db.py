@@ -4,7 +4,7 @@ For each backend a scratch database is made (a temporary SQLite file; a PostgreS
 ``clip_bench_<pid>`` created on ``--pg-url`` and dropped afterwards), migrated, and for each job
 size ``N`` a job of ``N`` synthetic queued bulk rows is inserted. Then ``--chunks`` chunks of 64
 images, taken from evenly spaced positions in the job, run through the real
-``pipeline.chunk_embed`` and ``pipeline.chunk_index``, with everything that is not the database
+``queues.bulk.chunk_embed`` and ``queues.vectors.chunk_index``, with everything that is not the database
 replaced by something free: the model returns zero vectors at once, the vector store accepts
 points and does nothing, messages are captured instead of sent. What remains is every SQL
 statement a real chunk makes, at the job's real size.
@@ -112,7 +112,7 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
     from django.test.utils import CaptureQueriesContext
 
     from embeddings.services.catalogue import jobs as job_services
-    from embeddings.services import pipeline
+    from embeddings.services.queues import bulk, vectors
 
     _free_components()
     sent = _free_components.sent
@@ -134,9 +134,9 @@ def measure(sizes: list[int], chunks: int) -> list[dict]:
             chunk = j["ids"][j["starts"][k] : j["starts"][k] + CHUNK]
             t0 = time.perf_counter()
             with CaptureQueriesContext(connection) as q:
-                pipeline.chunk_embed(job_id=str(j["job"].id), image_ids=chunk)
+                bulk.chunk_embed(job_id=str(j["job"].id), image_ids=chunk)
                 for args in list(sent):
-                    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
+                    vectors.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
             ms = (time.perf_counter() - t0) * 1000
             if k:
                 j["ms"].append(ms)

@@ -9,13 +9,13 @@ originals' (issue 43: ≥ 15,000 images/s with the GPU busy ≥ 85 %).
    hook drawing each preview as a worker does (``workers.preview.preview_bytes`` from the pixels it
    has decoded; on CUDA with ``gpu_decode`` the device-decoded JPEGs come back shrunk there,
    ``workers.preview.device_pixels``); then ``run`` again from those previews (an in-memory
-   ``PreviewStore``, as ``embeddings.services.pipeline._Previews`` reads the blob store): cosine of
+   ``PreviewStore``, as ``embeddings.services.queues.blobs.Previews`` reads the blob store): cosine of
    each photo's preview-path vector to its original-path vector, min / mean, and the worst.
 2. **Throughput**: the previews repeated to ``--inputs`` keys (a key per copy; the store returns the
    same preview bytes for each copy of a photo), ``--processes`` bulk-worker processes (default the
    service's ``PipelineConfig.bulk_processes``), each running migration chunks of ``--chunk`` keys
    through ``BatchRunner.run(keys, loader, previews=store, micro_batch=..., before_pass=...)`` as the
-   migration chunk task does (``embeddings.services.pipeline``; ``before_pass`` returns at once:
+   migration chunk task does (``embeddings.services.queues.bulk``; ``before_pass`` returns at once:
    no interactive work here), cycling over the keys for ``--seconds`` per row. Rows: the service's
    migration defaults (``MIGRATION_CHUNK_SIZE`` images, passes of ``MIGRATION_MICRO_BATCH``), and
    the chunk as one forward pass. Images/s = embedded images / wall time from the common start to
@@ -93,7 +93,7 @@ def draw_and_compare(cfg, originals: dict[str, bytes]) -> dict:
     runner = BatchRunner(cfg, EncoderHolder(cfg))
     drawn: dict[str, bytes] = {}
 
-    def on_decoded(key, rgb, meta):  # as embeddings.services.pipeline._thumbnailer, without the blob store
+    def on_decoded(key, rgb, meta):  # as embeddings.services.queues.blobs.thumbnailer, without the blob store
         try:
             drawn[key] = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
                                        short_side=cfg.preview_side)[0]

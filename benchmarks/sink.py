@@ -6,7 +6,7 @@ vectors are sent as ``index_chunk`` messages of 64 items, exactly what the bulk 
 embedding. The clock runs from the first message sent to the last image marked embedded. Round trips
 per point: Redis (commands the Redis server processed during the run, every client included: the
 worker's polling too), SQL (statements one 64-point chunk costs, counted in-process with Django's
-``CaptureQueriesContext`` on the same ``pipeline.chunk_index``), and store calls (same chunk).
+``CaptureQueriesContext`` on the same ``vectors.chunk_index``), and store calls (same chunk).
 
 Usage::
 
@@ -84,7 +84,7 @@ def seed_and_send(n: int, *, owners: int = 10, send: bool = True, first: int = 0
 
 
 def send_chunks(job_id: str, chunks: list[list[dict]]) -> None:
-    """Queue each chunk as an ``index_chunk`` message (what ``pipeline.chunk_embed`` sends)."""
+    """Queue each chunk as an ``index_chunk`` message (what ``bulk.chunk_embed`` sends)."""
     from embeddings import tasks
 
     for items in chunks:
@@ -93,19 +93,19 @@ def send_chunks(job_id: str, chunks: list[list[dict]]) -> None:
 
 
 def round_trips_per_point() -> dict:
-    """SQL statements and store calls per point of one 64-point ``pipeline.chunk_index`` (after a
+    """SQL statements and store calls per point of one 64-point ``vectors.chunk_index`` (after a
     first one that warms imports and caches), in this (Django) process, on a scratch store folder
     (``QDRANT_PATH`` must point at one); with the chunk's wall time and its SQL and store parts (ms)."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
     from embeddings import runtime
-    from embeddings.services import pipeline
+    from embeddings.services.queues import vectors
 
     out = seed_and_send(2 * CHUNK, send=False, first=10**9)
     store = runtime.vector_store()
     # warm: imports, caches
-    pipeline.chunk_index(job_id=out["job_id"], stat_id=None, items=out["chunks"][1], priority="background")
+    vectors.chunk_index(job_id=out["job_id"], stat_id=None, items=out["chunks"][1], priority="background")
     calls = {"n": 0, "s": 0.0}
     for name in ("upsert", "delete", "set_payloads", "search", "vectors", "payloads", "count"):
         real = getattr(store, name)
@@ -121,7 +121,7 @@ def round_trips_per_point() -> dict:
         setattr(store, name, counted)
     t0 = time.perf_counter()
     with CaptureQueriesContext(connection) as q:
-        pipeline.chunk_index(job_id=out["job_id"], stat_id=None, items=out["chunks"][0], priority="background")
+        vectors.chunk_index(job_id=out["job_id"], stat_id=None, items=out["chunks"][0], priority="background")
     total_ms = (time.perf_counter() - t0) * 1000
     store.close()
     sql_ms = sum(float(x["time"]) for x in q.captured_queries) * 1000

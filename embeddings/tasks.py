@@ -1,10 +1,11 @@
 """Celery tasks: thin adapters. JSON primitives in (ids, storage keys, base64 vectors), one call to a
-service or the chunk pipeline, retry policy on the decorator. Which queue each runs on is decided by
-the ``*_options`` helpers of ``embeddings.dispatch`` (re-exported here), from ``project.lanes``;
-services send work through that module and never import this one. Every argument is one that
-dispatch sends; a default (or ``None``) is there only where it means something, said in its docstring.
-Besides the tasks, one signal handler about their messages: :func:`expire_discarded_upload`. A
-worker's boot-up (niceness, model warm-up, reconciler) is ``embeddings.worker_boot``.
+service or to its queue's worker side (``services.queues``: ``bulk``, ``interactive``, ``vectors``),
+retry policy on the decorator. Which queue each runs on is decided by the ``*_options`` helpers of
+``embeddings.dispatch`` (re-exported here), from ``project.lanes``; services send work through that
+module and never import this one. Every argument is one that dispatch sends; a default (or
+``None``) is there only where it means something, said in its docstring. Besides the tasks, one
+signal handler about their messages: :func:`expire_discarded_upload`. A worker's boot-up (niceness,
+model warm-up, reconciler) is ``embeddings.worker_boot``.
 
 - ``interactive`` queue (interactive worker, threads pool + dynamic batcher): ``embed_interactive``,
   ``embed_query``, ``encode_text``, ``embed_inputs``; ``embed_index_interactive`` with a Qdrant server.
@@ -33,7 +34,10 @@ from embeddings.dispatch import (  # noqa: F401
     interactive_options,
     vectors_options,
 )
-from embeddings.services import pipeline
+from embeddings.services.queues import bulk as bulk_queue
+from embeddings.services.queues import interactive as interactive_queue
+from embeddings.services.queues import vectors as vectors_queue
+from embeddings.services.queues.store_writes import STORE_ERRORS
 from embeddings import lane_control
 from project import lanes
 from workers.errors import Reason
@@ -42,7 +46,7 @@ log = logging.getLogger(__name__)
 
 #: Systemic failures talking to the vector store: retried with exponential backoff (never a bad
 #: image, which is recorded, not retried): connection errors, timeouts, Qdrant 5xx.
-_STORE_ERRORS = pipeline.STORE_ERRORS
+_STORE_ERRORS = STORE_ERRORS
 
 
 # ignore_result on every task whose result nobody reads: storing it would leave a key in Redis for
@@ -57,7 +61,7 @@ def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
     worker serving both lanes holds a second one on deck: ``lane_control.bulk_turn``). The result adds
     ``started``/``ended`` (Unix s: its turn to compute) and ``waited_ms`` (on deck before it)."""
     with lane_control.bulk_turn() as turn:
-        out = pipeline.chunk_embed(job_id=job_id, image_ids=image_ids)
+        out = bulk_queue.chunk_embed(job_id=job_id, image_ids=image_ids)
     return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
 
 
@@ -114,7 +118,7 @@ def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owne
 
 def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
     with _in_flight(task, len(image_ids)):
-        out = pipeline.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
+        out = interactive_queue.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
     if not task.request.is_eager:
         from embeddings import runtime
 
@@ -146,8 +150,9 @@ def embed_query(self, storage_key: str, sha256: str, deadline_ts: float, model_i
     """Embed a query image with space ``model_id``'s model → ``{"vector": base64}`` or ``{"reason",
     "detail"}``; reason ``expired`` without running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
-        return _end_if_expired(self, pipeline.query_embed(storage_key=storage_key, sha256=sha256,
-                                                          deadline_ts=deadline_ts, model_id=model_id), deadline_ts)
+        return _end_if_expired(self, interactive_queue.query_embed(storage_key=storage_key, sha256=sha256,
+                                                                   deadline_ts=deadline_ts, model_id=model_id),
+                               deadline_ts)
 
 
 @shared_task(bind=True, store_errors_even_if_ignored=True)
@@ -155,17 +160,17 @@ def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
     """Embed a text query with space ``model_id``'s model → ``{"vector": base64}``; ``{"reason":
     "expired", "detail"}`` without running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, 1):
-        return _end_if_expired(self, pipeline.text_embed(text=text, deadline_ts=deadline_ts, model_id=model_id),
-                               deadline_ts)
+        return _end_if_expired(self, interactive_queue.text_embed(text=text, deadline_ts=deadline_ts,
+                                                                  model_id=model_id), deadline_ts)
 
 
 @shared_task(bind=True, store_errors_even_if_ignored=True)  # opens a multi-example search's chain
 def embed_inputs(self, items: list[dict], deadline_ts: float, model_id: str) -> dict:
     """Embed an embeddings request's texts and images (temporary storage keys) with space
-    ``model_id``'s model, in input order (``pipeline.inputs_embed``); every item ``expired`` without
+    ``model_id``'s model, in input order (``interactive.inputs_embed``); every item ``expired`` without
     running the model once ``deadline_ts`` (Unix s) has passed."""
     with _in_flight(self, max(1, sum(1 for it in items if "key" in it))):
-        return pipeline.inputs_embed(items=items, deadline_ts=deadline_ts, model_id=model_id)
+        return interactive_queue.inputs_embed(items=items, deadline_ts=deadline_ts, model_id=model_id)
 
 
 @task_revoked.connect
@@ -194,9 +199,10 @@ def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) 
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=None, ignore_result=True)
 def index_chunk(job_id: str, stat_id: int | None, items: list[dict], priority: str, upsert_ms: float = 0.0) -> dict:
     """Write a bulk chunk's points and mark its images embedded, yielding to interactive work
-    between slices (``pipeline.chunk_index``). ``upsert_ms``: write time (ms) spent on the chunk by
+    between slices (``vectors.chunk_index``). ``upsert_ms``: write time (ms) spent on the chunk by
     earlier parts; a first part's message leaves it out (``dispatch.send_index_chunk``)."""
-    return pipeline.chunk_index(job_id=job_id, stat_id=stat_id, items=items, priority=priority, upsert_ms=upsert_ms)
+    return vectors_queue.chunk_index(job_id=job_id, stat_id=stat_id, items=items, priority=priority,
+                                     upsert_ms=upsert_ms)
 
 
 @shared_task
@@ -204,8 +210,8 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
                       vectors: bool = False) -> dict:
     """Write an interactive request's points; return each image's neighbours (``vectors``: and its
     stored vector)."""
-    out = pipeline.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids,
-                                     vectors=vectors)
+    out = vectors_queue.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids,
+                                          vectors=vectors)
     from embeddings import metrics
 
     metrics.count_images(lane=lanes.INTERACTIVE, status="embedded", n=len(embedded.get("items", [])))
@@ -224,8 +230,9 @@ def search_vector(query: dict, owner_id: int | None, k: int, job_id: str | None,
     (None: all owners), ``job_id`` (None: any job) and the metadata filter ``where`` (its JSON; None:
     none) → ``{"results": [...]}`` (refusals pass through); ``with_vectors``: each result with its
     stored ``"vector"`` (base64); ``diversity`` > 0: MMR over ``candidates`` (None: the default pool)."""
-    return pipeline.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id, where=where,
-                                  with_vectors=with_vectors, diversity=diversity, candidates=candidates)
+    return vectors_queue.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
+                                       where=where, with_vectors=with_vectors, diversity=diversity,
+                                       candidates=candidates)
 
 
 @shared_task
@@ -235,34 +242,35 @@ def search_point(point_id: str, owner_id: int | None, k: int, job_id: str | None
     """Top-k by a stored point's vector in space ``model_id``, metadata filter ``where`` (its JSON;
     None: none); None when the point does not exist; ``with_vectors``, ``diversity``, ``candidates``
     as ``search_vector``."""
-    return pipeline.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
-                                 where=where, with_vectors=with_vectors, diversity=diversity, candidates=candidates)
+    return vectors_queue.point_search(point_id=point_id, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
+                                      where=where, with_vectors=with_vectors, diversity=diversity,
+                                      candidates=candidates)
 
 
 @shared_task
 def search_examples(embedded: dict, examples: dict, owner_id: int | None, k: int, job_id: str | None, model_id: str,
                     where: dict | None, with_vectors: bool, strategy: str, diversity: float,
                     candidates: int | None) -> dict:
-    """Top-k for positive and negative examples in space ``model_id`` (``pipeline.examples_search``):
+    """Top-k for positive and negative examples in space ``model_id`` (``vectors.examples_search``):
     ``embedded`` is ``embed_inputs``' answer for the examples given as texts or images (the chain's
     first link), ``examples`` says which side each input and stored point is on → ``{"results"}`` or
     the first refusal."""
-    return pipeline.examples_search(embedded=embedded, examples=examples, owner_id=owner_id, k=k, job_id=job_id,
-                                    model_id=model_id, where=where, with_vectors=with_vectors, strategy=strategy,
-                                    diversity=diversity, candidates=candidates)
+    return vectors_queue.examples_search(embedded=embedded, examples=examples, owner_id=owner_id, k=k,
+                                         job_id=job_id, model_id=model_id, where=where, with_vectors=with_vectors,
+                                         strategy=strategy, diversity=diversity, candidates=candidates)
 
 
 @shared_task
 def point_vectors(point_ids: list[str], model_id: str) -> dict:
     """The stored vectors of ``point_ids`` in space ``model_id``, in one read → ``{"dim", "ids",
-    "vectors": base64}`` (``pipeline.point_vectors``; missing points left out)."""
-    return pipeline.point_vectors(point_ids=point_ids, model_id=model_id)
+    "vectors": base64}`` (``vectors.point_vectors``; missing points left out)."""
+    return vectors_queue.point_vectors(point_ids=point_ids, model_id=model_id)
 
 
 @shared_task
 def forget_point(point_id: str, sha256: str, model_id: str) -> str:
     """Delete a point of space ``model_id`` (or its deleted row's share of it)."""
-    return pipeline.point_forget(point_id=point_id, sha256=sha256, model_id=model_id)
+    return vectors_queue.point_forget(point_id=point_id, sha256=sha256, model_id=model_id)
 
 
 @shared_task
@@ -296,7 +304,7 @@ def job_done(job_id: str) -> None:
 @shared_task
 def collection_stats(model_id: str) -> dict:
     """Space ``model_id``'s collection name and exact point count."""
-    return pipeline.point_count(model_id=model_id)
+    return vectors_queue.point_count(model_id=model_id)
 
 
 @shared_task(ignore_result=True)

@@ -311,7 +311,7 @@ SEARCH_MAX_K = 100
 #: Timeout for web → vectors-worker round trips that are not interactive embeds (s).
 VECTORS_CALL_TIMEOUT_S = config["VECTORS_CALL_TIMEOUT_S"]
 #: Points a bulk chunk writes between two looks at the vectors queue: when interactive work waits
-#: there, the rest of the chunk goes back to the queue behind it (``pipeline.chunk_index``), so an
+#: there, the rest of the chunk goes back to the queue behind it (``queues.vectors.chunk_index``), so an
 #: interactive request waits behind at most one slice, not a whole chunk. Each slice costs one store
 #: call, two UPDATEs and a look at the queue (one Redis command); the chunk's rows are read once
 #: (issue 10). The embedded stores: half a chunk (32), the most that still keeps an interactive

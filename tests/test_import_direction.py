@@ -192,10 +192,10 @@ def test_the_reader_sees_the_imports_that_matter():
     """The walk itself: module- and function-level imports, ``from pkg import module`` resolved,
     every package read (the last guard skipped any path with a part named ``migrations``)."""
     graph = import_graph()
-    assert "embeddings.services.pipeline" in graph["embeddings.tasks"]        # module level
+    assert "embeddings.services.queues.bulk" in graph["embeddings.tasks"]     # module level
     assert "embeddings.services.reconcile" in graph["embeddings.tasks"]       # inside a function
     assert "embeddings.dispatch" in graph["embeddings.services.catalogue.jobs"]  # inside job_create
-    assert "embeddings.sink" in graph["embeddings.services.pipeline"]
+    assert "embeddings.sink" in graph["embeddings.services.queues.bulk"]
     assert "embeddings.services.lifecycle.model_migrations" in graph
     assert "embeddings.api.model_migrations" in graph
     assert "embeddings.migrations" not in graph and not any(m.startswith("embeddings.migrations.") for m in graph)

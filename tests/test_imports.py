@@ -14,7 +14,8 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "import-probe")
 import django
 django.setup()
 import project.urls, project.wsgi, embeddings.tasks, embeddings.admin, embeddings.api.urls  # noqa
-import embeddings.services.pipeline, embeddings.services.interactive.upload, embeddings.services.interactive.search  # noqa
+from embeddings.services.queues import bulk, interactive, vectors  # noqa
+import embeddings.services.interactive.upload, embeddings.services.interactive.search  # noqa
 from project.celery import app
 app.loader.import_default_modules()
 heavy = sorted(m for m in ("torch", "open_clip", "torchvision") if m in sys.modules)

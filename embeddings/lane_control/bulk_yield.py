@@ -321,7 +321,7 @@ def ingest_yielder(budget_s: float | None = None, *, activity: BulkActivity | No
     requests. At capacity every bulk pass is requests refused and waits told wrong
     (docs/benchmarks-load.md).
 
-    Who gets one is the chunk's business (``pipeline.chunk_embed``): a background job not at risk of
+    Who gets one is the chunk's business (``queues.bulk.chunk_embed``): a background job not at risk of
     missing its deadline; an urgent job's chunks never wait.
     """
     budget_s = settings.CELERY_BULK_TIME_LIMIT_S / 2 if budget_s is None else budget_s

@@ -107,7 +107,7 @@ def vectors_interactive_waiting(client=None) -> int:
     """Interactive messages (priority step 0: searches, interactive index writes) waiting in the
     ``vectors`` queue now; bulk index writes travel at steps 6/9, so they are never counted.
 
-    Read by the vectors worker between slices of a bulk chunk's write (``pipeline.chunk_index``).
+    Read by the vectors worker between slices of a bulk chunk's write (``queues.vectors.chunk_index``).
     Returns 0 when Redis cannot be read (the chunk then simply carries on) or under eager Celery.
     """
     from project.celery import app

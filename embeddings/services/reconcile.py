@@ -263,15 +263,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
             if (sha, model_id) not in busy:
                 dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True, model_id=model_id)
 
-    # A catalogue job's read whose message was lost (its fetch worker killed, Redis restarted):
-    # read again, after the rows it made. Chunk messages name the job too, so it waits for them.
-    reading = {str(j): p for j, p in Job.objects.filter(reading=True, created_at__lt=now - dt.timedelta(
-        seconds=grace_s)).exclude(status=JobStatus.CANCELLED).values_list("id", "priority")}
-    stalled = set(reading) - first
-    if stalled:
-        stalled -= live_ids()
-    for job_id in sorted(stalled):
-        dispatch.send_job_read(job_id=job_id, priority=reading[job_id])
+    reads_resent = _resend_lost_reads(first=first, live_ids=live_ids, grace_s=grace_s, now=now)
 
     refreshed = 0
     active_jobs = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exclude(
@@ -281,7 +273,25 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
             refreshed += 1
     return ReconcileReport(lost=len(lost_bulk) + len(lost_interactive), redispatched=redispatched, chunks=chunks,
                            expired=len(lost_interactive), exhausted=len(exhausted), jobs_refreshed=refreshed,
-                           live=len(first), reads_resent=len(stalled))
+                           live=len(first), reads_resent=reads_resent)
+
+
+def _resend_lost_reads(*, first: set[str], live_ids: Callable[[], set[str]], grace_s: float,
+                       now: dt.datetime) -> int:
+    """Send again the read of each catalogue job still reading, older than ``grace_s``, that no live
+    message names (``first``, then ``live_ids()`` again: one in transit between a queue list and the
+    unacked hash); its fetch worker was killed or Redis restarted. It reads again after the rows it
+    made. Chunk messages name the job too, so it waits for them. Returns how many were sent."""
+    from embeddings import dispatch
+
+    reading = {str(j): p for j, p in Job.objects.filter(reading=True, created_at__lt=now - dt.timedelta(
+        seconds=grace_s)).exclude(status=JobStatus.CANCELLED).values_list("id", "priority")}
+    stalled = set(reading) - first
+    if stalled:
+        stalled -= live_ids()
+    for job_id in sorted(stalled):
+        dispatch.send_job_read(job_id=job_id, priority=reading[job_id])
+    return len(stalled)
 
 
 def webhooks_round() -> tuple[int, int]:

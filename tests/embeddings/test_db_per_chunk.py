@@ -20,7 +20,7 @@ from embeddings import runtime, tasks
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services import pipeline
+from embeddings.services.queues import bulk, vectors
 from embeddings.services.duplicates import scan as duplicate_scans
 from embeddings.services.catalogue.sources import SourceFile
 from tests.embeddings.conftest import jpeg_bytes
@@ -64,14 +64,14 @@ def chunk_queries(user, sent, *, padding: int, seed: int) -> tuple[list[str], li
     pad(job, padding, seed=seed)
     (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
     with CaptureQueriesContext(connection) as embed:
-        out = pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+        out = bulk.chunk_embed(job_id=job_id, image_ids=chunk)
     assert out["embedded"] == 4
     (args,) = sent["embeddings.tasks.index_chunk"]
     # "any finished duplicate scan in this space?" is asked once per process every few seconds,
     # not per chunk: asked afresh here, so that both chunks measured ask it once
     duplicate_scans._scans_seen.clear()
     with CaptureQueriesContext(connection) as index:
-        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
+        out = vectors.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert out["written"] == 4
     assert sum('"EMBEDDINGS_DUPLICATESCAN"' in q["sql"].upper() for q in index.captured_queries) == 1
     assert Image.objects.filter(id__in=chunk, status=ImageStatus.EMBEDDED).count() == 4
@@ -106,13 +106,13 @@ def test_a_chunk_reads_its_images_once_and_marks_them_with_two_updates_whatever_
     monkeypatch.setattr(lane_control, "vectors_interactive_waiting", lambda client=None: looks.append(1) or 0)
     job = job_services.job_create(owner=user, sources=sources(4, 7000 + slice_size))
     (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
-    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
+    bulk.chunk_embed(job_id=job_id, image_ids=chunk)
     (args,) = sent["embeddings.tasks.index_chunk"]
     store = runtime.vector_store(args[2][0]["model_id"])
     upsert = store.upsert
     monkeypatch.setattr(store, "upsert", lambda points: upserts.append(len(points)) or upsert(points))
     with CaptureQueriesContext(connection) as q:
-        out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
+        out = vectors.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
     assert (out["written"], out["yielded"], len(looks)) == (4, 0, 4 // slice_size - 1)
     assert upserts == [slice_size] * (4 // slice_size)
     sql = [x["sql"].upper() for x in q.captured_queries]

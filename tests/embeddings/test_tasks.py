@@ -147,16 +147,16 @@ app.conf.broker_url, app.conf.result_backend = "memory://", "cache+memory://"  #
 from celery.app.trace import build_tracer
 from celery.signals import before_task_publish
 from embeddings import runtime, tasks
-from embeddings.services import pipeline
+from embeddings.services.queues import interactive
 
 sent = []
 before_task_publish.connect(lambda sender=None, **kw: sent.append(sender), weak=False)
 space = runtime.configured_model_id()
 search = dict(tasks.search_vector.s(None, 3, None, space).set(**tasks.vectors_options(interactive=True,
                                                                                      deadline_ts=time.time() + 600)))
-real = pipeline.text_embed
+real = interactive.text_embed
 slow = {"s": 0.0}
-pipeline.text_embed = lambda **kw: (real(**kw), time.sleep(slow["s"]))[0]  # the real model, then a stall
+interactive.text_embed = lambda **kw: (real(**kw), time.sleep(slow["s"]))[0]  # the real model, then a stall
 for case, in_s, stall in (("live", 600, 0.0), ("refused", -1, 0.0), ("late", 1.0, 1.5)):
     sent.clear()
     slow["s"] = stall

@@ -83,7 +83,7 @@ class Originals:
 
 
 def drawer(store: Previews, side: int = 384):
-    """A decode hook that draws previews the way the worker does (``services.pipeline._thumbnailer``)."""
+    """A decode hook that draws previews the way the worker does (``services.queues.blobs.thumbnailer``)."""
     def on_decoded(key, rgb, meta):
         store.blobs[key] = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
                                          short_side=side)[0]

@@ -122,7 +122,7 @@ class CollectionMismatch(RuntimeError):
 class StoreError(OSError):
     """The store could not do a write or read for a systemic reason (I/O, lock, engine error).
 
-    An ``OSError``, so the pipeline's retry-with-backoff path (``pipeline.STORE_ERRORS``) treats it
+    An ``OSError``, so the pipeline's retry-with-backoff path (``queues.store_writes.STORE_ERRORS``) treats it
     like a lost connection to a server.
     """
 

@@ -1,6 +1,6 @@
 """``python manage.py previews``: draw the previews that are missing (docs/previews.md).
 
-New images get theirs from the worker that decodes them (``services.pipeline._thumbnailer``);
+New images get theirs from the worker that decodes them (``services.queues.blobs.thumbnailer``);
 this is for images embedded before previews existed, and for any whose preview was never written
 or was found unreadable. It reads and decodes each original here, in the command's own process
 (never in the web process), with the pipeline's limits, decoding at a short side of at least

@@ -1,6 +1,6 @@
 """``python manage.py thumbnails``: draw the thumbnails that are missing, once.
 
-New images get theirs from the worker that decodes them (``services.pipeline._thumbnailer``);
+New images get theirs from the worker that decodes them (``services.queues.blobs.thumbnailer``);
 this is for images embedded before thumbnails existed (or whose thumbnail write failed). It reads
 and decodes each original here, in the command's own process (never in the web process), with the
 pipeline's limits, and writes ``thumb/<aa>/<sha256>.webp`` beside the originals. Idempotent: an

@@ -457,7 +457,7 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     per call (measured: 2.2 s per chunk at 100,000 images on SQLite, docs/scaling.md).
 
     ``queued``: a set to fill, for a writer about to write the points of ``including`` (one read
-    where it took two, ``pipeline.chunk_index``): a row of ``including`` then counts only while it
+    where it took two, ``queues.vectors.chunk_index``): a row of ``including`` then counts only while it
     is still ``queued`` or ``embedded`` (one cancelled or expired meanwhile is not written), and the
     ids of those still queued are added to the set. Those rows must share the points' model, bytes
     and ``point_ids``, as every row being written does.

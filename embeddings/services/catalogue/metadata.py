@@ -1,6 +1,6 @@
 """A caller's metadata and external ids, checked before anything is stored (issue 41).
 
-Plain functions, no Django: the API, the manifest reader (``catalogue.manifests``) and the job
+Plain functions, no Django: the API, the manifest rows (``catalogue.manifest_rows``) and the job
 service share them. ``metadata`` is a bounded JSON object that travels into the database row and
 the point's payload, so its keys, types, size and depth are bounded here; ``coerce`` turns the text
 cells of a CSV manifest into the types its declared fields say.

@@ -30,18 +30,17 @@ from django.db.models import F, Q
 from embeddings import dispatch, runtime
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus, Lane
+from embeddings.objects import Allowed, ObjectError, list_prefix, parse_s3_uri
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services.webhooks import endpoints as webhook_endpoints
+from embeddings.services.catalogue.manifest_rows import ManifestRow, RowError
 from embeddings.services.catalogue.manifests import (
     ManifestError,
-    ManifestRow,
-    RowError,
     check_header,
     read_manifest,
     sniff_format,
 )
-from embeddings.objects import Allowed, ObjectError, list_prefix, parse_s3_uri
 from embeddings.services.catalogue.sources import safe_name
+from embeddings.services.webhooks import endpoints as webhook_endpoints
 
 log = logging.getLogger(__name__)
 

@@ -152,17 +152,7 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int, max_ratio: floa
         )
     _check_layout(upload, list(enumerate(every, start=1)), archive.start_dir)
     for _, info in infos:
-        p = PurePosixPath(info.filename.replace("\\", "/"))
-        if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
-            raise ApplicationError(
-                f"zip entry {info.filename!r} has an absolute or parent path", code="zip_unsafe_path",
-                extra={"entry": info.filename},
-            )
-        if info.flag_bits & 0x1 or info.compress_type not in _ZIP_METHODS:
-            raise ApplicationError(
-                f"zip entry {info.filename!r} is encrypted or uses an unsupported compression method "
-                f"({info.compress_type})", code="zip_unsupported", extra={"entry": info.filename},
-            )
+        _check_entry(info)
     oversized = {n for n, i in infos if max_entry_bytes is not None and i.file_size > max_entry_bytes}
     total = sum(i.file_size for n, i in infos if n not in oversized)
     upload.seek(0, os.SEEK_END)
@@ -186,6 +176,23 @@ def from_zip(upload, *, max_entries: int, max_uncompressed: int, max_ratio: floa
         out.append(SourceFile(name=name, size=info.file_size, open=opener,
                               raw_name=None if name == info.filename else info.filename))
     return out
+
+
+def _check_entry(info: zipfile.ZipInfo) -> None:
+    """Refuse a zip entry whose path is absolute, climbs out (``..``) or names a drive
+    (``zip_unsafe_path``, 400), or that is encrypted or compressed by a method not read here
+    (``zip_unsupported``, 400): raises :class:`ApplicationError`, from its header alone."""
+    p = PurePosixPath(info.filename.replace("\\", "/"))
+    if p.is_absolute() or ".." in p.parts or (p.parts and ":" in p.parts[0]):
+        raise ApplicationError(
+            f"zip entry {info.filename!r} has an absolute or parent path", code="zip_unsafe_path",
+            extra={"entry": info.filename},
+        )
+    if info.flag_bits & 0x1 or info.compress_type not in _ZIP_METHODS:
+        raise ApplicationError(
+            f"zip entry {info.filename!r} is encrypted or uses an unsupported compression method "
+            f"({info.compress_type})", code="zip_unsupported", extra={"entry": info.filename},
+        )
 
 
 #: A local file header: signature, then 22 bytes of versions, flags, method, time, CRC and sizes,

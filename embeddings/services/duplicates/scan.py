@@ -156,7 +156,7 @@ def _regroup(scan: DuplicateScan, edges: list) -> list[list[dict]]:
 
 
 def images_written(items: list[dict]) -> None:
-    """Points just marked embedded (``pipeline``'s items: ``id``, ``point_id``, ``model_id``): for
+    """Points just marked embedded (``services.queues``' items: ``id``, ``point_id``, ``model_id``): for
     each owner with a finished scan in their space, send :func:`scan_update` for them. Costs one
     query per space every :data:`_SCANS_CACHE_S` while no scan exists there."""
     if not items:

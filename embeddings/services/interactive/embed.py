@@ -3,7 +3,7 @@ images on the interactive lane, in input order, stored only when asked.
 
 The web never computes a vector: it stages each image as a temporary blob (decoded from base64 or
 a data URL, fetched from an http(s) URL, or an uploaded file part), sends the texts and the blobs'
-keys as one ``embed_inputs`` message (``pipeline.inputs_embed`` on the interactive worker: one
+keys as one ``embed_inputs`` message (``queues.interactive.inputs_embed`` on the interactive worker: one
 ``prepare``, the dynamic batcher, one ``encode_texts``), waits until the deadline, and deletes the
 blobs. With ``store`` the images go through the ordinary interactive upload instead
 (``upload.images_upload``: they become the caller's images, with their ids) and the answer carries
@@ -236,7 +236,7 @@ def _texts(inputs: list[EmbedInput]) -> tuple[list[tuple[int, str]], dict[int, d
 
 
 def _answered(index: int, kind: str, got: dict) -> dict:
-    """An item from a worker's entry (``pipeline.inputs_embed``)."""
+    """An item from a worker's entry (``queues.interactive.inputs_embed``)."""
     if "vector" not in got:
         return _refusal(index, kind, got.get("reason", "failed"), got.get("detail", ""))
     item = {"index": index, "kind": kind, "vector": got["vector"]}

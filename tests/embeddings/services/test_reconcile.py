@@ -1,7 +1,8 @@
 """Recovery in one process: the reconciler's decisions, the broker snapshot it reads (on a private
-redis-server with real Celery messages), the vector-write retry with backoff on a store that
-refuses connections, idempotent redelivery of a chunk, the start-up check on time limits, and the
-temporary files of dead requests.
+redis-server with real Celery messages), the vector-write task's retry with backoff on a store that
+refuses connections, the start-up check on time limits, and the temporary files of dead requests.
+A chunk write's own faults and a chunk's redelivery are the queues' tests
+(``tests/embeddings/services/queues/``).
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from django.utils import timezone
 
 from embeddings import runtime, tasks
 from embeddings.checks import check_time_limits, time_limit_errors
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services import pipeline
+from embeddings.services.queues import interactive, vectors
 from embeddings.services.reconcile import (
     ATTEMPTS_EXHAUSTED,
     broker_snapshot,
@@ -26,6 +27,7 @@ from embeddings.services.reconcile import (
 from embeddings.services.catalogue.sources import SourceFile
 from project import lanes
 from tests.embeddings.conftest import jpeg_bytes
+from tests.embeddings.services.queues.test_vectors import embedded_chunk
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -139,10 +141,10 @@ def test_an_interactive_write_arriving_after_the_reconciler_expired_its_image_wr
 
     late, on_time = images_create(owner=user, sources=sources(2, 60), lane=Lane.INTERACTIVE,
                                   deadline=timezone.now() + dt.timedelta(seconds=60))
-    embedded = pipeline.interactive_embed(image_ids=[str(late.id), str(on_time.id)], deadline_ts=time_.time() + 60)
+    embedded = interactive.interactive_embed(image_ids=[str(late.id), str(on_time.id)], deadline_ts=time_.time() + 60)
     assert len(embedded["items"]) == 2
     Image.objects.filter(id=late.id).update(status=ImageStatus.EXPIRED, reason="expired")  # the reconciler's verdict
-    out = pipeline.interactive_index(embedded=embedded, owner_id=user.id, k=3, skipped_ids=[])
+    out = vectors.interactive_index(embedded=embedded, owner_id=user.id, k=3, skipped_ids=[])
     late.refresh_from_db()
     on_time.refresh_from_db()
     assert (late.status, on_time.status) == (ImageStatus.EXPIRED, ImageStatus.EMBEDDED)
@@ -215,15 +217,6 @@ def test_broker_snapshot_reads_queues_and_unacked_deliveries_and_spots_orphans(s
 
 # --- vector writes: retry with backoff, nothing embedded before its point exists --------------------
 
-def embedded_chunk(user, sent, n=3):
-    """A job whose one chunk is embedded; its ``index_chunk`` message captured, not run."""
-    job = job_services.job_create(owner=user, sources=sources(n, 70))
-    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
-    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
-    (args,) = sent["embeddings.tasks.index_chunk"]
-    return job, args
-
-
 def test_vector_writes_retry_with_backoff_and_images_wait_visibly(service, user, sent, monkeypatch):
     import celery.app.autoretry as autoretry
 
@@ -259,160 +252,6 @@ def test_vector_writes_retry_with_backoff_and_images_wait_visibly(service, user,
     assert set(Image.objects.filter(job=job).values_list("status", "reason")) == {("embedded", "")}
     detail = {im.reason_detail for im in Image.objects.filter(job=job)}
     assert detail == {""}
-
-
-def test_a_store_that_keeps_failing_leaves_images_queued_with_the_error(service, user, sent, monkeypatch):
-    from qdrant_client.http.exceptions import (
-        ResponseHandlingException,
-        UnexpectedResponse,
-    )
-
-    job, args = embedded_chunk(user, sent)
-    store = runtime.vector_store()
-    for exc in (ResponseHandlingException(OSError("connect timeout")),
-                UnexpectedResponse(503, "Service Unavailable", b"", {})):
-        monkeypatch.setattr(store, "upsert", lambda points, exc=exc: (_ for _ in ()).throw(exc))
-        with pytest.raises(pipeline.STORE_ERRORS):
-            pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-        rows = set(Image.objects.filter(job=job).values_list("status", "reason"))
-        assert rows == {("queued", "waiting_for_store")}
-    assert "503" in Image.objects.filter(job=job).first().reason_detail
-    monkeypatch.setattr(store, "upsert", lambda points: (_ for _ in ()).throw(
-        UnexpectedResponse(400, "Bad Request", b"", {})))
-    with pytest.raises(UnexpectedResponse):  # a client error is a bug, not an outage: not retried
-        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert store.count() == 0
-
-
-def test_a_chunk_write_yields_to_waiting_interactive_work_and_its_rest_finishes_later(service, user, sent, monkeypatch):
-    """Between slices the vectors worker looks at its queue; when interactive work waits, the rest of
-    the chunk goes back to the queue at the job's bulk priority. Only written points are embedded."""
-    from embeddings import lane_control
-
-    service.VECTORS_WRITE_SLICE = 8
-    job, args = embedded_chunk(user, sent, n=20)
-    waiting = iter([1])  # one interactive message waits after the first slice, then none
-    monkeypatch.setattr(lane_control, "vectors_interactive_waiting", lambda client=None: next(waiting, 0))
-    rest: list = []
-    monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append((args, kwargs, kw)))
-    first = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert (first["written"], first["yielded"]) == (8, 12)
-    store = runtime.vector_store()
-    assert store.count() == 8
-    written = {it["id"] for it in args[2][:8]}
-    rows = {str(i): (s, r) for i, s, r in Image.objects.filter(job=job).values_list("id", "status", "reason")}
-    assert {rows[i] for i in written} == {("embedded", "")}
-    assert {v for k, v in rows.items() if k not in written} == {("queued", "waiting_for_store")}
-    (cargs, ckwargs, options), = rest
-    assert cargs == (args[0], args[1], args[2][8:]) and ckwargs["priority"] == "background"
-    assert options == {"queue": lanes.VECTORS, "priority": lanes.PRIORITY_BULK_BACKGROUND}
-    assert Job.objects.get(id=job.id).status != JobStatus.DONE
-    assert BatchStat.objects.get(id=args[1]).finished_at is None
-    second = pipeline.chunk_index(job_id=cargs[0], stat_id=cargs[1], items=cargs[2], **ckwargs)
-    assert (second["written"], second["yielded"]) == (12, 0) and second["upsert_ms"] > ckwargs["upsert_ms"] > 0
-    assert store.count() == 20
-    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 20
-    assert Job.objects.get(id=job.id).status == JobStatus.DONE
-    stat = BatchStat.objects.get(id=args[1])
-    assert stat.finished_at is not None and stat.upsert_ms == pytest.approx(second["upsert_ms"], abs=0.01)
-
-
-def test_a_store_failure_mid_chunk_keeps_what_was_written_and_sends_the_rest_on(service, user, sent, monkeypatch):
-    service.VECTORS_WRITE_SLICE = 4
-    job, args = embedded_chunk(user, sent, n=10)
-    store = runtime.vector_store()
-    real_upsert, calls = store.upsert, []
-
-    def fails_second_time(points):
-        calls.append(len(points))
-        if len(calls) == 2:
-            raise ConnectionError("connection refused")
-        return real_upsert(points)
-
-    monkeypatch.setattr(store, "upsert", fails_second_time)
-    rest: list = []
-    monkeypatch.setattr(tasks.index_chunk, "apply_async", lambda args=(), kwargs=None, **kw: rest.append(args))
-    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert (out["written"], out["yielded"]) == (4, 6) and store.count() == 4
-    assert rest == [(args[0], args[1], args[2][4:])]
-    statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
-    assert statuses == ["embedded"] * 4 + ["queued"] * 6
-    assert {Image.objects.get(id=it["id"]).reason for it in args[2][4:]} == {"waiting_for_store"}
-
-
-def test_a_job_cancelled_while_its_chunk_waits_to_be_written_stays_cancelled(service, user, sent):
-    """Cancel while the chunk's vectors wait for the vectors worker: nothing is written, nothing is
-    embedded afterwards, the job's counts keep saying cancelled."""
-    job, args = embedded_chunk(user, sent, n=6)
-    job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
-    out = pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert (out["written"], out["yielded"]) == (6, 0)
-    assert runtime.vector_store().count() == 0
-    assert set(Image.objects.filter(job=job).values_list("status", flat=True)) == {ImageStatus.CANCELLED}
-    job = Job.objects.get(id=job.id)
-    assert job.status == JobStatus.CANCELLED
-    assert job_services.job_progress(job)["counts"][ImageStatus.CANCELLED] == 6
-
-
-def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, user, sent, monkeypatch):
-    """The race: the points are written, then the job is cancelled before its images are marked
-    (the part is marked once its slices are written: a cancel after the second of two slices). The
-    images stay cancelled and their points are deleted again: Qdrant never holds a point that no
-    embedded row accounts for."""
-    service.VECTORS_WRITE_SLICE = 2
-    job, args = embedded_chunk(user, sent, n=4)
-    real_write, writes = pipeline._write_points, []
-
-    def write_then_cancel(items, *payloads):
-        ms = real_write(items, *payloads)
-        writes.append(len(items))
-        if len(writes) == 2:  # second slice: cancelled after its points were written
-            job_services.job_transition(job=Job.objects.get(id=job.id), to=JobStatus.CANCELLED)
-        return ms
-
-    monkeypatch.setattr(pipeline, "_write_points", write_then_cancel)
-    pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert writes == [2, 2]
-    statuses = [Image.objects.get(id=it["id"]).status for it in args[2]]
-    assert statuses == [ImageStatus.CANCELLED] * 4
-    store = runtime.vector_store()
-    assert store.count() == 0
-    assert store.vectors([uuid.UUID(it["point_id"]) for it in args[2]]) == {}
-
-
-# --- redelivery: idempotent -----------------------------------------------------------------------
-
-def test_a_chunk_delivered_twice_before_its_points_are_written_writes_each_point_once(service, user, sent):
-    """What Redis does when a chunk outlives the visibility timeout: a second delivery runs while the
-    first one's vectors still wait to be written. Both embed, both write; one point per image."""
-    job = job_services.job_create(owner=user, sources=sources(4, 90))
-    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
-    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
-    pipeline.chunk_embed(job_id=job_id, image_ids=chunk)  # redelivered while the first is unwritten
-    writes = sent["embeddings.tasks.index_chunk"]
-    assert len(writes) == 2
-    for args in writes:
-        pipeline.chunk_index(job_id=args[0], stat_id=args[1], items=args[2], priority="background")
-    assert runtime.vector_store().count() == 4
-    assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
-    assert BatchStat.objects.filter(job=job).count() == 2
-    assert Job.objects.get(id=job.id).status == JobStatus.DONE
-    # A third delivery after the writes finds nothing queued and does nothing.
-    assert pipeline.chunk_embed(job_id=job_id, image_ids=chunk)["skipped"] == 4
-    assert len(sent["embeddings.tasks.index_chunk"]) == 2
-
-
-def test_a_poison_chunk_stops_after_max_attempts(service, user, sent, settings):
-    job_services.job_create(owner=user, sources=sources(3, 110))
-    (job_id, chunk), = sent["embeddings.tasks.embed_chunk"]
-    Image.objects.filter(id=chunk[0]).update(attempts=settings.BULK_MAX_ATTEMPTS)
-    out = pipeline.chunk_embed(job_id=job_id, image_ids=chunk)
-    assert out["embedded"] == 2
-    im = Image.objects.get(id=chunk[0])
-    assert (im.status, im.reason) == ("failed", ATTEMPTS_EXHAUSTED)
-    Image.objects.filter(id__in=chunk).update(status=ImageStatus.QUEUED, attempts=settings.BULK_MAX_ATTEMPTS)
-    assert pipeline.chunk_embed(job_id=job_id, image_ids=chunk)["failed"] == 3  # all exhausted: nothing to run
-    assert Image.objects.filter(id__in=chunk, reason=ATTEMPTS_EXHAUSTED).count() == 3
 
 
 # --- start-up check --------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """Pause, resume and cancel of bulk jobs through the real chunk task (eager Celery: every chunk runs
-in this process through ``embeddings.tasks.embed_chunk`` → ``pipeline.chunk_embed``).
+in this process through ``embeddings.tasks.embed_chunk`` → ``queues.bulk.chunk_embed``).
 
 A paused job's chunks must not run while it is paused (they are parked) and must run after resume;
 a cancelled job's queued chunks do nothing.

@@ -15,7 +15,7 @@ import pytest
 
 from embeddings import runtime
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Job, JobKind, SpaceState
-from embeddings.services import pipeline
+from embeddings.services.queues import bulk
 from embeddings.services.lifecycle import gate
 from embeddings.services.lifecycle import model_migrations as migrations
 from embeddings.services.catalogue import copies as copies_services
@@ -194,7 +194,7 @@ def test_a_chunk_for_a_model_this_worker_is_not_configured_for_fails_its_images(
     job = Job.objects.create(owner=staff, kind=JobKind.MIGRATION, model_id=other, total=1)
     im = Image.objects.create(owner=user, job=job, lane="bulk", sha256="b" * 64, size_bytes=1, storage_key="blob/y",
                               model_id=other, point_id=point_id("b" * 64, other))
-    out = pipeline.chunk_embed(job_id=str(job.id), image_ids=[str(im.id)])
+    out = bulk.chunk_embed(job_id=str(job.id), image_ids=[str(im.id)])
     im.refresh_from_db()
     assert out["failed"] == 1 and (im.status, im.reason) == ("failed", "model_not_configured")
     assert Job.objects.get(id=job.id).status == "done"

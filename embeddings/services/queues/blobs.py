@@ -1,0 +1,78 @@
+"""What the embedding queues read from and draw into the blob store around a decode: the originals
+of a chunk or request (:func:`originals_loader`), the preview and thumbnail drawn from the pixels
+just decoded (:func:`thumbnailer`), and the previews a re-embed reads back instead of the originals
+(:class:`Previews`, :func:`count_previews`; docs/previews.md).
+"""
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+
+from embeddings import metrics, runtime
+
+log = logging.getLogger(__name__)
+
+
+def originals_loader(rows: dict[str, tuple[str, str]]):
+    store = runtime.blob_store()
+    return lambda image_id: store.read(*rows[image_id])
+
+
+def thumbnailer(shas: dict[str, str]):
+    """The runner's decode hook (``workers.runner.OnDecoded``): draws the preview (``workers.preview``;
+    none when ``PREVIEW_SIDE`` is 0) and the thumbnail of each image (key = image id, ``shas`` maps it
+    to its sha256) once each, into the blob store, from the pixels the worker has just decoded; the
+    thumbnail from the preview's pixels, which are fewer. An existing one is not drawn again; a
+    picture too long for a preview gets none (its re-embeds read the original)."""
+    from embeddings.storage import preview_exists, preview_put, thumbnail_exists, thumbnail_put
+    from workers.preview import PreviewTooLong, preview_bytes
+    from workers.thumbnail import thumbnail_bytes
+
+    store = runtime.blob_store()
+    side = settings.PIPELINE.preview_side
+
+    def on_decoded(image_id: str, rgb, meta) -> None:
+        sha = shas.get(image_id)
+        if not sha:
+            return
+        pixels = rgb
+        if side and not preview_exists(store, sha):
+            try:
+                data, pixels = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
+                                             short_side=side)
+                preview_put(store, sha, data)
+            except PreviewTooLong as e:
+                log.info("no preview of %s: %s", image_id, e)
+        if not thumbnail_exists(store, sha):
+            thumbnail_put(store, sha, thumbnail_bytes(pixels))
+
+    return on_decoded
+
+
+class Previews:
+    """The previews of a chunk's images in the blob store (``workers.preview.PreviewStore``; key =
+    image id, ``shas`` maps it to its sha256)."""
+
+    def __init__(self, shas: dict[str, str]) -> None:
+        self.store, self.shas = runtime.blob_store(), shas
+
+    def read(self, key: str) -> bytes:
+        from embeddings.storage import preview_read
+
+        return preview_read(self.store, self.shas[key])
+
+    def discard(self, key: str) -> None:
+        from embeddings.storage import preview_delete
+
+        preview_delete(self.store, self.shas[key])
+
+
+def count_previews(tally, *, job_id: str) -> None:
+    """Count a re-embed chunk's preview reads (``clip_preview_reads_total``) and log its fallbacks
+    (each unreadable one was logged as a warning by the runner; a missing one is expected for an
+    image embedded before previews existed, or a dual-embedding copy whose upload is not decoded yet)."""
+    metrics.count_preview_reads(tally)
+    if tally.fallbacks:
+        log.info("chunk of job %s: %d previews missing and %d unreadable: their originals were read "
+                 "(manage.py previews draws missing ones)", job_id, tally.missing, tally.unreadable)

@@ -1,0 +1,128 @@
+"""What the queues share on the way to the vector store: a computed vector as a message item, its
+batch's ``BatchStat`` row, the errors that mean the store cannot be written (retried, the images
+waiting visibly), and writing the points of items whose images are still queued. Used by the bulk
+queue (a chunk written in this process against a Qdrant server, or handed over) and the vectors
+queue (``vectors.chunk_index``, ``vectors.interactive_index``).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+
+import numpy as np
+
+from embeddings import metrics, runtime
+from embeddings.messages import decode_vector, encode_vector
+from embeddings.models import BatchStat, Image, ImageStatus, Lane
+from embeddings.services.catalogue import images as image_services
+from workers import screen
+from workers.timing import StageTimings
+from workers.vector_store import Point
+
+#: This worker process, as a ``BatchStat`` row names it: ``host:pid``.
+_WORKER = f"{socket.gethostname()}:{os.getpid()}"
+
+#: Reason shown on a queued image whose vector is computed and waits to be written: the vector
+#: store (or the vectors worker that owns it) is busy, down, or unreachable. Not a failure.
+WAITING_FOR_STORE = "waiting_for_store"
+
+
+class StoreUnavailable(ConnectionError):
+    """The vector store answered with a server error (5xx): retried like a lost connection."""
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    import httpx
+    from qdrant_client.http.exceptions import ResponseHandlingException
+
+    return (ConnectionError, TimeoutError, OSError, httpx.TransportError, ResponseHandlingException)
+
+
+#: Systemic failures writing to the vector store: the write is retried with backoff, the images
+#: wait (queued, reason ``waiting_for_store``), never marked embedded before their points exist.
+STORE_ERRORS = _store_errors()
+
+
+def images_wait_for_store(image_ids: list[str], detail: str) -> None:
+    """Show images whose vectors wait to be written (still queued: nothing is embedded yet)."""
+    Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).update(
+        reason=WAITING_FOR_STORE, reason_detail=detail[:2000])
+
+
+def vector_item(meta, vector, point_id: str, sha256: str, model_id: str) -> dict:
+    """One computed vector on its way to the store: the image, its point, facts, and the embedding
+    space (``model_id``) whose collection it goes to."""
+    return {"id": meta.key, "point_id": point_id, "sha256": sha256, "width": meta.width, "height": meta.height,
+            "format": meta.format, "vector": encode_vector(vector), "model_id": model_id}
+
+
+def batch_stat(*, job_id, lane: str, images: int, failed: int, timings: StageTimings) -> BatchStat:
+    """Create the ``BatchStat`` row of a computed batch (``job_id`` None: an interactive request's):
+    its image and failure counts and its stage times (ms), this worker process named."""
+    t = timings
+    return BatchStat.objects.create(
+        job_id=job_id, lane=lane, images=images, failed=failed, load_ms=t.load, decode_ms=t.decode,
+        decode_wait_ms=t.decode_wait, preprocess_ms=t.preprocess, embed_ms=t.embed, total_ms=t.total, worker=_WORKER,
+    )
+
+
+def items_space(items: list[dict]) -> str:
+    """The embedding space of a call's ``items`` (one space per call: a chunk's job, a request's
+    rows): their ``model_id``, else the active space (items built without one: benchmarks)."""
+    return items[0].get("model_id") or runtime.model_id()
+
+
+def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:
+    """Upsert ``items`` with ``payloads`` (by sha256; ``None``: recomputed from the database, counting
+    the items' rows); returns the upsert wall time (ms)."""
+    model_id = items_space(items)
+    if payloads is None:
+        payloads = image_services.point_payloads(
+            model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
+            point_ids=[it["point_id"] for it in items],
+        )
+    points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
+              for it in items]
+    t0 = time.perf_counter()
+    runtime.vector_store(model_id).upsert(points)
+    return (time.perf_counter() - t0) * 1000
+
+
+def queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
+    """One read before writing ``items``' points: the ids of those whose images are still queued,
+    and the payload (by sha256) of every item's point, counting those rows
+    (``images.point_payloads`` with ``queued``)."""
+    if not items:
+        return set(), {}
+    queued: set[str] = set()
+    payloads = image_services.point_payloads(
+        model_id=items_space(items), shas=[it["sha256"] for it in items],
+        including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
+    return queued, payloads
+
+
+def _unusable(items: list[dict], *, lane: str) -> list[dict]:
+    """Fail the images of ``items`` whose vector is not finite or is all zeros (``workers.screen``;
+    counted on ``lane``) and return the others. The workers screen every vector they compute; this
+    is the last look before the store, for a vector that reached the queue another way (a worker
+    of an earlier version), so that the store's own refusal never fails a whole write."""
+    reasons = screen.faults(np.stack([decode_vector(it["vector"]) for it in items])) if items else []
+    bad = [(it["id"], r.value, screen.detail(r)) for it, r in zip(items, reasons) if r is not None]
+    if not bad:
+        return items
+    image_services.images_mark_failed(bad)
+    metrics.count_refused_embeddings(lane=lane, reasons=[r for _, r, _ in bad])
+    return [it for it, r in zip(items, reasons) if r is None]
+
+
+def write_live(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
+                lane: str = Lane.BULK) -> tuple[list[dict], float]:
+    """Write the points of the items whose images are still queued and whose vectors are usable
+    (the others failed: :func:`_unusable`), marking nothing. Returns ``(items written, upsert ms)``."""
+    queued, payloads = read if read is not None else queued_payloads(items)
+    live = _unusable([it for it in items if it["id"] in queued], lane=lane)
+    if not live:
+        return [], 0.0
+    return live, _write_points(live, payloads)
