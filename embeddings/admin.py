@@ -10,19 +10,35 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
+from django.contrib.contenttypes.views import shortcut
 from django.core.exceptions import ValidationError
 from django.db.models import Count
 from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from embeddings.models import BatchStat, EmbeddingSpace, Image, ImageStatus, Job, JobStatus
-from embeddings.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
-from embeddings.models import DuplicateGroup, DuplicateMember, DuplicateScan, NotDuplicate
-from embeddings.services.webhooks import delivery as webhook_delivery
+from embeddings.errors import ApplicationError
+from embeddings.models import (
+    BatchStat,
+    DuplicateGroup,
+    DuplicateMember,
+    DuplicateScan,
+    EmbeddingSpace,
+    Image,
+    ImageStatus,
+    Job,
+    JobStatus,
+    NotDuplicate,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+)
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
 from embeddings.services.catalogue.jobs import images_retry
+from embeddings.services.lifecycle import model_migrations as migrations
+from embeddings.services.webhooks import delivery as webhook_delivery
+from embeddings.site.thumbnails import thumbnail_response
 
 
 class CheckedActionsMixin:
@@ -53,7 +69,6 @@ def view_on_site(request, content_type_id, object_id):
     (``contenttypes.views.shortcut``), with a 404 for an id the model's key cannot hold: Django
     catches the ``ValueError`` of an integer key, not the ``ValidationError`` of a uuid key (a 500).
     Mounted before the admin's own by ``project.urls``, behind ``admin.site.admin_view`` as it is."""
-    from django.contrib.contenttypes.views import shortcut
 
     try:
         return shortcut(request, content_type_id, object_id)
@@ -166,8 +181,6 @@ class ImageAdmin(CheckedActionsMixin, admin.ModelAdmin):
     def thumbnail_view(self, request, image_id):
         """The WebP thumbnail the decoding worker drew (``embeddings.site.thumbnails``), with its
         cache headers; 404 when the image has none. The web process never decodes an original."""
-        from embeddings.errors import ApplicationError
-        from embeddings.site.thumbnails import thumbnail_response
 
         im = Image.objects.filter(id=image_id).first()
         if im is None:
@@ -210,7 +223,6 @@ class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
     actions = ("promote", "promote_forced", "rollback", "drop")
 
     def _each(self, request, queryset, act) -> None:
-        from embeddings.errors import ApplicationError
 
         for space in queryset:
             try:
@@ -221,19 +233,16 @@ class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
 
     @admin.action(description="Promote (the quality gate must pass)")
     def promote(self, request, queryset):
-        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, lambda s: migrations.promote(s, by=request.user.get_username()))
 
     @admin.action(description="Promote past the quality gate (force; recorded)")
     def promote_forced(self, request, queryset):
-        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, lambda s: migrations.promote(s, force=True, by=request.user.get_username()))
 
     @admin.action(description="Roll back to the standby that was active before")
     def rollback(self, request, queryset):
-        from embeddings.services.lifecycle import model_migrations as migrations
 
         # whichever rows are selected: a rollback leaves the active space for the latest standby
         self._each(request, EmbeddingSpace.objects.filter(state="active"),
@@ -241,7 +250,6 @@ class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
 
     @admin.action(description="Drop (delete the collection and the copies; not the active space)")
     def drop(self, request, queryset):
-        from embeddings.services.lifecycle import model_migrations as migrations
 
         self._each(request, queryset, migrations.space_drop)
 

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_delete
 
 
 class EmbeddingsConfig(AppConfig):
@@ -8,14 +9,12 @@ class EmbeddingsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.db.models.signals import post_delete
-
         # Start-up checks: a Django system check and a Celery worker_init guard (embeddings/checks.py).
-        from embeddings import checks  # noqa: F401
+        from embeddings import checks  # noqa: F401  deferred: registry not ready
         # A worker's boot-up (niceness, SCHED_IDLE, model warm-up, reconciler): Celery signal handlers
         # connected in every process, received only by workers (embeddings/worker_boot.py; no torch).
-        from embeddings import worker_boot  # noqa: F401
-        from embeddings.models import Image
+        from embeddings import worker_boot  # noqa: F401  deferred: registry not ready
+        from embeddings.models import Image  # deferred: registry not ready
 
         # Every deleted image row is settled by its service; connected here, not in models.py, so
         # the models never import a service (imports run one way: tests/test_import_direction.py).
@@ -26,8 +25,8 @@ def image_deleted(sender, instance, origin=None, **kwargs) -> None:
     """Every deleted row, however it goes (``image_delete``, the admin's bulk delete, the cascade
     from deleting its job or its owner), is settled by the one service: duplicates promoted, vector
     and blob forgotten after commit."""
-    from embeddings.models import Image
-    from embeddings.services.catalogue.images import image_deleted as settle
+    from embeddings.models import Image  # deferred: registry not ready
+    from embeddings.services.catalogue.images import image_deleted as settle  # deferred: registry not ready
 
     # single: the row deleted on its own (not its copies in other spaces, which go in the background)
     settle(image=instance, single=isinstance(origin, Image) and origin.pk == instance.pk)

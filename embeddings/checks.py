@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from celery.signals import worker_init
 from django.conf import settings
 from django.core import checks
+from django.db import DatabaseError
+
+from embeddings import runtime
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +73,6 @@ def check_configured_model(app_configs, **kwargs) -> list[checks.CheckMessage]:
     """Django system check ``embeddings.W002``: CLIP_MODEL (and its weights and precision) names
     another model than the active embedding space's (the active row decides, issue 13: changing
     the variables does not point the service at an empty collection). Silent without a database."""
-    from django.db import DatabaseError
-
-    from embeddings import runtime
 
     try:
         warning = runtime.configured_model_warning()
@@ -94,7 +95,6 @@ def broker_eviction_warning(client=None) -> str | None:
         client: a ``redis.Redis`` on the broker; default one on ``CELERY_BROKER_URL`` with
             half-second timeouts (a check must not hang when Redis is away).
     """
-    import redis
 
     try:
         if client is None:

@@ -49,17 +49,35 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import time
 
 from celery.signals import before_task_publish, worker_ready
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count
 from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.http import HttpResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 
-from embeddings.models import BatchStat
+from embeddings import lane_control
+from embeddings.metric_files import LiveProcessCollector
+from embeddings.models import BatchStat, Image, ImageStatus, Job, Lane
+from embeddings.selectors import stage_summary
+from project import lanes
 from workers import screen
+from workers.utilisation import Sample, merge_rows, process_sampler, summarise
 
 _SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -137,9 +155,7 @@ class _ImagesByStatus:
     """Collector: images per status, counted in the database at scrape time (web process)."""
 
     def collect(self):
-        from django.db.models import Count
 
-        from embeddings.models import Image, ImageStatus
 
         family = GaugeMetricFamily("clip_images", "Images per status in the database", labels=["status"])
         counts = {s.value: 0 for s in ImageStatus}
@@ -183,8 +199,6 @@ class QueueGauges:
 
     def read(self) -> list[tuple[str, int, int, float]]:
         """``[(lane, priority step, messages, oldest age s), ...]``; raises the client's errors."""
-        from embeddings import lane_control
-        from project import lanes
 
         client = self._client or lane_control.redis_client()
         keys = []  # queue_keys lists one key per priority step, in the steps' order
@@ -226,7 +240,6 @@ class QueueGauges:
 
 
 def _priority_steps() -> list[int]:
-    from django.conf import settings
 
     return list(settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0, 3, 6, 9]))
 
@@ -244,11 +257,9 @@ def _age(raw: bytes | None, now: float) -> float:
 
 def _host_registry() -> CollectorRegistry:
     """This host's process metrics: every process's files (multiprocess mode) or this process's."""
-    import os
 
     reg = CollectorRegistry()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from embeddings.metric_files import LiveProcessCollector
 
         LiveProcessCollector(reg)  # dead processes' files settled at each scrape
     else:
@@ -273,7 +284,6 @@ def worker_endpoint(port: int, addr: str = "0.0.0.0"):
         ``(server, thread)`` from ``prometheus_client.start_http_server``, or ``None`` when the port
         is taken (another worker process of this host serves the same folder already).
     """
-    from prometheus_client import start_http_server
 
     try:
         return start_http_server(port, addr=addr, registry=_host_registry())
@@ -289,7 +299,6 @@ def serve_worker_metrics(sender=None, **kwargs):
     ``settings.METRICS_PORT`` (0: not served). A thread in the parent, started after the pool's
     children fork (they write their files; it reads them). Returns what :func:`worker_endpoint`
     returns (``None`` when not served)."""
-    from django.conf import settings
 
     port = getattr(settings, "METRICS_PORT", 0)
     if port:
@@ -309,7 +318,6 @@ def metrics_view(request) -> HttpResponse:
 def worker_sampler():
     """The process's running ``workers.utilisation.Sampler``, feeding the utilisation gauges
     (started on first use, in the process that runs chunks: never in a Celery parent)."""
-    from workers.utilisation import process_sampler
 
     sampler = process_sampler()
     sampler.on_sample(observe_utilisation)
@@ -330,10 +338,7 @@ def job_record_utilisation(*, job_id, since: float, config) -> int:
     Returns:
         The number of new samples.
     """
-    from django.db import transaction
 
-    from embeddings.models import Job
-    from workers.utilisation import merge_rows
 
     sampler = worker_sampler()
     new = sampler.take_new(str(job_id), since)
@@ -367,7 +372,6 @@ def pipeline_settings(config) -> dict:
 def job_utilisation(job) -> dict:
     """``{"summary": {...}, "interval_s": s, "rows": [...]}`` for the job API (rows as stored: one a
     second, or buckets of ``interval_s`` with their sample count as a fifth element)."""
-    from workers.utilisation import Sample, summarise
 
     rows = (job.utilisation or {}).get("rows", [])
     return {"summary": summarise(Sample.from_row(r) for r in rows),
@@ -376,8 +380,6 @@ def job_utilisation(job) -> dict:
 
 def lane_summaries(*, last: int = 1000) -> dict[str, dict]:
     """Stage min / avg / max / p95 per lane over each lane's ``last`` batches."""
-    from embeddings.models import Lane
-    from embeddings.selectors import stage_summary
 
     out = {}
     for lane in Lane.values:

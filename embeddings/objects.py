@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
+import boto3
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from embeddings.errors import ApplicationError
@@ -251,8 +253,6 @@ def make_client(*, endpoint_url: str | None = None, region: str | None = None, a
     ``AWS_S3_ADDRESSING_STYLE``). Empty values leave boto3's own chain to decide (instance roles,
     ``~/.aws``); ``addressing_style="path"`` for servers without per-bucket host names (MinIO,
     moto, Ceph)."""
-    import boto3
-    from botocore.config import Config
 
     config = Config(s3={"addressing_style": addressing_style}) if addressing_style else None
     return boto3.client("s3", endpoint_url=endpoint_url or None, region_name=region or None,

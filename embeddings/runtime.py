@@ -9,16 +9,30 @@ what "load once per worker process, after fork" means for Celery's solo and thre
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import os
+import shutil
 import socket
 import threading
 import types
 from pathlib import Path
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.files.storage import FileSystemStorage
+from django.utils.module_loading import import_string
 
+from embeddings import lane_control, spaces
+from embeddings.models import EmbeddingSpace, SpaceState
+from embeddings.objects import ObjectError, make_client, open_object
 from embeddings.storage import BlobStore
+from project.celery import app
+from workers.errors import ImageRejected, Reason
+from workers.fetch import Fetcher, FetchPolicy
+from workers.model_config import embed_dim
+from workers.vector_store import open_store
+from workers.vector_store.edge import BackgroundOptimizer
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +49,6 @@ def blob_store() -> BlobStore:
     Raises:
         django.core.exceptions.ImproperlyConfigured: no ``blobs`` entry in ``STORAGES``.
     """
-    from django.core.exceptions import ImproperlyConfigured
-    from django.core.files.storage import FileSystemStorage
-    from django.utils.module_loading import import_string
 
     config = settings.STORAGES.get("blobs")
     if config is None:
@@ -53,7 +64,6 @@ def blob_store() -> BlobStore:
 def source_client():
     """The boto3 S3 client of the catalogue buckets (``SOURCE_BUCKETS``), built on first use with
     the blob store's endpoint and credentials (``settings.SOURCE_S3``)."""
-    from embeddings.objects import make_client
 
     return make_client(**settings.SOURCE_S3)
 
@@ -64,8 +74,6 @@ def source_object(bucket: str, key: str) -> bytes:
     Raises:
         ImageRejected: ``source_missing`` (no such object), ``too_large``.
     """
-    from embeddings.objects import ObjectError, open_object
-    from workers.errors import ImageRejected, Reason
 
     try:
         return open_object(source_client(), bucket, key, max_bytes=settings.PIPELINE.max_image_bytes)
@@ -78,9 +86,7 @@ def source_object(bucket: str, key: str) -> bytes:
 def fetcher():
     """This process's URL fetcher (``workers.fetch.Fetcher``) under the ``FETCH_*`` settings: one
     per process, so its per-host bound and pooled connections span every thread."""
-    import ipaddress
 
-    from workers.fetch import Fetcher, FetchPolicy
 
     return Fetcher(FetchPolicy(
         connect_timeout_s=settings.FETCH_CONNECT_TIMEOUT_S, read_timeout_s=settings.FETCH_READ_TIMEOUT_S,
@@ -101,9 +107,7 @@ def webhook_poster():
 
 @functools.lru_cache(maxsize=4)
 def _webhook_poster(timeout_s: float, connect_s: float, per_host: int, allow: tuple[str, ...]):
-    import ipaddress
 
-    from workers.fetch import Fetcher, FetchPolicy
 
     return Fetcher(FetchPolicy(
         connect_timeout_s=min(connect_s, timeout_s), read_timeout_s=timeout_s, total_timeout_s=timeout_s,
@@ -157,7 +161,6 @@ class _PerModel:
 
 
 def _config(model_id: str):
-    from embeddings import spaces
 
     return spaces.config_for_model_id(model_id)
 
@@ -168,7 +171,7 @@ def _encoder_holder(model_id: str):
     Raises:
         embeddings.spaces.ModelNotConfigured: this process may not load that model.
     """
-    from workers.model import EncoderHolder
+    from workers.model import EncoderHolder  # deferred: would load torch
 
     return EncoderHolder(_config(model_id))
 
@@ -179,7 +182,7 @@ encoder_holder = _PerModel(_encoder_holder)
 
 def _batch_runner(model_id: str):
     """The ``workers.runner.BatchRunner`` (decode thread pool + model) of space ``model_id``."""
-    from workers.runner import BatchRunner
+    from workers.runner import BatchRunner  # deferred: would load torch
 
     return BatchRunner(_config(model_id), encoder_holder(model_id))
 
@@ -190,8 +193,8 @@ batch_runner = _PerModel(_batch_runner)
 
 def _dynamic_batcher(model_id: str):
     """The interactive lane's ``workers.batcher.DynamicBatcher`` over space ``model_id``'s model."""
-    from workers.batcher import DynamicBatcher
-    from workers.preprocess import normalize
+    from workers.batcher import DynamicBatcher  # deferred: would load torch
+    from workers.preprocess import normalize  # deferred: would load torch
 
     holder = encoder_holder(model_id)
 
@@ -211,8 +214,6 @@ def _dynamic_batcher(model_id: str):
 def _pass_hook(model_id: str):
     """The dynamic batcher's ``on_pass``: admission counts a running pass as the time it has left
     (``lane_control.keys.PASSES_KEY``). None where admission sees nothing (admission off, eager Celery)."""
-    from embeddings import lane_control
-    from project.celery import app
 
     if not settings.ADMISSION_CONTROL or app.conf.task_always_eager:
         return None
@@ -240,13 +241,10 @@ def _vector_store(model_id: str):
         workers.vector_store.CollectionMismatch: the existing collection has another size/distance.
         workers.vector_store.StoreError: the embedded folder is owned by another process.
     """
-    from workers.model_config import embed_dim
-    from workers.vector_store import open_store
 
     collection = dim = None
     cfg = settings.PIPELINE
     if model_id != configured_model_id():
-        from embeddings.models import EmbeddingSpace
 
         row = EmbeddingSpace.objects.filter(model_id=model_id).values_list("collection", "dim").first()
         if row is not None:
@@ -255,7 +253,6 @@ def _vector_store(model_id: str):
             cfg = _config(model_id)
     if collection is None:
         collection, dim = cfg.collection_name, embed_dim(cfg.model_name)
-    from embeddings import spaces
 
     store = open_store(settings.VECTOR_STORE, collection=collection, dim=dim,
                        url=settings.QDRANT_URL or None, path=settings.QDRANT_PATH, fsync=settings.VECTOR_STORE_FSYNC,
@@ -266,7 +263,6 @@ def _vector_store(model_id: str):
         log.warning("the edge vector store is empty but %s holds a local-mode store: stop the vectors worker and run "
                     "`python manage.py store_migrate` to copy it (the source is kept)", old_folder)
     if store.kind == "edge" and settings.VECTOR_STORE_OPTIMIZE_IDLE_S > 0:
-        from workers.vector_store.edge import BackgroundOptimizer
 
         BackgroundOptimizer(store, idle_s=settings.VECTOR_STORE_OPTIMIZE_IDLE_S,
                             min_points=settings.VECTOR_STORE_OPTIMIZE_MIN_POINTS).start()
@@ -291,9 +287,7 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
     Returns:
         True when something was deleted.
     """
-    import shutil
 
-    from workers.vector_store import open_store
 
     store = vector_store.forget(model_id)
     if store is None:
@@ -314,13 +308,11 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
 def model_id() -> str:
     """The active embedding space's ``model_id`` (``embeddings.spaces.active``, cached
     ≤ ``SPACE_CACHE_S``): the space new uploads and searches use."""
-    from embeddings import spaces
 
     return spaces.active().model_id
 
 
 def _forget_active() -> None:
-    from embeddings import spaces
 
     spaces.forget_cache()
 
@@ -348,8 +340,6 @@ def warm_spaces() -> list[str]:
     Returns:
         The model ids loaded by this call (already loaded ones are not counted).
     """
-    from embeddings.models import EmbeddingSpace, SpaceState
-    from embeddings import spaces
 
     configured = spaces.configured_configs()
     wanted = set(EmbeddingSpace.objects.filter(state__in=(SpaceState.ACTIVE, SpaceState.CANDIDATE, SpaceState.STANDBY))
@@ -371,7 +361,6 @@ def configured_model_warning() -> str | None:
     the active space's: the active row decides (issue 13), and changing the variables is a
     migration (docs/operations.md "Changing the model"), not a switch. None when they agree or when
     no space exists yet (the first read creates it from the configuration)."""
-    from embeddings.models import EmbeddingSpace, SpaceState
 
     active = EmbeddingSpace.objects.filter(state=SpaceState.ACTIVE).values_list("model_id", flat=True).first()
     configured = configured_model_id()

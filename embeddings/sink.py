@@ -17,8 +17,11 @@ from __future__ import annotations
 import enum
 import time
 
+import httpx
+import redis
 from django.conf import settings
 from kombu.exceptions import OperationalError
+from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
 from embeddings import dispatch
 from embeddings.errors import ApplicationError
@@ -38,7 +41,6 @@ def broker_refusal(exc: BaseException | None) -> ApplicationError | None:
       take messages off the queues.
     - ``broker_unavailable``: kombu's ``OperationalError`` for anything else (Redis cannot be reached).
     """
-    import redis
 
     seen, e = [], exc
     while e is not None and e not in seen:  # the exception and what it was raised from
@@ -138,11 +140,6 @@ def store_send(name: str, *args, interactive: bool) -> None:
 def _here(name: str, *args):
     """Run store task ``name`` in this process; a server that cannot be reached (connection,
     timeout, 5xx) is the API's 503 ``vectors_unavailable``, as when the vectors worker is down."""
-    import httpx
-    from qdrant_client.http.exceptions import (
-        ResponseHandlingException,
-        UnexpectedResponse,
-    )
 
     try:
         return dispatch.run_here(name, *args)

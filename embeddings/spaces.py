@@ -15,6 +15,8 @@ from django.db import IntegrityError, transaction
 
 from embeddings.models import DUAL_EMBED_STATES, EmbeddingSpace, SpaceState
 from workers.config import PipelineConfig
+from workers.model_config import embed_dim
+from workers.vector_store.filters import parse_indexed_fields
 
 _cache_lock = threading.Lock()
 _cache: tuple[float, EmbeddingSpace] | None = None  # (monotonic time read, row)
@@ -27,7 +29,6 @@ def space_for_config(cfg: PipelineConfig) -> dict:
         ValueError: open_clip has no such architecture.
         FileNotFoundError: ``cfg.pretrained`` names a checkpoint file that does not exist.
     """
-    from workers.model_config import embed_dim
 
     return {"model_id": cfg.model_id, "model_name": cfg.model_name, "pretrained": cfg.pretrained, "seed": cfg.seed,
             "precision": cfg.precision, "collection": cfg.collection_name, "dim": embed_dim(cfg.model_name)}
@@ -173,6 +174,5 @@ def declared_fields() -> dict[str, str]:
     """``{metadata field: type}`` declared by ``METADATA_INDEXES``: every collection's payload
     indexes, how text manifests type those columns, and the types their values must hold (the one
     reader of that setting)."""
-    from workers.vector_store.filters import parse_indexed_fields
 
     return parse_indexed_fields(settings.METADATA_INDEXES) if settings.METADATA_INDEXES else {}

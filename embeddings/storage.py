@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import BinaryIO, Iterable, Iterator
 
 from django.core.files import File
+from django.core.files.base import ContentFile
 from django.core.files.storage import FileSystemStorage, Storage
 
 from workers import thumbnail
@@ -263,7 +264,6 @@ def thumbnail_exists(store: BlobStore, sha256: str) -> bool:
 def thumbnail_put(store: BlobStore, sha256: str, data: bytes) -> bool:
     """Write the thumbnail of ``sha256`` (atomically on a filesystem), unless it exists. Returns
     True when written."""
-    from django.core.files.base import ContentFile
 
     name = thumbnail_key(sha256)
     if thumbnail_exists(store, sha256):
@@ -310,7 +310,6 @@ def preview_exists(store: BlobStore, sha256: str) -> bool:
 def preview_put(store: BlobStore, sha256: str, data: bytes) -> bool:
     """Write the preview of ``sha256`` (atomically on a filesystem), unless it exists. Returns True
     when written."""
-    from django.core.files.base import ContentFile
 
     name = preview_key(sha256)
     if store.storage.exists(name):

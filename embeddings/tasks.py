@@ -27,6 +27,8 @@ from celery import shared_task
 from celery.signals import task_revoked
 from django.conf import settings
 
+from embeddings import lane_control, metrics, runtime
+
 # the message options live with the sending (``embeddings.dispatch``); re-exported for callers here
 from embeddings.dispatch import (  # noqa: F401
     bulk_options,
@@ -34,11 +36,19 @@ from embeddings.dispatch import (  # noqa: F401
     interactive_options,
     vectors_options,
 )
+from embeddings.models import Job
+from embeddings.services import reconcile as reconcile_services
+from embeddings.services.catalogue import fetching, reading
+from embeddings.services.catalogue.images import images_mark_failed
+from embeddings.services.duplicates import calibration, scan
+from embeddings.services.duplicates.steps import send_step
+from embeddings.services.lifecycle import cutoff, gate, model_migrations
+from embeddings.services.lifecycle.model_migrations import migration_fill as fill
 from embeddings.services.queues import bulk as bulk_queue
 from embeddings.services.queues import interactive as interactive_queue
 from embeddings.services.queues import vectors as vectors_queue
 from embeddings.services.queues.store_writes import STORE_ERRORS
-from embeddings import lane_control
+from embeddings.services.webhooks import delivery as webhook_delivery
 from project import lanes
 from workers.errors import Reason
 
@@ -70,7 +80,6 @@ def job_read(job_id: str) -> dict:
     """Read a catalogue job's manifest or prefix into rows, slice by slice, each slice's rows sent
     to ``fetch_chunk`` (``services.catalogue.reading.job_read``; a redelivery continues after the
     rows already made)."""
-    from embeddings.services.catalogue import reading
 
     return reading.job_read(job_id=job_id)
 
@@ -79,7 +88,6 @@ def job_read(job_id: str) -> dict:
 def fetch_chunk(job_id: str, image_ids: list[str]) -> dict:
     """Fetch one chunk of a catalogue job's URLs and objects, then send its originals on as an
     ``embed_chunk`` (``services.catalogue.fetching.chunk_fetch``)."""
-    from embeddings.services.catalogue import fetching
 
     return fetching.chunk_fetch(job_id=job_id, image_ids=image_ids)
 
@@ -88,7 +96,6 @@ def fetch_chunk(job_id: str, image_ids: list[str]) -> dict:
 def send_webhook_delivery(delivery_id: int, attempt: int) -> dict:
     """Make one attempt of a webhook delivery (``services.webhook_delivery.delivery_attempt``: a
     message for an attempt already made does nothing)."""
-    from embeddings.services.webhooks import delivery as webhook_delivery
 
     return webhook_delivery.delivery_attempt(delivery_id=delivery_id, attempt=attempt)
 
@@ -120,7 +127,6 @@ def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
     with _in_flight(task, len(image_ids)):
         out = interactive_queue.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
     if not task.request.is_eager:
-        from embeddings import runtime
 
         # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies
         lane_control.interactive_report(runtime.dynamic_batcher().records, worker=task.request.hostname or "",
@@ -186,8 +192,6 @@ def expire_discarded_upload(sender=None, request=None, expired=False, **kwargs) 
     deadline_ts = kwargs.get("deadline_ts", args[1] if len(args) > 1 else None)
     if not image_ids:
         return
-    from embeddings import metrics
-    from embeddings.services.catalogue.images import images_mark_failed
 
     late = f"{time.time() - float(deadline_ts):.1f} s " if deadline_ts is not None else ""
     images_mark_failed([(i, Reason.EXPIRED.value, f"deadline passed {late}before a worker took it") for i in image_ids])
@@ -212,7 +216,6 @@ def index_interactive(embedded: dict, owner_id: int | None, k: int, skipped_ids:
     stored vector)."""
     out = vectors_queue.interactive_index(embedded=embedded, owner_id=owner_id, k=k, skipped_ids=skipped_ids,
                                           vectors=vectors)
-    from embeddings import metrics
 
     metrics.count_images(lane=lanes.INTERACTIVE, status="embedded", n=len(embedded.get("items", [])))
     failed = embedded.get("failed", [])
@@ -276,7 +279,6 @@ def forget_point(point_id: str, sha256: str, model_id: str) -> str:
 @shared_task
 def drop_collection(model_id: str, collection: str, dim: int) -> bool:
     """Delete a dropped space's collection with its points (``model_migrations.space_drop``)."""
-    from embeddings import runtime
 
     return runtime.drop_collection(model_id, collection, dim)
 
@@ -284,7 +286,6 @@ def drop_collection(model_id: str, collection: str, dim: int) -> bool:
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def migration_fill(space_id: int) -> int:
     """Create and queue a migration's copy rows, a batch at a time (``model_migrations.migration_fill``)."""
-    from embeddings.services.lifecycle.model_migrations import migration_fill as fill
 
     return fill(space_id=space_id)
 
@@ -293,8 +294,6 @@ def migration_fill(space_id: int) -> int:
 def job_done(job_id: str) -> None:
     """A job has just finished: a finished migration job's space gets its quality gate
     (``services.lifecycle.model_migrations.migration_job_done``)."""
-    from embeddings.models import Job
-    from embeddings.services.lifecycle import model_migrations
 
     job = Job.objects.filter(id=job_id).first()
     if job is not None:
@@ -310,7 +309,6 @@ def collection_stats(model_id: str) -> dict:
 @shared_task(ignore_result=True)
 def reconcile() -> dict | None:
     """One reconciler round (``embeddings/services/reconcile.py``); ``None`` if a round is running."""
-    from embeddings.services import reconcile as reconcile_services
 
     report = reconcile_services.reconcile_once()
     return None if report is None else dataclasses.asdict(report)
@@ -323,7 +321,6 @@ def reconcile() -> dict | None:
 def gate_embed(model_id: str, picks: list[dict], reference: str | None) -> dict:
     """Embed the quality gate's re-encoded copies with space ``model_id``'s model and the
     ``reference`` space's (None: no reference space) (bulk queue, one bulk turn: it computes like a chunk)."""
-    from embeddings.services.lifecycle import gate
 
     with lane_control.bulk_turn():
         return gate.gate_embed(model_id=model_id, picks=picks, reference=reference)
@@ -332,7 +329,6 @@ def gate_embed(model_id: str, picks: list[dict], reference: str | None) -> dict:
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def gate_check(embedded: dict, model_id: str, run: str) -> dict:
     """Search each copy's top-1 in space ``model_id``'s collection and record the gate report."""
-    from embeddings.services.lifecycle import gate
 
     return gate.gate_check(embedded=embedded, model_id=model_id, run=run)
 
@@ -340,7 +336,6 @@ def gate_check(embedded: dict, model_id: str, run: str) -> dict:
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def cutoff_encode_texts(model_id: str) -> dict:
     """The calibration prompts through space ``model_id``'s text tower (bulk queue)."""
-    from embeddings.services.lifecycle import cutoff
 
     return cutoff.encode_prompts(model_id=model_id)
 
@@ -348,7 +343,6 @@ def cutoff_encode_texts(model_id: str) -> dict:
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def cutoff_compute(texts: dict, model_id: str) -> dict:
     """Compute and store space ``model_id``'s cutoffs from its stored vectors (vectors queue)."""
-    from embeddings.services.lifecycle import cutoff
 
     return cutoff.calibrate(model_id=model_id, texts=texts)
 
@@ -360,8 +354,6 @@ def cutoff_compute(texts: dict, model_id: str) -> dict:
 def duplicates_calibration_embed(scan_id: int, run: str, model_id: str, picks: list[dict]) -> None:
     """Embed the calibration copies of an owner's sampled images (bulk queue, one bulk turn), then
     send ``duplicates_calibrate`` with them to the store's owner."""
-    from embeddings.services.duplicates import calibration
-    from embeddings.services.duplicates.steps import send_step
 
     with lane_control.bulk_turn():
         embedded = calibration.calibration_embed(model_id=model_id, picks=picks)
@@ -371,7 +363,6 @@ def duplicates_calibration_embed(scan_id: int, run: str, model_id: str, picks: l
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def duplicates_calibrate(embedded: dict, scan_id: int, run: str) -> dict:
     """The scan's threshold from its copies' embeddings; then its first slice (vectors queue)."""
-    from embeddings.services.duplicates import calibration
 
     return calibration.calibrate(embedded=embedded, scan_id=scan_id, run=run)
 
@@ -379,7 +370,6 @@ def duplicates_calibrate(embedded: dict, scan_id: int, run: str) -> dict:
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def duplicates_scan_slice(scan_id: int, run: str, offset: str | None) -> dict:
     """One slice of an owner's near-duplicate scan (vectors queue, background priority)."""
-    from embeddings.services.duplicates import scan
 
     return scan.scan_slice(scan_id=scan_id, run=run, offset=offset)
 
@@ -387,6 +377,5 @@ def duplicates_scan_slice(scan_id: int, run: str, offset: str | None) -> dict:
 @shared_task(autoretry_for=_STORE_ERRORS, retry_backoff=2, retry_backoff_max=60, max_retries=5, ignore_result=True)
 def duplicates_update(scan_id: int, point_ids: list[str]) -> dict:
     """Group points just written into a finished scan (vectors queue, background priority)."""
-    from embeddings.services.duplicates import scan
 
     return scan.scan_update(scan_id=scan_id, point_ids=point_ids)

@@ -28,12 +28,21 @@ from http import HTTPStatus
 from urllib.parse import unquote_to_bytes
 
 from django.core.exceptions import BadRequest
-from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponsePermanentRedirect,
+    JsonResponse,
+)
 from django.http.multipartparser import MultiPartParserError
 from django.middleware import common
 from django.template import loader
 from django.urls import is_valid_path
 from django.utils.http import escape_leading_slashes
+
+from embeddings.api.embeddings import OPENAI_TYPES
+from embeddings.api.errors import as_application_error
+from embeddings.site.words import reason_words
 
 #: C0 control characters other than tab, line feed and carriage return: the ones XML 1.0's ``Char``
 #: production leaves out too. Tab, LF and CR stay allowed: JSON or text pasted into a query parameter
@@ -78,7 +87,6 @@ def body_for(request: HttpRequest, status: int, code: str, message: str, extra: 
     if where == "api":
         return {"message": message, "code": code, "extra": extra or {}}
     if where == "openai":
-        from embeddings.api.embeddings import OPENAI_TYPES
 
         kind = OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
         return {"error": {"message": message, "type": kind, "param": (extra or {}).get("param"), "code": code}}
@@ -94,7 +102,6 @@ def refusal(request: HttpRequest, status: int, code: str, message: str, extra: d
     body = body_for(request, status, code, message, extra)
     if body is not None:
         return JsonResponse(body, status=status)
-    from embeddings.site.words import reason_words
 
     context = {"status": status, "title": TITLES.get(status, HTTPStatus(status).phrase), "message": message,
                "code": code, "words": reason_words(code)}
@@ -201,7 +208,6 @@ def handler400(request, exception=None):
     """``handler400``: a request Django cannot read (``SuspiciousOperation``, ``BadRequest``, a form
     body over its limits) → 400, or 413 ``request_too_large`` for a body over
     ``DATA_UPLOAD_MAX_MEMORY_SIZE``, in the area's shape."""
-    from embeddings.api.errors import as_application_error
 
     err = as_application_error(exception) if exception is not None else None
     if err is not None:

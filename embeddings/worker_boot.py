@@ -19,7 +19,11 @@ import time
 from celery.signals import celeryd_init, worker_ready
 from django.conf import settings
 
+from embeddings import runtime
+from embeddings.checks import EX_CONFIG
+from embeddings.services import reconcile
 from project import lanes
+from workers.config import emulated_precision_warning
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +110,6 @@ def warn_emulated_precision(sender, **kwargs) -> None:
     :func:`warm_model`. Reads ``/proc/cpuinfo`` (and NVML): no torch, no CUDA in the parent."""
     queues = _consumed(sender)
     if lanes.BULK in queues and lanes.INTERACTIVE not in queues:
-        from workers.config import emulated_precision_warning
 
         if (warning := emulated_precision_warning(settings.PIPELINE)) is not None:
             log.warning("%s", warning)
@@ -126,8 +129,6 @@ def warm_model(sender, **kwargs) -> None:
     """
     pool = type(sender.pool).__module__ if getattr(sender, "pool", None) else ""
     if lanes.INTERACTIVE in _consumed(sender) and ("thread" in pool or "solo" in pool):
-        from embeddings import runtime
-        from embeddings.checks import EX_CONFIG
 
         try:
             runtime.dynamic_batcher()
@@ -148,7 +149,6 @@ def _start_space_warmer() -> None:
     model load. A failed round is logged and retried. The thread runs at nice
     :data:`WARM_SPACES_NICE` (Linux sets a thread's own niceness): loading a model when a migration
     starts must not slow the requests this worker is answering."""
-    from embeddings import runtime
 
     def loop() -> None:
         with contextlib.suppress(AttributeError, OSError):  # os.setpriority: POSIX; per thread on Linux
@@ -172,7 +172,6 @@ def _start_space_warmer() -> None:
 def warn_configured_model_not_active(sender, **kwargs) -> None:
     """At a worker's start: say so loudly when CLIP_MODEL is not the active space's model (the
     active row decides; changing the variables is a migration: docs/operations.md)."""
-    from embeddings import runtime
 
     try:
         warning = runtime.configured_model_warning()
@@ -189,6 +188,5 @@ def start_reconciler(sender, **kwargs) -> None:
     """Run the reconciler in the worker that owns the vector store (one per deployment), every
     ``RECONCILE_INTERVAL_S``; a Redis lock keeps rounds from overlapping wherever else it runs."""
     if lanes.VECTORS in _consumed(sender) and settings.RECONCILE_INTERVAL_S > 0:
-        from embeddings.services.reconcile import reconciler_start
 
-        reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)
+        reconcile.reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)

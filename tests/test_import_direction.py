@@ -193,8 +193,8 @@ def test_the_reader_sees_the_imports_that_matter():
     every package read (the last guard skipped any path with a part named ``migrations``)."""
     graph = import_graph()
     assert "embeddings.services.queues.bulk" in graph["embeddings.tasks"]     # module level
-    assert "embeddings.services.reconcile" in graph["embeddings.tasks"]       # inside a function
-    assert "embeddings.dispatch" in graph["embeddings.services.catalogue.jobs"]  # inside job_create
+    assert "workers.model" in graph["embeddings.runtime"]                     # inside encoder_holder
+    assert "embeddings.services.catalogue.images" in graph["embeddings.apps"]  # inside a signal handler
     assert "embeddings.sink" in graph["embeddings.services.queues.bulk"]
     assert "embeddings.services.lifecycle.model_migrations" in graph
     assert "embeddings.api.model_migrations" in graph
@@ -289,3 +289,37 @@ def f():
         "embeddings.api.search:_hidden", "embeddings.api:_sibling", "embeddings.services:_helper",
         "tests.conftest:_fixture", "workers.vector_store:_inner"]
     assert private_imports("embeddings.api", "from . import _x", is_package=True) == ["embeddings.api:_x"]
+
+
+#: Imports inside functions in ``embeddings/``: each would load torch in the web process or touch
+#: Django's app registry before it is ready, and says so in a ``deferred: ...`` comment.
+DEFERRED_IMPORTS = 14
+
+
+def deferred_imports(source: str) -> list[tuple[int, str]]:
+    """``(line, the line's text)`` of every import statement inside a function of ``source``."""
+    lines = source.splitlines()
+    found = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append((child.lineno, lines[child.lineno - 1]))
+            visit(child, inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def test_imports_sit_at_the_top_but_for_the_few_that_say_why():
+    """An import inside a function hides who depends on whom; the ones left keep torch out of the web
+    process or wait for the app registry, and the count only goes down."""
+    found = {f"{name}:{line}": text.strip() for name, path in modules().items() if name.startswith("embeddings.")
+             for line, text in deferred_imports(path.read_text())}
+    assert {k: v for k, v in found.items() if "deferred: " not in v} == {}
+    assert len(found) <= DEFERRED_IMPORTS, sorted(found)
+
+
+def test_a_deferred_import_is_found():
+    source = "import os\n\ndef f():\n    import json  # deferred: would load torch\n    def g():\n        from a import b\n"
+    assert deferred_imports(source) == [(4, "    import json  # deferred: would load torch"), (6, "        from a import b")]

@@ -1,7 +1,13 @@
 """One error shape for the whole API: ``{"message": str, "code": str, "extra": {...}}``."""
 from __future__ import annotations
 
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.conf import settings
+from django.core.exceptions import (
+    PermissionDenied,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
@@ -9,14 +15,13 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from embeddings.api.answer_size import bounded_error
 from embeddings.errors import ApplicationError
+from embeddings.sink import broker_refusal
 
 
 def as_application_error(exc: Exception) -> ApplicationError | None:
     """Django's request-limit exceptions → an :class:`ApplicationError` naming the limit; a write
     the broker's Redis refused (full, or not reachable) → its 503 (``sink.broker_refusal``)."""
-    from django.conf import settings
 
-    from embeddings.sink import broker_refusal
 
     refused = broker_refusal(exc)
     if refused is not None:

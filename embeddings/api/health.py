@@ -1,9 +1,10 @@
 """``/healthz``: liveness of the web process."""
 from __future__ import annotations
 
+from django.http import JsonResponse
+
 
 def healthz(request):
     """Liveness of the web process (no authentication, no dependencies)."""
-    from django.http import JsonResponse
 
     return JsonResponse({"ok": True})

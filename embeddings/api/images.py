@@ -7,13 +7,19 @@ import uuid
 
 from django.conf import settings
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import serializers, status
 from rest_framework.generics import GenericAPIView
 from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings import spaces
 from embeddings.api.catalogue_fields import with_identities
 from embeddings.api.errors import ErrorSerializer
 from embeddings.api.form_input import FormSerializer
@@ -34,9 +40,11 @@ from embeddings.api.vector_fields import (
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus
 from embeddings.selectors import images_visible_to
-from embeddings.services.interactive import upload as request_services
+from embeddings.services.catalogue.identity import image_update
 from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue.sources import from_uploads
+from embeddings.services.interactive import upload as request_services
+from embeddings.services.vectors import image_vectors
 
 
 class UploadQuerySerializer(FormSerializer):
@@ -148,8 +156,6 @@ def _vector_view(request, images) -> VectorView | None:
         ApplicationError: ``invalid`` (400: an unknown include or vector_format); the store is
             unavailable (503).
     """
-    from embeddings import spaces
-    from embeddings.services.vectors import image_vectors
 
     q = VectorQuerySerializer(data=request.query_params)
     q.is_valid(raise_exception=True)
@@ -242,7 +248,6 @@ class ImageDetailView(APIView):
                    description="Change your external_id and/or metadata (replaced whole) without re-embedding; the "
                                "vector's payload follows before the answer, so the next search filters by it.")
     def patch(self, request, image_id):
-        from embeddings.services.catalogue.identity import image_update
 
         im = get_object_or_404(images_visible_to(request.user), id=image_id)
         s = ImagePatchSerializer(data=request.data)

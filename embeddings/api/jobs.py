@@ -18,13 +18,18 @@ from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
 from embeddings.api.request_body import check_parts, parsed, uploaded_files
 from embeddings.api.schema import errors
-from embeddings.api.webhook_fields import CallbackUrlsField, WebhookCreatedSerializer, WebhookSerializer
+from embeddings.api.webhook_fields import (
+    CallbackUrlsField,
+    WebhookCreatedSerializer,
+    WebhookSerializer,
+)
 from embeddings.errors import ApplicationError
 from embeddings.models import Job, JobPriority, WebhookEvent
 from embeddings.selectors import jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services.webhooks import endpoints as webhook_services
+from embeddings.services.catalogue import reading
 from embeddings.services.catalogue.sources import from_folder, from_uploads, from_zip
+from embeddings.services.webhooks import endpoints as webhook_services
 
 
 class JobCreateSerializer(FormSerializer):
@@ -209,7 +214,6 @@ class JobListView(GenericAPIView):
     @staticmethod
     def _remote(user, v: dict, manifest) -> Response:
         """A job read by the fetch worker: from an uploaded manifest, a bucket manifest or a prefix."""
-        from embeddings.services.catalogue import reading
 
         common = {"owner": user, "name": v["name"], "priority": v["priority"], "deadline": v["deadline"],
                   "callbacks": v["callbacks"]}

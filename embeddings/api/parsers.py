@@ -33,7 +33,12 @@ from email.message import Message
 from email.utils import collapse_rfc2231_value
 
 from django.conf import settings
-from django.core.exceptions import SuspiciousMultipartForm, TooManyFieldsSent, TooManyFilesSent
+from django.core.exceptions import (
+    RequestDataTooBig,
+    SuspiciousMultipartForm,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
 from django.core.files.uploadhandler import SkipFile, StopFutureHandlers, StopUpload
 from django.http import QueryDict
 from django.http.multipartparser import (
@@ -53,7 +58,6 @@ from rest_framework.negotiation import DefaultContentNegotiation
 from embeddings.api import json_input
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.sources import safe_name
-
 
 #: Refused parts an answer lists; the others are only counted, so that an answer stays a few KB
 #: whatever the body holds (20,000 parts without headers once made a 1.98 MB answer to 260 KB).
@@ -289,7 +293,6 @@ class MultiPartParser(DjangoMultiPartParser):
                 pass  # Django keeps undecodable base64 fields as sent
         self._field_bytes += len(data) + len(name) + 2  # as Django counts: the urlencoded "&name="
         if max_bytes is not None and self._field_bytes > max_bytes:
-            from django.core.exceptions import RequestDataTooBig
 
             raise RequestDataTooBig("Request body exceeded settings.DATA_UPLOAD_MAX_MEMORY_SIZE.")
         self._post.appendlist(name, data.decode(self._encoding, errors="replace"))

@@ -14,11 +14,16 @@ import inspect
 from django.conf import settings
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import (
+    SCHEMA_KWARGS,
+    SpectacularAPIView,
+    SpectacularSwaggerView,
+)
 from rest_framework.renderers import JSONRenderer
 
 from embeddings.api.errors import ErrorSerializer
 from embeddings.api.parsers import AnyAccept
+from workers.vector_store import filters
 
 #: What each error status means in this service (README "API"); the ``code`` values are stable.
 ERROR_STATUS = {
@@ -133,7 +138,6 @@ def metadata_filter_components() -> dict:
     each alternative of its ``oneOf`` a named component of its own (``MetadataAnd``, ``MetadataOr``,
     ``MetadataNot``, ``MetadataCondition``): generated clients (openapi-python-client) read a union
     of named objects, not one of inline objects."""
-    from workers.vector_store import filters
 
     ref = "#/components/schemas/"
     components = filters.json_schema(ref=ref)

@@ -4,16 +4,22 @@ optional diversity (docs/search.md); its request and answer shapes."""
 from __future__ import annotations
 
 import math
+import uuid as _uuid
 from collections.abc import Mapping
 
 from django.conf import settings
 from django.core.validators import RegexValidator
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
+from drf_spectacular.utils import (
+    PolymorphicProxySerializer,
+    extend_schema,
+    extend_schema_field,
+)
 from rest_framework import serializers
 from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings import spaces
 from embeddings.api.catalogue_fields import search_filter
 from embeddings.api.form_input import FormSerializer
 from embeddings.api.json_input import JSONField
@@ -21,13 +27,20 @@ from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
 from embeddings.api.request_body import check_parts, parsed, uploaded_files
 from embeddings.api.schema import RETRY_AFTER, errors
-from embeddings.api.vector_fields import INCLUDE_HELP, VECTOR_FORMAT_HELP, VECTOR_SCHEMA, IncludeField
+from embeddings.api.vector_fields import (
+    INCLUDE_HELP,
+    VECTOR_FORMAT_HELP,
+    VECTOR_SCHEMA,
+    IncludeField,
+)
 from embeddings.errors import ApplicationError
+from embeddings.messages import decode_vector
+from embeddings.services.catalogue.sources import from_uploads
 from embeddings.services.interactive import examples as example_services
 from embeddings.services.interactive import search as search_services
 from embeddings.services.interactive.examples import MAX_EXAMPLES
 from embeddings.services.interactive.search import MAX_CANDIDATES
-from embeddings.services.catalogue.sources import from_uploads
+from embeddings.services.lifecycle import cutoff
 from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 
 
@@ -228,7 +241,6 @@ def parse_examples(value, side: str) -> list[dict]:
             or an item that is not an object with exactly one of ``image_id`` (a UUID) or ``text``
             (not blank, at most 2,000 characters, no NUL).
     """
-    import uuid as _uuid
 
     if value is None:
         return []
@@ -306,8 +318,6 @@ class SearchView(APIView):
                                        code="too_many_examples", extra={"limit": "MAX_EXAMPLES",
                                                                         "value": example_services.MAX_EXAMPLES})
         where = search_filter(data.get("filter") if hasattr(data, "get") else None)  # refused before any bytes are kept
-        from embeddings.services.lifecycle import cutoff
-        from embeddings import spaces
 
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
         with_vectors = "vector" in v.get("include", set())
@@ -324,7 +334,6 @@ class SearchView(APIView):
             results = search_services.search(
                 text=v.get("text"), image=image, image_id=str(v["image_id"]) if v.get("image_id") else None, **scope)
         if with_vectors and v["vector_format"] == "float":  # the store answers base64
-            from embeddings.messages import decode_vector
 
             results = [{**r, "vector": decode_vector(r["vector"]).tolist()} if "vector" in r else r for r in results]
         if by_examples:  # scores of a strategy are not cosines: only a requested min_score cuts

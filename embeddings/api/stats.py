@@ -2,13 +2,17 @@
 space, and stage timings per lane."""
 from __future__ import annotations
 
+from django.db.models import Count
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings import sink, spaces
 from embeddings.api.schema import RETRY_AFTER, errors
 from embeddings.errors import ApplicationError
+from embeddings.metrics import lane_summaries
+from embeddings.models import EmbeddingSpace, Image
 
 
 class StatsSerializer(serializers.Serializer):
@@ -32,15 +36,10 @@ class StatsView(APIView):
                    parameters=[RETRY_AFTER], description="**Staff only** (403 `forbidden` for other users).",
                    extensions={"x-staff-only": True})
     def get(self, request):
-        from django.db.models import Count
 
-        from embeddings.models import Image
-        from embeddings import sink
 
         if not request.user.is_staff:
             raise ApplicationError("staff only", code="forbidden", status=403)
-        from embeddings.models import EmbeddingSpace
-        from embeddings import spaces
 
         users = Image.objects.filter(source__isnull=True)  # the users' rows, not migration copies (issue 13)
         counts = {r["status"]: r["n"] for r in users.values("status").annotate(n=Count("id"))}
@@ -51,7 +50,6 @@ class StatsView(APIView):
                         .values_list("model_id", "n"))
         per_space = [{"model_id": sp.model_id, "state": sp.state, "collection": sp.collection,
                       "embedded_rows": embedded.get(sp.model_id, 0)} for sp in EmbeddingSpace.objects.all()]
-        from embeddings.metrics import lane_summaries
 
         return Response({"images": counts, "distinct_embedded": distinct, **store, "model_id": active.model_id,
                          "spaces": per_space,

@@ -7,7 +7,7 @@ from drf_spectacular.utils import OpenApiParameter, extend_schema_field
 from rest_framework import serializers
 
 from embeddings.api.form_input import FormSerializer
-
+from embeddings.services.exports.formats import vector_json
 
 #: Extra fields an answer can include on request (``include``, comma-separated): ``vector``, the
 #: image's stored vector in the searched / active embedding space.
@@ -77,7 +77,6 @@ class VectorView:
 
     def render(self, image_id: str):
         """The image's vector as JSON (``services.exports.vector_json``), None when it has none."""
-        from embeddings.services.exports.formats import vector_json
 
         v = self.vectors.get(image_id)
         return None if v is None else vector_json(v, self.vector_format)

@@ -58,6 +58,7 @@ from embeddings.lane_control.keys import (
     stale_after_s,
 )
 from project import lanes
+from project.celery import app
 from queueing import wait_ahead
 from queueing.wait_model import (
     Decision,
@@ -131,7 +132,6 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
             ``request_exceeds_deadline`` (413, no ``Retry-After``) when the request alone, in an
             empty lane, is predicted to take longer than its deadline.
     """
-    from project.celery import app
 
     if app.conf.task_always_eager or not settings.ADMISSION_CONTROL:
         return Decision(True, None)

@@ -31,6 +31,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+import redis
+from celery.worker import state
 from django.conf import settings
 from kombu.utils.scheduling import priority_cycle
 
@@ -162,7 +164,6 @@ def migration_slot(slots: int | None = None, *, hold_s: float | None = None) -> 
     after ``hold_s`` (the bulk task's time limit), so a process killed while holding one frees it.
     ``slots`` 0, or Redis unreachable: no limit (a migration must never stall on its own throttle).
     """
-    import redis
 
     slots = settings.MIGRATION_BULK_SLOTS if slots is None else slots
     if slots <= 0:
@@ -252,7 +253,6 @@ def yield_to_interactive(max_pause_s: float, *, refused_within_s: float = 0.0,
     ``max_pause_s`` ≤ 0, or Redis unreachable: no wait. The chunk's ``activity`` (when given) is
     stopped while it waits and started again when it goes on.
     """
-    import redis
 
     if max_pause_s <= 0:
         return 0.0
@@ -336,7 +336,6 @@ def ingest_yielder(budget_s: float | None = None, *, activity: BulkActivity | No
 
 def _bulk_messages_held() -> int:
     """Bulk messages this worker process has reserved and not finished (running or waiting)."""
-    from celery.worker import state
 
     held = 0
     for req in tuple(state.reserved_requests):  # a copy: pool threads remove finished requests

@@ -10,9 +10,12 @@ from __future__ import annotations
 import functools
 import logging
 
+import redis
 from django.conf import settings
+from kombu.transport.redis import Channel
 
 from project import lanes
+from project.celery import app
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +83,6 @@ MIGRATION_SLOT_KEY = f"lanes:{lanes.BULK}:migration-slot:"
 
 @functools.cache
 def _client(url: str):
-    import redis
 
     # Short timeouts: lane control must never be what makes a request slow.
     return redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5, decode_responses=True)
@@ -97,7 +99,6 @@ def queue_keys(queue: str) -> list[str]:
     Mirrors ``kombu.transport.redis.Channel._q_for_pri``: step 0 is the bare queue name, the others
     are ``f"{queue}{Channel.sep}{step}"``.
     """
-    from kombu.transport.redis import Channel
 
     steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0, 3, 6, 9])
     return [queue if step == 0 else f"{queue}{Channel.sep}{step}" for step in steps]
@@ -110,7 +111,6 @@ def vectors_interactive_waiting(client=None) -> int:
     Read by the vectors worker between slices of a bulk chunk's write (``queues.vectors.chunk_index``).
     Returns 0 when Redis cannot be read (the chunk then simply carries on) or under eager Celery.
     """
-    from project.celery import app
 
     if app.conf.task_always_eager:
         return 0

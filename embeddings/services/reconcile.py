@@ -65,14 +65,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+import redis
 from django.conf import settings
 from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import lane_control
+from embeddings import dispatch, lane_control, runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
+from embeddings.services.catalogue.images import images_mark_failed
+from embeddings.services.catalogue.jobs import job_refresh, jobs_at_risk_notify
+from embeddings.services.lifecycle import cutoff
+from embeddings.services.webhooks import delivery as webhook_delivery
 from project import lanes
+from project.celery import app
 from workers.errors import Reason
 
 log = logging.getLogger(__name__)
@@ -160,7 +166,6 @@ def workers_holding(task_ids: list[str], *, timeout: float = 1.0) -> set[str]:
     """Task ids among ``task_ids`` that a live worker holds (active, reserved or scheduled)."""
     if not task_ids:
         return set()
-    from project.celery import app
 
     replies = app.control.inspect(timeout=timeout).query_task(*task_ids) or {}
     return {tid for per_worker in replies.values() for tid in (per_worker or {})}
@@ -211,9 +216,6 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
         max_attempts: deliveries after which a lost bulk image fails with ``attempts_exhausted``.
         now: the current time (tests).
     """
-    from embeddings import dispatch
-    from embeddings.services.catalogue.images import images_mark_failed
-    from embeddings.services.catalogue.jobs import job_refresh
 
     now = now or timezone.now()
     first = live_ids()
@@ -282,7 +284,6 @@ def _resend_lost_reads(*, first: set[str], live_ids: Callable[[], set[str]], gra
     message names (``first``, then ``live_ids()`` again: one in transit between a queue list and the
     unacked hash); its fetch worker was killed or Redis restarted. It reads again after the rows it
     made. Chunk messages name the job too, so it waits for them. Returns how many were sent."""
-    from embeddings import dispatch
 
     reading = {str(j): p for j, p in Job.objects.filter(reading=True, created_at__lt=now - dt.timedelta(
         seconds=grace_s)).exclude(status=JobStatus.CANCELLED).values_list("id", "priority")}
@@ -302,8 +303,6 @@ def webhooks_round() -> tuple[int, int]:
     Returns:
         ``(at-risk messages made, attempts queued)``.
     """
-    from embeddings.services.webhooks import delivery as webhook_delivery
-    from embeddings.services.catalogue.jobs import jobs_at_risk_notify
 
     try:
         return jobs_at_risk_notify(), webhook_delivery.deliveries_due_send()
@@ -318,7 +317,6 @@ def temporaries_round(*, grace_s: float, now: dt.datetime | None = None) -> int:
     ``VECTORS_CALL_TIMEOUT_S`` for a search, at most ``INTERACTIVE_DEADLINE_S`` otherwise), twice
     over plus 30 s, and than ``grace_s``. A failure is logged, never fails the round. Returns how
     many were deleted."""
-    from embeddings import runtime
 
     longest = max(settings.INTERACTIVE_DEADLINE_S, settings.VECTORS_CALL_TIMEOUT_S)
     age_s = max(grace_s, 2 * longest + 30)
@@ -331,7 +329,6 @@ def temporaries_round(*, grace_s: float, now: dt.datetime | None = None) -> int:
 
 def redis_client():
     """A Redis client on the broker's server (``settings.CELERY_BROKER_URL``)."""
-    import redis
 
     return redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_timeout=5, socket_connect_timeout=5)
 
@@ -381,7 +378,6 @@ def reconciler_start(*, interval_s: float, stop: threading.Event | None = None) 
         while not stop.wait(interval_s):
             try:
                 reconcile_once()
-                from embeddings.services.lifecycle import cutoff# issue 13: recalibrate a grown collection
 
                 cutoff.calibrate_if_due()
             except Exception:

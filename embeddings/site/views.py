@@ -17,16 +17,22 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.utils.encoders import JSONEncoder
 
+from embeddings import spaces
+from embeddings.api.jobs import JobSerializer
+from embeddings.api.search import parse_examples
+from embeddings.errors import ApplicationError
+from embeddings.models import EmbeddingSpace
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.catalogue import jobs as job_services
+from embeddings.services.catalogue import reading
+from embeddings.services.catalogue.images import image_delete
+from embeddings.services.catalogue.sources import from_uploads
 from embeddings.services.interactive import examples as example_services
 from embeddings.services.interactive import search as search_services
 from embeddings.services.interactive import upload as request_services
-from embeddings.errors import ApplicationError
-from embeddings.services.catalogue.images import image_delete
-from embeddings.services.catalogue import reading
-from embeddings.services.catalogue.sources import from_uploads
+from embeddings.services.lifecycle import cutoff
 from embeddings.site.fields import (
     DIVERSE,
     FilterForm,
@@ -163,9 +169,6 @@ def search(request):
         ctx["error"], ctx["status"] = {"message": "that is not an image or job id", "code": "invalid", "words": ""}, 400
     elif query or by_examples:
         try:
-            from embeddings import spaces
-            from embeddings.api.search import parse_examples
-            from embeddings.services.lifecycle import cutoff
 
             opts = options.options()
             where = filters.where()
@@ -249,7 +252,6 @@ def job_list(request):
     rows = [(job, job_services.job_counts(job)) for job in jobs]
     spaces = None
     if request.user.is_staff:  # the embedding spaces and their roles (issue 13: changing the model)
-        from embeddings.models import EmbeddingSpace
 
         spaces = list(EmbeddingSpace.objects.select_related("job"))
     buckets = [f"s3://{b}/{p}" for b, p in reading.allowed().rules]
@@ -263,9 +265,7 @@ def job_detail(request, job_id):
     source (its manifest or prefix, rows read, still reading, why it could not be read); failures
     counted by reason and listed with their manifest row, origin and reason. The page's script
     refreshes it from ``GET /api/jobs/{id}/`` once a second (``job.js``)."""
-    from rest_framework.utils.encoders import JSONEncoder
 
-    from embeddings.api.jobs import JobSerializer
 
     job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
     data = json.loads(json.dumps({**JobSerializer(job).data, **job_services.job_progress(job)}, cls=JSONEncoder))

@@ -15,9 +15,11 @@ import json
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from embeddings.models import EmbeddingSpace
-from embeddings.services.lifecycle import model_migrations as migrations
+from embeddings.api.model_migrations import migration_view
 from embeddings.errors import ApplicationError
+from embeddings.models import EmbeddingSpace
+from embeddings.services.lifecycle import gate
+from embeddings.services.lifecycle import model_migrations as migrations
 
 
 def _space(ref: str) -> EmbeddingSpace:
@@ -53,7 +55,6 @@ class Command(BaseCommand):
         drop.add_argument("space")
 
     def handle(self, *args, action, **opts):
-        from embeddings.api.model_migrations import migration_view
 
         try:
             if action == "start":
@@ -72,7 +73,6 @@ class Command(BaseCommand):
                 spaces = [_space(opts["space"])] if opts.get("space") else list(EmbeddingSpace.objects.all())
                 out = [migration_view(s) for s in spaces]
             elif action == "gate":
-                from embeddings.services.lifecycle import gate
 
                 space = _space(opts["space"])
                 gate.gate_start(space.id)

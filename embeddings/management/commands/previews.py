@@ -22,7 +22,9 @@ from django.core.management.base import BaseCommand, CommandError
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus
 from embeddings.storage import preview_exists, preview_put
+from workers.decode import decode_image
 from workers.errors import ImageRejected
+from workers.preview import PreviewTooLong, preview_bytes
 
 #: Outcomes counted, in the order reported.
 OUTCOMES = ("drawn", "present", "failed", "too_long")
@@ -34,8 +36,6 @@ def draw_one(store, cfg, sha: str, keys: list[str]) -> tuple[str, str]:
     Returns:
         ``(outcome, detail)``: outcome one of :data:`OUTCOMES`.
     """
-    from workers.decode import decode_image
-    from workers.preview import PreviewTooLong, preview_bytes
 
     if preview_exists(store, sha):
         return "present", ""

@@ -11,6 +11,10 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from workers.model_config import embed_dim
+from workers.vector_store import open_store
+from workers.vector_store.migrate import CopyMismatch, copy_store
+
 
 class Command(BaseCommand):
     help = ("Copy the points of a qdrant-client local-mode folder into the configured vector store "
@@ -24,9 +28,6 @@ class Command(BaseCommand):
         parser.add_argument("--sample", type=int, default=1000, help="points whose vector and payload are compared")
 
     def handle(self, *args, source, collection, sample, **opts):
-        from workers.model_config import embed_dim
-        from workers.vector_store import open_store
-        from workers.vector_store.migrate import CopyMismatch, copy_store
 
         cfg = settings.PIPELINE
         collection = collection or cfg.collection_name

@@ -12,7 +12,9 @@ from django.core.management.base import BaseCommand
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus
 from embeddings.storage import thumbnail_exists, thumbnail_put
+from workers.decode import decode_image
 from workers.errors import ImageRejected
+from workers.thumbnail import thumbnail_bytes
 
 
 class Command(BaseCommand):
@@ -22,8 +24,6 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=None, help="stop after this many drawn")
 
     def handle(self, *args, limit, **opts):
-        from workers.decode import decode_image
-        from workers.thumbnail import thumbnail_bytes
 
         store, cfg = runtime.blob_store(), settings.PIPELINE
         drawn = failed = present = 0

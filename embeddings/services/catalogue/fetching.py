@@ -20,6 +20,7 @@ A URL that cannot be fetched fails its row alone with a ``fetch_*`` reason; the 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import logging
 import time
 
@@ -54,7 +55,6 @@ def _fetch_one(origin: str) -> tuple[str, str, int, bytes]:
     Raises:
         ImageRejected: a ``fetch_*`` reason, ``source_missing`` or ``too_large``.
     """
-    import hashlib
 
     store = runtime.blob_store()
     if origin.startswith(OBJECT_PREFIX):

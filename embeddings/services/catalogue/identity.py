@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 
+from embeddings import sink, spaces
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus
 from embeddings.services.catalogue.metadata import (
@@ -83,7 +85,6 @@ def payloads_refresh(images: Iterable[Image], *, wait: bool) -> None:
         wait: run it now and wait (a caller's PATCH, whose next search must see it: 503 when the
             vectors worker does not answer), else queue it at background priority.
     """
-    from embeddings import sink
 
     for pid, sha, model_id in points_of(images):
         if wait:
@@ -101,7 +102,6 @@ def image_update(*, image: Image, fields: dict) -> Image:
             ``metadata_too_deep`` (400); ``external_id_taken`` (409) when another of the owner's
             images holds the id; ``vectors_unavailable`` (503) when the payload cannot be written.
     """
-    from django.conf import settings
 
     updates = {}
     try:
@@ -109,7 +109,6 @@ def image_update(*, image: Image, fields: dict) -> Image:
             value = fields["external_id"]
             updates["external_id"] = "" if value in (None, "") else validate_external_id(value)
         if "metadata" in fields:
-            from embeddings import spaces
 
             updates["metadata"] = check_declared(
                 validate_metadata(fields["metadata"] or {}, max_bytes=settings.METADATA_MAX_BYTES),

@@ -14,8 +14,16 @@ from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from embeddings import runtime
-from embeddings.models import LIVE_ORIGINAL_STATUSES, Image, ImageStatus, Job, JobStatus, Lane
+from embeddings import dispatch, runtime, sink, spaces
+from embeddings.models import (
+    LIVE_ORIGINAL_STATUSES,
+    Image,
+    ImageStatus,
+    Job,
+    JobStatus,
+    Lane,
+)
+from embeddings.services.catalogue import copies
 from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
 from embeddings.storage import file_key, preview_delete, thumbnail_delete
@@ -177,8 +185,6 @@ def dual_copies(originals: list[Image]) -> None:
     waits for it, and a rollback or a promotion loses no upload."""
     if not originals:
         return
-    from embeddings import spaces
-    from embeddings.services.catalogue import copies
 
     for space in spaces.dual_targets():
         copies.dual_embed(space=space, originals=originals)
@@ -339,7 +345,6 @@ def _requeue(heir: Image) -> None:
     """Queue a skipped copy as the original on the bulk lane: in its own job (reopened when done),
     or, with no job or a cancelled one, in the owner's open :data:`REQUEUED_JOB` job (created when
     none is open); dispatched on commit."""
-    from embeddings import dispatch
 
     job = heir.job
     if job is None or job.status == JobStatus.CANCELLED:
@@ -540,7 +545,6 @@ def image_deleted(*, image: Image, single: bool = True) -> None:
 
 def _forget(image: Image, *, has_point: bool, single: bool) -> None:
     """After a deletion committed: forget its point, delete its blob when no row names it."""
-    from embeddings import sink# the vectors worker owns an embedded store; a server: here
 
     try:
         if has_point and single:

@@ -13,11 +13,12 @@ from typing import Iterable
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from embeddings import dispatch, runtime
+from embeddings import dispatch, metrics, runtime
+from embeddings.errors import ApplicationError
 from embeddings.models import (
     LIVE_ORIGINAL_STATUSES,
     TERMINAL_IMAGE_STATUSES,
@@ -32,7 +33,6 @@ from embeddings.models import (
     WebhookEvent,
 )
 from embeddings.selectors import stage_summary
-from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.images import images_cancelled, images_create
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.webhooks import endpoints as webhook_endpoints
@@ -81,7 +81,6 @@ def job_create(
     Returns:
         The job (``total`` = number of sources, duplicates and refusals included).
     """
-    from django.conf import settings
 
     sources = list(sources)
     job = Job.objects.create(
@@ -295,7 +294,6 @@ def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
 
 def job_progress(job: Job) -> dict:
     """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (images/s), ETA, timings."""
-    from embeddings import metrics
 
     counts = job_counts(job)
     finished = sum(counts[s] for s in TERMINAL_IMAGE_STATUSES)
@@ -446,7 +444,6 @@ def jobs_at_risk_notify() -> int:
     Returns:
         Messages made.
     """
-    from django.db.models import Q
 
     listened = Q(webhooks__active=True) | Q(owner__webhooks__active=True, owner__webhooks__job__isnull=True)
     jobs = Job.objects.filter(listened, kind=JobKind.INGEST, deadline__isnull=False,

@@ -41,6 +41,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.manifest_rows import (
     METADATA_FIELD,
@@ -367,8 +370,6 @@ def _open_jsonl(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
 
 
 def _open_parquet(f: BinaryIO) -> tuple[Any, list[str]]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     position = f.tell()
     empty = not f.read(1)
@@ -469,7 +470,6 @@ def _jsonl_rows(lines: _Lines, cursor: _Cursor) -> Iterator[tuple[int, dict | Ro
 
 
 def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
-    import pyarrow as pa
 
     # Python's datetime and time stop at microseconds: nanosecond columns are truncated to them
     # (pyarrow refuses to convert nanoseconds it would lose without pandas).
@@ -503,7 +503,6 @@ def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErr
 
 
 def _microseconds(field):
-    import pyarrow as pa
 
     kind = field.type
     if pa.types.is_timestamp(kind) and kind.unit == "ns":

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from embeddings.errors import ApplicationError
+from workers.vector_store.filters import check_metadata
 
 #: A metadata key: an identifier of at most 64 characters, so it is also a valid payload field
 #: name and a query-string parameter without escaping.
@@ -157,7 +158,6 @@ def check_declared(metadata: Mapping, types: Mapping[str, str] | None) -> dict:
     Raises:
         MetadataError: ``metadata_invalid`` naming the field, its declared type and the value.
     """
-    from workers.vector_store.filters import check_metadata
 
     try:
         check_metadata(metadata, types)

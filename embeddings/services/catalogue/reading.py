@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import io
 import itertools
 import logging
 import posixpath
@@ -23,11 +24,12 @@ import tempfile
 import urllib.parse
 from typing import BinaryIO, Iterable, Iterator
 
+from botocore.exceptions import BotoCoreError, ClientError
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 
-from embeddings import dispatch, runtime
+from embeddings import dispatch, runtime, spaces
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.objects import Allowed, ObjectError, list_prefix, parse_s3_uri
@@ -63,7 +65,6 @@ _HEADER_BYTES = 1 << 20
 def declared_types() -> dict[str, str]:
     """``{metadata field: type}`` of ``METADATA_INDEXES`` (``spaces.declared_fields``): how text
     manifests type those columns."""
-    from embeddings import spaces
 
     return spaces.declared_fields()
 
@@ -166,9 +167,7 @@ def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), n
 @contextlib.contextmanager
 def _bucket_head(bucket: str, key: str) -> Iterator[BinaryIO]:
     """The first :data:`_HEADER_BYTES` of an object, as a seekable file."""
-    import io
 
-    from botocore.exceptions import BotoCoreError, ClientError
 
     try:
         body = runtime.source_client().get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{_HEADER_BYTES - 1}")["Body"]

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Callable, Iterator
 
 from embeddings.errors import ApplicationError
+from workers.errors import ImageRejected, Reason
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +247,6 @@ def _unsafe(message: str, *infos: tuple[int, zipfile.ZipInfo]) -> ApplicationErr
 
 def _refuse_too_large(name: str, size: int, limit: int):
     """``open`` of an entry declared over the per-image limit: refused ``too_large``, never inflated."""
-    from workers.errors import ImageRejected, Reason
 
     raise ImageRejected(Reason.TOO_LARGE, f"zip entry {name!r} declares {size} bytes > limit {limit} bytes; "
                                           "not inflated")
@@ -274,7 +274,6 @@ class _BoundedEntry:
             raise self._corrupt(e) from e
 
     def _corrupt(self, e: Exception):
-        from workers.errors import ImageRejected, Reason
 
         return ImageRejected(Reason.CORRUPT, f"zip entry {self._name!r} cannot be read: {type(e).__name__}: {e}")
 

@@ -15,14 +15,16 @@ from embeddings import runtime
 from embeddings.messages import decode_vector
 from embeddings.models import DuplicateScan, ScanState
 from embeddings.services.duplicates.steps import send_step
+from embeddings.services.lifecycle.gate import embed_copies, sample_points
 from workers import duplicates, screen
+from workers.decode import decode_image
+from workers.image_copies import CALIBRATION_COPIES, copy_of
 
 
 def calibration_sample(owner_id: int, model_id: str, *, size: int | None = None, seed: int = 0) -> list[dict]:
     """A seeded sample of the owner's embedded images in the space, one per point, as the quality
     gate draws its own (``gate.sample_points``): ``[{"id", "storage_key", "sha256", "point_id"}]``,
     at most ``size`` (``DUPLICATES_CALIBRATION_SAMPLE``)."""
-    from embeddings.services.lifecycle.gate import sample_points
 
     size = settings.DUPLICATES_CALIBRATION_SAMPLE if size is None else size
     return sample_points(model_id, size=size, seed=seed, owner_id=owner_id)
@@ -32,9 +34,6 @@ def calibration_embed(*, model_id: str, picks: list[dict]) -> dict:
     """Embed :data:`~workers.image_copies.CALIBRATION_COPIES` of each pick with the space's model
     (bulk worker). Returns ``gate.embed_copies``' answer, each item's ``id`` being
     ``"<image id>#<copy index>"``, or ``{"error", "detail"}`` when the model cannot be loaded."""
-    from embeddings.services.lifecycle.gate import embed_copies
-    from workers.decode import decode_image
-    from workers.image_copies import CALIBRATION_COPIES, copy_of
 
     blobs = runtime.blob_store()
     copies = [{**p, "id": f"{p['id']}#{n}"} for p in picks for n in range(len(CALIBRATION_COPIES))]

@@ -11,6 +11,8 @@ import zipfile
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from embeddings.errors import ApplicationError
 from embeddings.messages import encode_vector
@@ -70,7 +72,6 @@ class _Drain(io.RawIOBase):
 
 
 def _arrow_schema(dim: int, space_info: dict):
-    import pyarrow as pa
 
     return pa.schema([("id", pa.string()), ("external_id", pa.string()), ("sha256", pa.string()),
                       ("model_id", pa.string()), ("metadata", pa.string()),
@@ -79,7 +80,6 @@ def _arrow_schema(dim: int, space_info: dict):
 
 
 def _arrow_table(page: Page, schema, model_id: str, *, with_vectors: bool = True):
-    import pyarrow as pa
 
     columns = [pa.array(page.ids, pa.string()), pa.array(page.external_ids, pa.string()),
                pa.array(page.sha256s, pa.string()), pa.array([model_id] * len(page), pa.string()),
@@ -95,7 +95,6 @@ def write_parquet(export: VectorExport, pages: Iterable[Page]) -> Iterator[bytes
     """A Parquet file, one row group per page: columns ``id``, ``external_id`` (null: none),
     ``sha256``, ``model_id``, ``metadata`` (JSON text), ``vector`` (``fixed_size_list<float32>[D]``:
     the stored values, bit for bit); the space in the key-value metadata :data:`SPACE_KEY` (JSON)."""
-    import pyarrow.parquet as pq
 
     info = export.space_info()
     schema = _arrow_schema(export.space.dim, info)
@@ -141,8 +140,6 @@ def write_npz(export: VectorExport, pages: Iterable[Page]) -> Iterator[bytes]:
     ``ids.parquet`` is written while the pages are read; the vectors wait in a temporary file
     (n × D × 4 bytes of disk, not memory), since ``vectors.npy``'s header holds the row count, known
     only once every page was read; then it is streamed from there."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     info = export.space_info()
     dim = export.space.dim

@@ -19,6 +19,7 @@ from embeddings.errors import ApplicationError
 from embeddings.models import EmbeddingSpace, Image, SpaceState
 from embeddings.selectors import images_visible_to, jobs_visible_to
 from embeddings.services.vectors import holding_vectors, point_vectors, points_in_space
+from workers.model_config import preprocess_config
 
 #: Rows per page: one database query and one store call each (1,000 × 512 float32 = 2 MiB of
 #: vectors in a task result, well inside a Redis reply), and one Parquet row group each.
@@ -57,7 +58,6 @@ class VectorExport:
         ``normalized`` (unit length: Qdrant stores cosine vectors normalised), ``preprocess`` (the
         architecture's open_clip preprocessing: ``workers.model_config.preprocess_config``),
         ``collection``, ``state``, ``as_of`` (ISO 8601) and ``job_id`` (None: all rows)."""
-        from workers.model_config import preprocess_config
 
         sp = self.space
         try:

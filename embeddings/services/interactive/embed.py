@@ -28,6 +28,7 @@ from embeddings.services.catalogue.sources import SourceFile, iter_blocks, safe_
 from embeddings.services.interactive.upload import images_upload
 from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
 from workers.errors import ImageRejected, Reason
+from workers.fetch import Fetcher
 
 #: A text's characters read; the rest is cut before tokenising, as a text search does. The text
 #: tower reads at most its context length (77 tokens for CLIP) anyway, so nothing it would read is lost.
@@ -195,7 +196,6 @@ def _source(inp: EmbedInput, index: int, fetcher) -> SourceFile:
 def _sources(inputs: list[EmbedInput], deadline_ts: float) -> dict[int, SourceFile | ImageRejected]:
     """Every image input as a :class:`SourceFile` or its refusal, ``{input index: ...}``; URLs are
     fetched at once (``FETCH_THREADS`` at a time, under the fetcher's per-host bound)."""
-    from workers.fetch import Fetcher
 
     wanted = [i for i, inp in enumerate(inputs) if inp.kind == "image"]
     if not wanted:

@@ -15,10 +15,10 @@ import time
 from django.conf import settings
 from kombu.exceptions import OperationalError
 
-from embeddings import dispatch, lane_control, sink
+from embeddings import dispatch, lane_control, metrics, sink
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus, Lane
-from embeddings.services.catalogue.images import images_create
+from embeddings.services.catalogue.images import images_create, images_mark_failed
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
 from workers.errors import Reason
@@ -55,8 +55,6 @@ def _not_sent(image_ids: list[str], why: str) -> None:
     now: no row of a refused request stays queued."""
     if not image_ids:
         return
-    from embeddings import metrics
-    from embeddings.services.catalogue.images import images_mark_failed
 
     images_mark_failed([(i, Reason.EXPIRED.value, f"not queued: {why}") for i in image_ids])
     metrics.count_images(lane=Lane.INTERACTIVE, status="expired", n=len(image_ids))

@@ -9,6 +9,7 @@ import time
 
 from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
+from django.db import connection
 
 from embeddings.dispatch import forget
 from embeddings.errors import ApplicationError
@@ -39,7 +40,6 @@ def release_database() -> None:
     web's threads outnumber what PostgreSQL should hold open (``WEB_THREADS``,
     ``project/processes.py``), and a waiting request needs no connection; the next query after the
     wait opens one again (a few ms)."""
-    from django.db import connection
 
     if not connection.in_atomic_block:
         connection.close()

@@ -41,10 +41,22 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+from celery import chain
 from django.conf import settings
 from django.utils import timezone
 
-from embeddings.models import EmbeddingSpace, Image, ImageStatus
+from embeddings import dispatch, lane_control, metrics, runtime
+from embeddings.messages import decode_vector, encode_vector
+from embeddings.models import (
+    DUAL_EMBED_STATES,
+    EmbeddingSpace,
+    Image,
+    ImageStatus,
+    Lane,
+    SpaceState,
+)
+from project.celery import app
+from workers import screen
 
 log = logging.getLogger(__name__)
 
@@ -155,11 +167,9 @@ def _prompt_vectors_key(model_id: str) -> str:
 def _redis():
     """Admission's Redis client (the broker's server), or ``None`` under eager Celery (tests), where
     nothing is queued and the machine's Redis is not this service's to write."""
-    from project.celery import app
 
     if app.conf.task_always_eager:
         return None
-    from embeddings import lane_control
 
     return lane_control.redis_client()
 
@@ -205,9 +215,7 @@ def calibrate_start(space_or_id) -> None:
     vectors an earlier calibration kept (:func:`cached_prompt_vectors`), else ``cutoff_encode_texts``
     → ``cutoff_compute``; marks ``calibration`` as requested (``pending_since``) so the reconciler
     does not ask twice. Inline with eager Celery."""
-    from celery import chain
 
-    from embeddings import dispatch
 
     space = _space(space_or_id)
     calibration = {**(space.calibration or {}), "pending_since": time.time()}
@@ -231,10 +239,6 @@ def encode_prompts(*, model_id: str) -> dict:
         (code ``non_finite_embedding`` / ``zero_embedding``, counted: ``workers.screen``; a NaN
         would make the text cutoff NaN): the image cutoff is then computed alone.
     """
-    from embeddings import metrics, runtime
-    from embeddings.messages import encode_vector
-    from embeddings.models import Lane
-    from workers import screen
 
     try:
         encoder = runtime.encoder_holder(model_id).get()
@@ -263,8 +267,6 @@ def calibrate(*, model_id: str, texts: dict, seed: int = 0) -> dict:
         ``image``/``text`` (the cutoffs), ``at`` (ISO time), ``seed``, and ``text_error`` when the
         prompts could not be encoded.
     """
-    from embeddings import runtime
-    from embeddings.messages import decode_vector
 
     space = EmbeddingSpace.objects.get(model_id=model_id)
     store = runtime.vector_store(model_id)
@@ -320,8 +322,6 @@ def calibrate_if_due() -> list[str]:
     Returns:
         The model ids calibrations were started for.
     """
-    from embeddings import runtime
-    from embeddings.models import DUAL_EMBED_STATES, SpaceState
 
     started = []
     for space in EmbeddingSpace.objects.filter(state__in=(SpaceState.ACTIVE, *DUAL_EMBED_STATES)):

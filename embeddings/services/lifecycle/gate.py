@@ -32,11 +32,27 @@ import random
 import time
 import uuid
 
+import cv2
+from celery import chain
 from django.conf import settings
 from django.utils import timezone
 
-from embeddings.models import EmbeddingSpace, Image, ImageStatus
+from embeddings import dispatch, metrics, runtime, spaces
+from embeddings.messages import decode_vector, encode_vector
+from embeddings.models import (
+    EmbeddingSpace,
+    Image,
+    ImageStatus,
+    JobStatus,
+    Lane,
+    SpaceState,
+    WebhookEvent,
+)
+from embeddings.services.lifecycle import cutoff
+from embeddings.services.webhooks import events as webhook_events
 from workers import screen
+from workers.decode import decode_image
+from workers.ids import point_id
 
 #: Verdict codes (stable): no finished report (never run, still running, or lost), or a report
 #: below the threshold (or a probe that could not embed: its ``error``).
@@ -65,9 +81,7 @@ def reencode(data: bytes) -> bytes:
     Raises:
         workers.errors.ImageRejected: the stored bytes do not decode (their reason code).
     """
-    import cv2
 
-    from workers.decode import decode_image
 
     rgb = decode_image(data).rgb
     h, w = rgb.shape[:2]
@@ -122,10 +136,7 @@ def gate_start(space_or_id, *, sample: int | None = None, seed: int = 0, calibra
     Raises:
         EmbeddingSpace.DoesNotExist: no such space.
     """
-    from celery import chain
 
-    from embeddings import dispatch
-    from embeddings.services.lifecycle import cutoff
 
     space = _space(space_or_id)
     if calibrate:
@@ -149,8 +160,6 @@ def gate_start(space_or_id, *, sample: int | None = None, seed: int = 0, calibra
 def reference_of(space: EmbeddingSpace) -> EmbeddingSpace | None:
     """The space whose model ``space``'s gate compares with: the space it was migrated from (while
     not dropped), else the active space; ``None`` for the active space itself with no live source."""
-    from embeddings.models import SpaceState
-    from embeddings import spaces
 
     ref = space.source
     if ref is None or ref.state == SpaceState.DROPPED or ref.pk == space.pk:
@@ -162,9 +171,6 @@ def embed_copies(model_id: str, picks: list[dict], load) -> dict:
     """``picks``' copies (``load(id)`` → bytes) through ``model_id``'s model in forward passes of
     ``BULK_BATCH_SIZE``: ``{"items": [{"id", "sha256", "point_id", "vector"}], "failed": [...]}``,
     or ``{"error", "detail"}`` when this process cannot load the model."""
-    from embeddings import metrics, runtime
-    from embeddings.messages import encode_vector
-    from embeddings.models import Lane
 
     by_id = {p["id"]: p for p in picks}
     try:
@@ -193,7 +199,6 @@ def gate_embed(*, model_id: str, picks: list[dict], reference: str | None = None
         ``{"error": code, "detail"}`` when this process cannot load ``model_id``'s model
         (``model_not_configured``, ``weights_unavailable``): the check then records the error.
     """
-    from embeddings import runtime
 
     by_id = {p["id"]: p for p in picks}
     blobs = runtime.blob_store()
@@ -300,8 +305,6 @@ def _ready_emit(model_id: str) -> None:
     judged its candidate: the outcome is known, and ``data.gate.passed`` says whether ``promote``
     goes through without ``force``. Once per migration (its job): a gate run again by hand is
     already being watched by whoever ran it."""
-    from embeddings.models import JobStatus, SpaceState, WebhookEvent
-    from embeddings.services.webhooks import events as webhook_events
 
     space = EmbeddingSpace.objects.select_related("job", "source").get(model_id=model_id)
     if space.state != SpaceState.CANDIDATE or space.job is None or space.job.status != JobStatus.DONE:
@@ -323,9 +326,6 @@ def _twins(reference: str, misses: dict[str, dict], ref_items: dict[str, dict]) 
     the re-encoded copy is (cosine, within :data:`TWIN_TOLERANCE`). Each such miss gets
     ``"reference": {"first_vs_original", "copy_vs_original"}`` and ``"twin": True``. A miss without
     the reference's vectors is no twin."""
-    from embeddings import runtime
-    from embeddings.messages import decode_vector
-    from workers.ids import point_id
 
     store = runtime.vector_store(reference)
     pids = {}
@@ -353,8 +353,6 @@ def _probe(model_id: str, items: list[dict]) -> dict[str, dict]:
         ``{image id: failure}`` for the copies whose first hit is not their ``point_id``: image id,
         sha256, the first hit (point, sha256, image id, score) and the original's score.
     """
-    from embeddings import runtime
-    from embeddings.messages import decode_vector
 
     store = runtime.vector_store(model_id)
     originals = store.vectors([uuid.UUID(it["point_id"]) for it in items])

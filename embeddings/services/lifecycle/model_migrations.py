@@ -30,6 +30,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from embeddings import dispatch, sink, spaces
+from embeddings.errors import ApplicationError
 from embeddings.models import (
     EmbeddingSpace,
     Image,
@@ -41,11 +43,11 @@ from embeddings.models import (
     SpaceState,
     WebhookEvent,
 )
-from embeddings import spaces
 from embeddings.services.catalogue import copies
-from embeddings.services.webhooks import events as webhook_events
+from embeddings.services.catalogue.images import DROPPING
+from embeddings.services.catalogue.jobs import job_refresh, job_transition
 from embeddings.services.lifecycle import gate
-from embeddings.errors import ApplicationError
+from embeddings.services.webhooks import events as webhook_events
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +115,6 @@ def migration_start(*, owner, model_name: str, pretrained: str, precision: str |
                 gate_report={}, cutoff_image=None, cutoff_text=None, calibration={})
             space.refresh_from_db()
     if fill:
-        from embeddings import dispatch
 
         transaction.on_commit(lambda: dispatch.send("migration_fill", (space.id,), **dispatch.bulk_options("urgent")))
     return space
@@ -131,8 +132,6 @@ def migration_fill(*, space_id: int) -> int:
     Returns:
         The number of copies created.
     """
-    from embeddings import dispatch
-    from embeddings.services.catalogue.jobs import job_refresh
 
     space = EmbeddingSpace.objects.select_related("job").get(pk=space_id)
     job = space.job
@@ -264,9 +263,6 @@ def space_drop(space: EmbeddingSpace) -> EmbeddingSpace:
             when the store's owner does not answer (the space is dropped already; dropping it again
             retries the collection's deletion).
     """
-    from embeddings import sink
-    from embeddings.services.catalogue.images import DROPPING
-    from embeddings.services.catalogue.jobs import job_transition
 
     space.refresh_from_db()
     if space.state == SpaceState.ACTIVE:

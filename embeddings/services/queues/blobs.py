@@ -10,6 +10,16 @@ import logging
 from django.conf import settings
 
 from embeddings import metrics, runtime
+from embeddings.storage import (
+    preview_delete,
+    preview_exists,
+    preview_put,
+    preview_read,
+    thumbnail_exists,
+    thumbnail_put,
+)
+from workers.preview import PreviewTooLong, preview_bytes
+from workers.thumbnail import thumbnail_bytes
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +35,6 @@ def thumbnailer(shas: dict[str, str]):
     to its sha256) once each, into the blob store, from the pixels the worker has just decoded; the
     thumbnail from the preview's pixels, which are fewer. An existing one is not drawn again; a
     picture too long for a preview gets none (its re-embeds read the original)."""
-    from embeddings.storage import preview_exists, preview_put, thumbnail_exists, thumbnail_put
-    from workers.preview import PreviewTooLong, preview_bytes
-    from workers.thumbnail import thumbnail_bytes
 
     store = runtime.blob_store()
     side = settings.PIPELINE.preview_side
@@ -58,12 +65,10 @@ class Previews:
         self.store, self.shas = runtime.blob_store(), shas
 
     def read(self, key: str) -> bytes:
-        from embeddings.storage import preview_read
 
         return preview_read(self.store, self.shas[key])
 
     def discard(self, key: str) -> None:
-        from embeddings.storage import preview_delete
 
         preview_delete(self.store, self.shas[key])
 

@@ -13,12 +13,30 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import metrics, runtime
-from embeddings.models import BatchStat, Image, ImageStatus, Job, JobKind, JobPriority, JobStatus, Lane
+from embeddings import dispatch, lane_control, metrics, runtime, sink
+from embeddings.models import (
+    BatchStat,
+    Image,
+    ImageStatus,
+    Job,
+    JobKind,
+    JobPriority,
+    JobStatus,
+    Lane,
+)
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
-from embeddings.services.queues.blobs import Previews, count_previews, originals_loader, thumbnailer
-from embeddings.services.queues.store_writes import batch_stat, images_wait_for_store, vector_item
+from embeddings.services.queues.blobs import (
+    Previews,
+    count_previews,
+    originals_loader,
+    thumbnailer,
+)
+from embeddings.services.queues.store_writes import (
+    batch_stat,
+    images_wait_for_store,
+    vector_item,
+)
 from embeddings.services.queues.vectors import chunk_index
 from embeddings.spaces import ModelNotConfigured
 from workers.errors import Reason
@@ -111,7 +129,6 @@ def _fetch_first(job: Job, rows: dict[str, tuple[str, str, str]], *,
                  job_id: str) -> tuple[dict[str, tuple[str, str, str]], list[str]]:
     """Send the rows without their bytes yet (a catalogue row of a resumed job: no sha256) to the
     fetch worker first; returns ``(the rows that have their bytes, the ids sent)``."""
-    from embeddings import dispatch
 
     unfetched = [i for i, (_, sha, _) in rows.items() if not sha]
     if unfetched:
@@ -133,7 +150,6 @@ def _compute(job: Job, runner, rows: dict[str, tuple[str, str, str]], ordered: l
     chunk in its slot and reading previews, a background ingest chunk yielding while the interactive
     lane is at capacity. Returns ``(workers.runner.BatchResult, the utilisation window's start (Unix
     s), the Previews read or None)``."""
-    from embeddings import lane_control
 
     sampler = metrics.worker_sampler()  # CPU/GPU utilisation once a second while chunks run
     slot = contextlib.nullcontext(0.0)
@@ -185,8 +201,6 @@ def _hand_over(job: Job, stat: BatchStat, items: list[dict], *, job_id: str) -> 
     """Write the chunk's ``items``: here against a Qdrant server (no vector crosses Redis), else as
     an ``index_chunk`` message to the vectors worker, the images waiting visibly meanwhile; a chunk
     with none finishes its ``BatchStat`` and refreshes the job."""
-    from embeddings import dispatch
-    from embeddings import sink
 
     if items and sink.is_direct():
         chunk_index(job_id=job_id, stat_id=stat.id, items=items, priority=job.priority)

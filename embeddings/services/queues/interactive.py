@@ -27,8 +27,8 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     Returns:
         ``{"items": [...], "failed": [[id, reason, detail], ...], "timings": {stage: ms}}``.
     """
-    from workers.batcher import Expired
-    from workers.runner import screened
+    from workers.batcher import Expired  # deferred: would load torch
+    from workers.runner import screened  # deferred: would load torch
 
     rows, models = {}, set()
     for i, key, sha, pid, mid in Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED).values_list(
@@ -81,7 +81,7 @@ def query_embed(*, storage_key: str, sha256: str, deadline_ts: float, model_id: 
         (``model_not_configured``), or the model's vector is not finite or is all zeros
         (``non_finite_embedding``, ``zero_embedding``; counted).
     """
-    from workers.batcher import Expired
+    from workers.batcher import Expired  # deferred: would load torch
 
     if (refused := _query_expired(deadline_ts)) is not None:
         return refused
@@ -154,8 +154,8 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
         (``workers.screen``; counted in the interactive lane).
         ``image_tokens``: what one image counts in the usage (``ClipEncoder.image_tokens``).
     """
-    from workers.batcher import Expired
-    from workers.runner import screened
+    from workers.batcher import Expired  # deferred: would load torch
+    from workers.runner import screened  # deferred: would load torch
 
     def every(refusal: dict) -> dict:
         return {"data": [refusal] * len(items), "image_tokens": 0}

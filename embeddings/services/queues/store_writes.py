@@ -11,7 +11,9 @@ import socket
 import time
 import uuid
 
+import httpx
 import numpy as np
+from qdrant_client.http.exceptions import ResponseHandlingException
 
 from embeddings import metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
@@ -34,8 +36,6 @@ class StoreUnavailable(ConnectionError):
 
 
 def _store_errors() -> tuple[type[BaseException], ...]:
-    import httpx
-    from qdrant_client.http.exceptions import ResponseHandlingException
 
     return (ConnectionError, TimeoutError, OSError, httpx.TransportError, ResponseHandlingException)
 

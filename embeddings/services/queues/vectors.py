@@ -7,13 +7,22 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from qdrant_client.http.exceptions import UnexpectedResponse
 
-from embeddings import metrics, runtime
+from embeddings import dispatch, lane_control, metrics, runtime, sink
 from embeddings.messages import decode_vector, encode_vector
-from embeddings.models import BatchStat, Image, ImageStatus, Lane
+from embeddings.models import (
+    BatchStat,
+    EmbeddingSpace,
+    Image,
+    ImageStatus,
+    Lane,
+    SpaceState,
+)
 from embeddings.selectors import hits_to_results
 from embeddings.services.catalogue import images as image_services
 from embeddings.services.catalogue import jobs as job_services
@@ -29,6 +38,7 @@ from embeddings.services.queues.store_writes import (
 )
 from workers import screen
 from workers.errors import Reason
+from workers.screen import UnusableVector
 from workers.timing import StageTimings
 from workers.vector_store import filters
 
@@ -105,9 +115,6 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         One of :data:`STORE_ERRORS` when the store cannot be written (the task retries with backoff);
         the images stay queued, their reason ``waiting_for_store`` and detail naming the error.
     """
-    from embeddings import dispatch
-    from embeddings import lane_control
-    from embeddings import sink
 
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
@@ -153,7 +160,6 @@ def _write_slice(part: list[dict], read: tuple[set[str], dict[str, dict]]) -> tu
     """One slice of a chunk's write (``write_live``): ``(items written, upsert ms)``. A server error
     of the store (5xx) raises :class:`StoreUnavailable`, retried like a lost connection; a client
     error (4xx) is a bug and raises as it came."""
-    from qdrant_client.http.exceptions import UnexpectedResponse
 
     try:
         return write_live(part, read)
@@ -292,7 +298,6 @@ def examples_search(*, embedded: dict, examples: dict, owner_id: int | None, k: 
         stored example's point is not in the store), ``zero_embedding`` (examples whose average
         vector, the query of ``average_vector`` or MMR's relevance, is all zeros).
     """
-    from workers.screen import UnusableVector
 
     data = embedded.get("data", [])
     names = {e["input"]: f"{side}[{i}]" for side in ("positive", "negative")
@@ -330,7 +335,6 @@ def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:
 
     Returns ``"deleted"``, ``"kept"`` or ``"dropped"``.
     """
-    from embeddings.models import EmbeddingSpace, SpaceState
 
     if EmbeddingSpace.objects.filter(model_id=model_id, state=SpaceState.DROPPED).exists():
         return "dropped"
@@ -350,7 +354,6 @@ def point_vectors(*, point_ids: list[str], model_id: str) -> dict:
     in one read, packed for a task result: ``{"dim": D, "ids": [found ids, in the order asked],
     "vectors": base64 of the found vectors, (len(ids), D) little-endian float32, row-major}``. A
     point not in the store is left out of ``ids`` (and of ``vectors``)."""
-    import numpy as np
 
     store = runtime.vector_store(model_id)
     wanted = [uuid.UUID(p) for p in point_ids]

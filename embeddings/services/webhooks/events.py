@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterable
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from embeddings.models import Job, WebhookDelivery, WebhookEndpoint, WebhookEvent
@@ -31,7 +32,6 @@ def message_id_new() -> str:
 
 def job_recipients(job: Job) -> list[WebhookEndpoint]:
     """Active endpoints that hear about ``job``: its own, and its owner's account endpoints."""
-    from django.db.models import Q
 
     return list(WebhookEndpoint.objects.filter(Q(job=job) | Q(owner_id=job.owner_id, job__isnull=True), active=True))
 
