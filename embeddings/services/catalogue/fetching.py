@@ -8,14 +8,21 @@ no model) takes a chunk of such rows (:func:`chunk_fetch`):
    retries honouring ``Retry-After``, every hop's address checked against server-side request
    forgery) and reads every object (``SOURCE_COPY``: copied into the blob store; else read where it
    lives, its sha256 checked on every later read, ``source_changed`` as for folders);
-2. stores fetched bytes content-addressed like uploads, so the same image behind two URLs is one
+2. settles the rows as their bytes arrive, never waiting for the chunk's slowest URL: the rows
+   whose fetch finished (those finishing within :data:`SETTLE_LINGER_S` of each other together) are
+   stored, resolved and sent on while the others are still fetching, so a URL that trickles a byte
+   a second holds only its own row (until ``FETCH_TOTAL_TIMEOUT_S`` fails it ``fetch_timeout``);
+3. stores fetched bytes content-addressed like uploads, so the same image behind two URLs is one
    blob and, for one owner, one original: the other row is its skipped duplicate;
-3. resolves the rows in one transaction (:func:`rows_resolve`): sha256, size, point, original or
-   duplicate, obvious non-images refused, the caller's id claims settled
+4. resolves the settled rows in one transaction (:func:`rows_resolve`): sha256, size, point,
+   original or duplicate, obvious non-images refused, the caller's id claims settled
    (``identity.claims_settle``);
-4. sends the chunk's new originals to the bulk queue as an ``embed_chunk`` of the job.
+5. sends those rows' new originals to the bulk queue as an ``embed_chunk`` of the job.
 
 A URL that cannot be fetched fails its row alone with a ``fetch_*`` reason; the chunk goes on.
+Nothing is lost when the worker dies part-way: a row settled is in the database (failed, or
+queued with its bytes and sent on); the redelivered chunk fetches only the rows without bytes and
+sends on the queued ones that have them.
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import concurrent.futures
 import hashlib
 import logging
 import time
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -47,6 +55,10 @@ log = logging.getLogger(__name__)
 _HEAD = 64
 #: ``storage_key`` prefix of an object read where it lives (``embeddings.storage``).
 OBJECT_PREFIX = "s3://"
+#: Seconds the fetches that finish just after one another join one group (one transaction, one
+#: ``embed_chunk``) before it is settled: a chunk of fast URLs stays one chunk for the model, while a
+#: slow URL never delays a row that finished before it by more than this.
+SETTLE_LINGER_S = 0.25
 
 
 def _fetch_one(origin: str) -> tuple[str, str, int, bytes]:
@@ -68,21 +80,30 @@ def _fetch_one(origin: str) -> tuple[str, str, int, bytes]:
     return key, sha, size, data[:_HEAD]
 
 
-def _fetch_all(rows: list[Image]) -> dict[str, tuple | ImageRejected]:
+def _fetch_as_they_finish(rows: list[Image]) -> Iterator[dict[str, tuple | ImageRejected]]:
     """Fetch every row's origin at once (``FETCH_THREADS`` at a time; the fetcher bounds each host)
-    → ``{image id: (key, sha256, size, head) | ImageRejected}``. Nothing raised here fails another row."""
-    out: dict[str, tuple | ImageRejected] = {}
+    and yield the results as they finish, ``{image id: (key, sha256, size, head) | ImageRejected}``
+    per group: the first result finished and every other one that finishes within
+    :data:`SETTLE_LINGER_S` (so a chunk of fast URLs is one group, one ``embed_chunk``), never
+    waiting for a slower one. Every row is in exactly one group. Nothing raised here fails another row."""
+    if not rows:
+        return
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(settings.FETCH_THREADS, len(rows)))) as pool:
-        futures = {pool.submit(_fetch_one, r.origin): str(r.id) for r in rows}
-        for f in concurrent.futures.as_completed(futures):
-            try:
-                out[futures[f]] = f.result()
-            except ImageRejected as e:
-                out[futures[f]] = e
-            except Exception as e:  # a storage or client error of one object: that row's failure, with its words
-                log.warning("fetching image %s failed: %s: %s", futures[f], type(e).__name__, e)
-                out[futures[f]] = ImageRejected(Reason.SOURCE_MISSING, f"{type(e).__name__}: {e}")
-    return out
+        pending = {pool.submit(_fetch_one, r.origin): str(r.id) for r in rows}
+        while pending:
+            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            more, _ = concurrent.futures.wait(set(pending) - done, timeout=SETTLE_LINGER_S)
+            group: dict[str, tuple | ImageRejected] = {}
+            for f in done | more:
+                image_id = pending.pop(f)
+                try:
+                    group[image_id] = f.result()
+                except ImageRejected as e:
+                    group[image_id] = e
+                except Exception as e:  # a storage or client error of one object: that row's failure, with its words
+                    log.warning("fetching image %s failed: %s: %s", image_id, type(e).__name__, e)
+                    group[image_id] = ImageRejected(Reason.SOURCE_MISSING, f"{type(e).__name__}: {e}")
+            yield group
 
 
 def rows_resolve(fetched: list[tuple[Image, str, str, int, bytes]]) -> list[str]:
@@ -187,21 +208,35 @@ def chunk_fetch(*, job_id: str, image_ids: list[str]) -> dict:
         return {"fetched": 0, "failed": 0, "skipped": 0, "queued": 0, "fetch_ms": 0.0, "parked": len(image_ids)}
     rows = list(Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED))
     ready = [str(r.id) for r in rows if r.sha256]
-    todo = [r for r in rows if not r.sha256 and r.origin]
+    todo = {str(r.id): r for r in rows if not r.sha256 and r.origin}
     job_services.job_mark_started(job_id=job_id, status=job.status)
-    started = time.perf_counter()
-    results = _fetch_all(todo)
-    fetch_ms = (time.perf_counter() - started) * 1000
-    failures = [(str(r.id), e.reason.value, e.detail) for r in todo if isinstance(e := results[str(r.id)], ImageRejected)]
-    images_mark_failed(failures)
-    fetched = [(r, *results[str(r.id)]) for r in todo if not isinstance(results[str(r.id)], ImageRejected)]
-    originals = rows_resolve(fetched)
-    ready += originals
-    if ready:
+    counts = {"fetched": 0, "failed": 0, "skipped": 0, "queued": 0}
+    if ready:  # a redelivered chunk's rows that have their bytes: sent on at once, not behind the fetches
         dispatch.send_chunk(job_id=job_id, image_ids=ready, priority=job.priority)
-    else:
+        counts["queued"] += len(ready)
+    started = time.perf_counter()
+    for group in _fetch_as_they_finish(list(todo.values())):
+        _group_settle(job, [(todo[i], result) for i, result in group.items()], counts)
+    fetch_ms = (time.perf_counter() - started) * 1000
+    if not ready and not todo:  # nothing sent, nothing settled: the job may have ended already
         job_services.job_refresh(job_id=job_id)
+    return {**counts, "fetch_ms": round(fetch_ms, 1)}
+
+
+def _group_settle(job: Job, group: list[tuple[Image, tuple | ImageRejected]], counts: dict[str, int]) -> None:
+    """Settle rows whose fetch finished: failures marked, fetched bytes resolved
+    (:func:`rows_resolve`), the originals sent to the model as one ``embed_chunk``; a group that
+    sends nothing refreshes the job (its last rows may have ended it). Adds to ``counts``."""
+    failures = [(str(r.id), res.reason.value, res.detail) for r, res in group if isinstance(res, ImageRejected)]
+    images_mark_failed(failures)
+    fetched = [(r, *res) for r, res in group if not isinstance(res, ImageRejected)]
+    originals = rows_resolve(fetched)
+    if originals:
+        dispatch.send_chunk(job_id=str(job.id), image_ids=originals, priority=job.priority)
+    else:
+        job_services.job_refresh(job_id=str(job.id))
     skipped = Image.objects.filter(id__in=[r.id for r, *_ in fetched], status=ImageStatus.SKIPPED).count()
-    refused = len(fetched) - len(originals) - skipped
-    return {"fetched": len(fetched), "failed": len(failures) + refused, "skipped": skipped, "queued": len(ready),
-            "fetch_ms": round(fetch_ms, 1)}
+    counts["fetched"] += len(fetched)
+    counts["failed"] += len(failures) + len(fetched) - len(originals) - skipped
+    counts["skipped"] += skipped
+    counts["queued"] += len(originals)

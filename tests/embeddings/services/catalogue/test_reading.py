@@ -347,3 +347,54 @@ def test_a_jobs_first_slice_is_small_so_its_first_images_reach_the_model_at_once
     assert job.chunk_size == 64
     reading.job_read(job_id=str(job.id))
     assert [len(ids) for ids in fetches] == [reading.FIRST_SLICE_ROWS, 64, 80 - 64 - reading.FIRST_SLICE_ROWS]
+
+
+def test_a_trickling_url_holds_only_its_own_row_of_the_slice(catalogue, api, origin, monkeypatch):
+    """A slice of fast URLs and one that answers a byte every half second: the fast rows are stored,
+    resolved, sent to the model and embedded while the slow row is still being fetched (asserted on
+    the rows' and the origin's state at the moment they are sent on); the slow row then fails alone,
+    ``fetch_timeout``, at the whole-URL limit (``FETCH_TOTAL_TIMEOUT_S``) that a per-read timeout
+    would never reach."""
+    from embeddings import dispatch
+    from embeddings.services.catalogue import fetching, reading
+
+    catalogue.FETCH_TOTAL_TIMEOUT_S = 3.0
+    runtime.fetcher.cache_clear()
+    fetches, sends = [], []
+    real_send = dispatch.send_chunk
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)
+    monkeypatch.setattr(dispatch, "send_fetch_chunk", lambda **kw: fetches.append(kw["image_ids"]))
+    fast = [f"{origin.url}/pixels/{700 + i}.jpg" for i in range(7)]
+    slow_url = f"{origin.url}/slow?interval=0.5&bytes=40"  # 20 s of body, each read well under the read timeout
+    job = post_manifest(api, "url\n" + "\n".join(fast[:3] + [slow_url] + fast[3:]) + "\n")
+    reading.job_read(job_id=str(job.id))
+    (ids,) = fetches
+    rows = rows_by(job)
+    slow = rows[4]
+    fast_ids = {str(im.id) for n, im in rows.items() if n != 4}
+
+    def send_chunk(**kw):
+        slow_now = Image.objects.get(id=slow.id)  # the state at the moment the rows are sent on
+        in_flight = [s.finished is None for s in origin.requests("/slow")]
+        result = real_send(**kw)  # eager: the chunk is embedded here
+        sends.append({"ids": set(kw["image_ids"]), "slow": (slow_now.status, slow_now.sha256), "in_flight": in_flight,
+                      "embedded": set(map(str, Image.objects.filter(id__in=kw["image_ids"], status=ImageStatus.EMBEDDED)
+                                          .values_list("id", flat=True)))})
+        return result
+
+    monkeypatch.setattr(dispatch, "send_chunk", send_chunk)
+    origin.reset()
+    result = fetching.chunk_fetch(job_id=str(job.id), image_ids=ids)
+    # every fast row was sent on, and embedded, while the slow row was queued without its bytes
+    # and its body was still being served
+    while_slow = [s for s in sends if s["slow"] == (ImageStatus.QUEUED, "") and s["in_flight"] == [True]]
+    assert set().union(*(s["ids"] for s in while_slow)) == fast_ids
+    assert set().union(*(s["embedded"] for s in while_slow)) == fast_ids
+    assert all(s["ids"] <= fast_ids for s in sends)
+    slow.refresh_from_db()
+    assert (slow.status, slow.reason) == (ImageStatus.FAILED, "fetch_timeout")
+    assert "the total time limit of 3 s passed" in slow.reason_detail
+    assert {k: result[k] for k in ("fetched", "failed", "skipped", "queued")} == {
+        "fetched": 7, "failed": 1, "skipped": 0, "queued": 7}
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE
