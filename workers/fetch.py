@@ -11,7 +11,11 @@ failure is the one image's reason code; nothing here fails a chunk.
   100.64/10, IPv4-mapped IPv6 of those) unless it lies in ``allow_networks``. A host with any
   refused address is refused. The socket then connects to the checked address itself, so the HTTP
   library never looks the name up again (DNS rebinding cannot slip past the check), while TLS still
-  sends the host name (SNI) and verifies the certificate against it (``fetch_tls``).
+  sends the host name (SNI) and verifies the certificate against it (``fetch_tls``). The refusal's
+  detail names the URL (the hop refused), its host and the rule broken ("resolves to a private
+  address"), never the address a host name resolved to: that is this server's view of its own DNS
+  and hosts file, not the sender's to learn. The address is logged (INFO, this module's logger),
+  on the server only.
 * **Redirects** (``fetch_redirects``): followed by the fetcher, never by the library, at most
   ``max_redirects``; a redirect without a usable ``Location`` fails at once.
 * **Size** (``fetch_too_large``): a ``Content-Length`` above ``max_bytes`` fails before the body is
@@ -45,6 +49,7 @@ import dataclasses
 import datetime
 import email.utils
 import ipaddress
+import logging
 import random
 import re
 import socket
@@ -58,6 +63,8 @@ import httpcore
 import httpx
 
 from workers.errors import ImageRejected, Reason
+
+log = logging.getLogger(__name__)
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -326,16 +333,24 @@ class _Deadline(threading.local):
 
 
 class _RefusedAddress(Exception):
-    """A host resolved to an address :func:`address_refusal` refuses (raised before any connect)."""
+    """A host resolved to an address :func:`address_refusal` refuses (raised before any connect).
+
+    Its message names the host and the rule, never the address a host *name* resolved to: the
+    message reaches whoever sent the URL (a row's failure, an API answer, a webhook delivery), and
+    what a name resolves to on this server (its hosts file, its internal DNS) is not theirs to
+    learn. The address is kept in ``address`` for the server's own log. A literal address in the
+    URL is named: the sender wrote it.
+    """
 
     def __init__(self, host: str, address: IPAddress, why: str) -> None:
         kind = f"{'an' if why[0] in 'aeiou' else 'a'} {why} address"
         # the setting that allows it, named where the refusal is read (the per-row failure, a delivery)
         allow = "refused unless FETCH_ALLOW_NETWORKS allows it"
+        self.host, self.address, self.why = host, address, why
         if host.strip("[]") == str(address):
             super().__init__(f"{host} is {kind}, {allow}")
         else:
-            super().__init__(f"{host} resolves to {address}, {kind}, {allow}")
+            super().__init__(f"{host} resolves to {kind}, {allow}")
 
 
 class _DeadlineStream(httpcore.NetworkStream):
@@ -578,7 +593,8 @@ class Fetcher:
         Raises:
             ImageRejected: ``fetch_invalid_url``, ``fetch_refused_address``, ``fetch_tls``,
                 ``fetch_timeout``, ``fetch_connect``, ``fetch_status``, ``fetch_too_large`` or
-                ``fetch_redirects``, with a detail naming the host, status, limit or address.
+                ``fetch_redirects``, with a detail naming the host, status or limit (an address
+                only when the URL itself holds it, never one that a name resolved to).
         """
         policy = self.policy
         start = time.monotonic()
@@ -669,7 +685,9 @@ class Fetcher:
                 finally:
                     self._deadline.at = None
         except _RefusedAddress as e:
-            raise ImageRejected(Reason.FETCH_REFUSED_ADDRESS, str(e)) from None
+            # the server's log has the address the name resolved to; the refusal has the URL and the rule
+            log.info("refused %s: %s resolves to %s (%s)", url, e.host, e.address, e.why)
+            raise ImageRejected(Reason.FETCH_REFUSED_ADDRESS, f"{url}: {e}") from None
         except (TimeoutError, httpcore.TimeoutException) as e:
             if time.monotonic() >= deadline:
                 detail = f"{host}: the total time limit of {policy.total_timeout_s:g} s passed"

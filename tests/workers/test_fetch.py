@@ -117,10 +117,12 @@ def test_loopback_is_refused_before_any_request_without_the_allowance(server):
     with Fetcher(FetchPolicy(retries=2)) as fetcher:
         errors = [rejected(fetcher, url) for url in urls]
     assert [e.reason for e in errors] == [Reason.FETCH_REFUSED_ADDRESS] * 5
-    assert errors[0].detail == "127.0.0.1 is a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
-    assert errors[1].detail == "localhost resolves to 127.0.0.1, a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
-    assert errors[2].detail == "2130706433 resolves to 127.0.0.1, a loopback address, refused unless FETCH_ALLOW_NETWORKS allows it"
-    assert errors[4].detail == "0.0.0.0 is an unspecified address, refused unless FETCH_ALLOW_NETWORKS allows it"
+    allow = "refused unless FETCH_ALLOW_NETWORKS allows it"
+    assert errors[0].detail == f"{urls[0]}: 127.0.0.1 is a loopback address, {allow}"
+    # a name: the rule, never the address it resolved to here
+    assert errors[1].detail == f"{urls[1]}: localhost resolves to a loopback address, {allow}"
+    assert errors[2].detail == f"{urls[2]}: 2130706433 resolves to a loopback address, {allow}"
+    assert errors[4].detail == f"{urls[4]}: 0.0.0.0 is an unspecified address, {allow}"
     assert (server.count(), server.connections_opened) == (0, 0)
 
 
@@ -189,8 +191,8 @@ def test_connection_goes_to_the_checked_address_without_a_second_lookup(server, 
     assert server.connections_opened == 1
     with Fetcher(policy()) as fetcher:
         error = rejected(fetcher, f"http://rebind.test:{server.port}/img/7.jpg")
-    assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS,
-                                            "rebind.test resolves to 10.0.0.1, a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
+    assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS, f"http://rebind.test:{server.port}/img/7.jpg: "
+                                            "rebind.test resolves to a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert lookups["rebind.test"] == 2
     assert server.count() == 2
 
@@ -206,9 +208,38 @@ def test_a_name_with_any_refused_address_is_refused(server, monkeypatch):
     monkeypatch.setattr(socket, "getaddrinfo", two_answers)
     with Fetcher(policy()) as fetcher:
         error = rejected(fetcher, f"http://mixed.test:{server.port}/img/1.jpg")
-    assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS,
-                                            "mixed.test resolves to 10.0.0.1, a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
+    assert (error.reason, error.detail) == (Reason.FETCH_REFUSED_ADDRESS, f"http://mixed.test:{server.port}/img/1.jpg: "
+                                            "mixed.test resolves to a private address, refused unless FETCH_ALLOW_NETWORKS allows it")
     assert server.count() == 0
+
+
+@pytest.mark.parametrize(("address", "why"), [("10.20.30.40", "private"), ("127.3.4.5", "loopback"),
+                                              ("169.254.169.254", "link-local"), ("100.64.7.8", "shared address space"),
+                                              ("::ffff:192.168.44.55", "private")])
+def test_a_refusal_never_tells_what_a_name_resolves_to(server, fake_dns, caplog, address, why):
+    """What a name resolves to on this server (its hosts file, its internal DNS) stays on the server:
+    the refusal names the URL, the host and the rule; the address is in the server's log only.
+    The same for a redirect hop and for a POST (webhooks)."""
+    names, _ = fake_dns
+    names["intranet.test"] = [address]
+    url = f"http://intranet.test:{server.port}/img/1.jpg"
+    hop = f"{server.url}/redirect-to?url=http%3A%2F%2Fintranet.test%2Fa.jpg"
+    kind = f"{'an' if why[0] in 'aeiou' else 'a'} {why} address"
+    with caplog.at_level("INFO", logger="workers.fetch"), Fetcher(policy()) as fetcher:
+        errors = [rejected(fetcher, url), rejected(fetcher, hop)]
+        with pytest.raises(ImageRejected) as posted:
+            fetcher.post(url, b"{}")
+    errors.append(posted.value)
+    assert [(e.reason, e.detail) for e in errors] == [
+        (Reason.FETCH_REFUSED_ADDRESS, f"{url}: intranet.test resolves to {kind}, refused unless FETCH_ALLOW_NETWORKS allows it"),
+        (Reason.FETCH_REFUSED_ADDRESS, "http://intranet.test/a.jpg: intranet.test resolves to "
+                                       f"{kind}, refused unless FETCH_ALLOW_NETWORKS allows it"),
+        (Reason.FETCH_REFUSED_ADDRESS, f"{url}: intranet.test resolves to {kind}, refused unless FETCH_ALLOW_NETWORKS allows it"),
+    ]
+    shown = ipaddress.ip_address(address)
+    forms = {address, str(shown), str(getattr(shown, "ipv4_mapped", None) or shown)}
+    assert not any(f in e.detail for e in errors for f in forms)
+    assert sum(f"intranet.test resolves to {shown}" in r.getMessage() for r in caplog.records) == 3
 
 
 # ---- URLs -------------------------------------------------------------------------------------
