@@ -89,6 +89,7 @@ def _fetch_as_they_finish(rows: list[Image]) -> Iterator[dict[str, tuple | Image
     if not rows:
         return
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(settings.FETCH_THREADS, len(rows)))) as pool:
+        origins = {str(r.id): r.origin for r in rows}
         pending = {pool.submit(_fetch_one, r.origin): str(r.id) for r in rows}
         while pending:
             done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
@@ -100,9 +101,11 @@ def _fetch_as_they_finish(rows: list[Image]) -> Iterator[dict[str, tuple | Image
                     group[image_id] = f.result()
                 except ImageRejected as e:
                     group[image_id] = e
-                except Exception as e:  # a storage or client error of one object: that row's failure, with its words
+                except Exception as e:  # a storage or client error of one object: that row's failure
+                    # the library's words may name the storage endpoint (an internal host name): the log only
                     log.warning("fetching image %s failed: %s: %s", image_id, type(e).__name__, e)
-                    group[image_id] = ImageRejected(Reason.SOURCE_MISSING, f"{type(e).__name__}: {e}")
+                    group[image_id] = ImageRejected(Reason.SOURCE_MISSING, f"{origins[image_id]}: {type(e).__name__} "
+                                                    "while reading it (the fetch worker's log has the details)")
             yield group
 
 
@@ -208,6 +211,8 @@ def chunk_fetch(*, job_id: str, image_ids: list[str]) -> dict:
         return {"fetched": 0, "failed": 0, "skipped": 0, "queued": 0, "fetch_ms": 0.0, "parked": len(image_ids)}
     rows = list(Image.objects.filter(id__in=image_ids, status=ImageStatus.QUEUED))
     ready = [str(r.id) for r in rows if r.sha256]
+    position = {str(i): n for n, i in enumerate(image_ids)}
+    rows.sort(key=lambda r: position.get(str(r.id), len(position)))
     todo = {str(r.id): r for r in rows if not r.sha256 and r.origin}
     job_services.job_mark_started(job_id=job_id, status=job.status)
     counts = {"fetched": 0, "failed": 0, "skipped": 0, "queued": 0}
@@ -216,7 +221,9 @@ def chunk_fetch(*, job_id: str, image_ids: list[str]) -> dict:
         counts["queued"] += len(ready)
     started = time.perf_counter()
     for group in _fetch_as_they_finish(list(todo.values())):
-        _group_settle(job, [(todo[i], result) for i, result in group.items()], counts)
+        # in the chunk's order (its rows' order in the source), so that of two rows of one group with
+        # the same bytes the earlier row is the original; across groups, the first bytes to arrive
+        _group_settle(job, [(r, group[i]) for i, r in todo.items() if i in group], counts)
     fetch_ms = (time.perf_counter() - started) * 1000
     if not ready and not todo:  # nothing sent, nothing settled: the job may have ended already
         job_services.job_refresh(job_id=job_id)

@@ -182,7 +182,10 @@ def _bucket_head(bucket: str, key: str) -> Iterator[BinaryIO]:
         raise ApplicationError(f"object storage answered {code or 'an error'} for s3://{bucket}/{key}",
                                code="source_unavailable", status=503, headers={"Retry-After": "30"}) from e
     except BotoCoreError as e:  # the endpoint cannot be reached, a timeout, no credentials at all
-        raise ApplicationError(f"object storage cannot be reached: {e}", code="source_unavailable", status=503,
+        # botocore's words name the storage endpoint (an internal host name): the server's log only
+        log.warning("object storage cannot be reached for s3://%s/%s: %s: %s", bucket, key, type(e).__name__, e)
+        raise ApplicationError(f"object storage cannot be reached for s3://{bucket}/{key} ({type(e).__name__}; the "
+                               f"server's log has the details)", code="source_unavailable", status=503,
                                headers={"Retry-After": "30"}) from e
     yield io.BytesIO(data)
 

@@ -308,6 +308,11 @@ def test_a_bucket_manifest_on_storage_that_cannot_be_reached_is_a_503_not_a_500(
     runtime.source_client.cache_clear()
     r = api.post("/api/jobs/", {"manifest_key": "s3://feeds/manifest.csv"}, format="json")
     assert r.status_code == 503 and r.json()["code"] == "source_unavailable" and r["Retry-After"] == "30"
+    # the storage endpoint is this deployment's own (an internal name): not in the answer
+    endpoint = catalogue.SOURCE_S3["endpoint_url"]
+    assert endpoint.split("//")[1] not in r.content.decode() and "127.0.0.1" not in r.content.decode()
+    assert r.json()["message"] == ("object storage cannot be reached for s3://feeds/manifest.csv "
+                                   "(EndpointConnectionError; the server's log has the details)")
     assert not Job.objects.exists()
     runtime.source_client.cache_clear()
 
@@ -398,3 +403,22 @@ def test_a_trickling_url_holds_only_its_own_row_of_the_slice(catalogue, api, ori
         "fetched": 7, "failed": 1, "skipped": 0, "queued": 7}
     job.refresh_from_db()
     assert job.status == JobStatus.DONE
+
+
+def test_an_object_that_cannot_be_read_fails_its_row_without_naming_the_storage_endpoint(catalogue, api, monkeypatch):
+    """A storage client's error names its endpoint (an internal host name): the row's failure names
+    the object and the error's kind; the endpoint stays in the fetch worker's log."""
+    from botocore.exceptions import EndpointConnectionError
+
+    def unreachable(bucket, key):
+        raise EndpointConnectionError(endpoint_url=f"http://minio.internal:9000/{bucket}/{key}")
+
+    monkeypatch.setattr(runtime, "source_object", unreachable)
+    catalogue.SOURCE_BUCKETS = ["shop"]
+    job = post_manifest(api, "key,external_id\ns3://shop/a.jpg,A\n")
+    (row,) = rows_by(job).values()
+    assert (row.status, row.reason, row.reason_detail) == (
+        ImageStatus.FAILED, "source_missing",
+        "s3://shop/a.jpg: EndpointConnectionError while reading it (the fetch worker's log has the details)")
+    body = api.get(f"/api/jobs/{job.id}/").content.decode()
+    assert "minio.internal" not in body and "s3://shop/a.jpg" in body
