@@ -422,3 +422,45 @@ def test_an_object_that_cannot_be_read_fails_its_row_without_naming_the_storage_
         "s3://shop/a.jpg: EndpointConnectionError while reading it (the fetch worker's log has the details)")
     body = api.get(f"/api/jobs/{job.id}/").content.decode()
     assert "minio.internal" not in body and "s3://shop/a.jpg" in body
+
+
+def test_a_slice_killed_after_its_first_rows_settled_is_finished_by_its_redelivery(catalogue, api, origin, monkeypatch):
+    """The fetch task is acknowledged late: a worker killed after some rows of its slice settled
+    gets the slice again. The settled rows (queued with their bytes) are sent on without being
+    fetched again, the rest are fetched; no row is lost or left queued."""
+    from embeddings import dispatch
+    from embeddings.services.catalogue import fetching, reading
+
+    catalogue.FETCH_TOTAL_TIMEOUT_S = 2.0
+    runtime.fetcher.cache_clear()
+    fetches, sends = [], []
+    real_send = dispatch.send_chunk
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)
+    monkeypatch.setattr(dispatch, "send_fetch_chunk", lambda **kw: fetches.append(kw["image_ids"]))
+    urls = [f"{origin.url}/pixels/{800 + i}.jpg" for i in range(4)] + [f"{origin.url}/slow?interval=0.5&bytes=40"]
+    job = post_manifest(api, "url\n" + "\n".join(urls) + "\n")
+    reading.job_read(job_id=str(job.id))
+    (ids,) = fetches
+    rows = rows_by(job)
+    fast_ids = {str(rows[n].id) for n in range(1, 5)}
+
+    def killed(**kw):
+        raise SystemExit("the worker was killed")  # after the first group was stored and resolved
+
+    monkeypatch.setattr(dispatch, "send_chunk", killed)
+    with pytest.raises(SystemExit):
+        fetching.chunk_fetch(job_id=str(job.id), image_ids=ids)
+    settled = {str(im.id): (im.status, bool(im.sha256)) for im in Image.objects.filter(job=job)}
+    assert {i: settled[i] for i in fast_ids} == {i: (ImageStatus.QUEUED, True) for i in fast_ids}
+    assert settled[str(rows[5].id)] == (ImageStatus.QUEUED, False)
+    origin.reset()
+    monkeypatch.setattr(dispatch, "send_chunk", lambda **kw: sends.append(set(kw["image_ids"])) or real_send(**kw))
+    result = fetching.chunk_fetch(job_id=str(job.id), image_ids=ids)  # the redelivery
+    assert sends == [fast_ids]  # sent on as they were, not fetched again
+    assert [s.path for s in origin.requests()] == ["/slow"]
+    assert {k: result[k] for k in ("fetched", "failed", "queued")} == {"fetched": 0, "failed": 1, "queued": 4}
+    final = {n: (im.status, im.reason) for n, im in rows_by(job).items()}
+    assert final == {1: (ImageStatus.EMBEDDED, ""), 2: (ImageStatus.EMBEDDED, ""), 3: (ImageStatus.EMBEDDED, ""),
+                     4: (ImageStatus.EMBEDDED, ""), 5: (ImageStatus.FAILED, "fetch_timeout")}
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE
