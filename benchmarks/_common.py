@@ -22,6 +22,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from project import configuration, lanes  # noqa: E402 - after the checkout is on the path
+
+
+def redis_prefix(environ=None) -> str:
+    """``"<DEPLOYMENT_NAME>:"``: the start of every Redis key a stack started with ``environ``
+    (default ``os.environ``, which a benchmark's stacks inherit) writes (project/lanes.py ``key_prefix``)."""
+    return lanes.key_prefix(configuration.read(environ, names=["DEPLOYMENT_NAME"])["DEPLOYMENT_NAME"])
+
+
+#: The benchmarks' stacks' Redis key prefix (they run under this process's environment).
+REDIS_PREFIX = redis_prefix()
+
 #: Where the real photos are looked for, first match wins: $BENCH_PHOTOS, a copy carried to the
 #: GPU machine (benchmarks/gpu_check.sh), the shared data beside the checkout.
 PHOTO_DIRS = [Path(p) for p in (os.environ.get("BENCH_PHOTOS"),) if p] + [

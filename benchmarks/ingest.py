@@ -96,7 +96,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import machine, machine_line, markdown_table, pyplot, write_json
+from benchmarks._common import REDIS_PREFIX, machine, machine_line, markdown_table, pyplot, write_json
 
 #: Issue 41's targets.
 ANSWER_S = 10.0  # the 202 after the upload's end (s)
@@ -139,7 +139,7 @@ FIRST_WAIT_S = 180.0
 SAMPLED = ("web", "worker-fetch", "worker-bulk")
 #: kombu's Redis hash of the messages workers hold: every task is ``acks_late``
 #: (``CELERY_TASK_ACKS_LATE``), so a running task's message stays there until it ends.
-UNACKED_KEY = "unacked"
+UNACKED_KEY = f"{REDIS_PREFIX}unacked"  # kombu's, under the deployment's global_keyprefix
 
 
 # --- pure helpers (tests/test_bench_ingest.py) ----------------------------------------------------

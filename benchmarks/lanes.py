@@ -60,10 +60,10 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import PHOTO_DIRS, machine, machine_line, pyplot, write_folder  # noqa: E402
+from benchmarks._common import PHOTO_DIRS, REDIS_PREFIX, machine, machine_line, pyplot, write_folder  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
 
-INTERACTIVE_BATCHES_KEY = "lanes:interactive:batches"  # embeddings.lane_control.keys.BATCHES_KEY
+INTERACTIVE_BATCHES_KEY = f"{REDIS_PREFIX}lanes:interactive:batches"  # embeddings.lane_control.keys.BATCHES_KEY
 
 
 # --- images ---------------------------------------------------------------------------------------

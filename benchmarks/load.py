@@ -82,7 +82,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._common import machine, machine_line, pyplot, wait_for
+from benchmarks._common import REDIS_PREFIX, machine, machine_line, pyplot, wait_for
 from benchmarks.load_judge import RETRY_AFTER_TOLERANCE, actual_wait_near, phase_name
 from benchmarks.lanes import scratch_database
 from scripts.soak import make_jpeg, zip_of
@@ -90,11 +90,11 @@ from scripts.stack import Stack
 
 PROCESSES = ("web", "worker-interactive", "worker-bulk", "worker-vectors")
 #: ``embeddings.lane_control.keys.ANSWERS_KEY`` (the driver imports no Django).
-ANSWERS_KEY = "lanes:interactive:answers"
+ANSWERS_KEY = f"{REDIS_PREFIX}lanes:interactive:answers"
 #: ``embeddings.lane_control.keys.BATCHES_KEY``: the dynamic batcher's batch records.
-BATCHES_KEY = "lanes:interactive:batches"
+BATCHES_KEY = f"{REDIS_PREFIX}lanes:interactive:batches"
 #: ``embeddings.lane_control.keys.REFUSALS_KEY``: the refusals what a 429 says is learnt from.
-REFUSALS_KEY = "lanes:interactive:refusals"
+REFUSALS_KEY = f"{REDIS_PREFIX}lanes:interactive:refusals"
 #: ``queueing.wait_ahead.FIT_WINDOW_S``: how far back (s) a phase's first 429s learn from.
 WAIT_AHEAD_WINDOW_S = 60.0
 
@@ -324,11 +324,12 @@ class QueueSampler(threading.Thread):
     "queued", "inflight", "vectors", "pending", "passes", "bulk"}``. For diagnosis: which queue
     holds the wait."""
 
-    KEYS: ClassVar[dict[str, str]] = {"inflight": "lanes:interactive:inflight",
-                                      "pending": "lanes:interactive:pending",
-                                      "passes": "lanes:interactive:passes",
-                                      "bulk": "lanes:bulk:activity"}
-    #: kombu's priority lists of a queue (``lane_control.queue_keys``; separator ``\x06\x16``).
+    KEYS: ClassVar[dict[str, str]] = {"inflight": f"{REDIS_PREFIX}lanes:interactive:inflight",
+                                      "pending": f"{REDIS_PREFIX}lanes:interactive:pending",
+                                      "passes": f"{REDIS_PREFIX}lanes:interactive:passes",
+                                      "bulk": f"{REDIS_PREFIX}lanes:bulk:activity"}
+    #: kombu's priority lists of a queue under the deployment's prefix (``lane_control.queue_keys``;
+    #: separator ``\x06\x16``).
     STEPS = (0, 3, 6, 9)
 
     def __init__(self, redis_url: str, every: float = 0.2) -> None:
@@ -341,7 +342,7 @@ class QueueSampler(threading.Thread):
 
     @classmethod
     def lists(cls, queue: str) -> list[str]:
-        return [queue if s == 0 else f"{queue}\x06\x16{s}" for s in cls.STEPS]
+        return [REDIS_PREFIX + (queue if s == 0 else f"{queue}\x06\x16{s}") for s in cls.STEPS]
 
     def run(self) -> None:
         interactive = self.lists("interactive")
@@ -350,7 +351,7 @@ class QueueSampler(threading.Thread):
                 with self.client.pipeline(transaction=False) as pipe:
                     for k in interactive:
                         pipe.llen(k)
-                    pipe.llen("vectors")
+                    pipe.llen(f"{REDIS_PREFIX}vectors")
                     for k in self.KEYS.values():
                         pipe.hlen(k)
                     *lengths, vectors, inflight, pending, passes, bulk = pipe.execute()
@@ -714,7 +715,7 @@ def records_before(redis_url: str, now: float, *, window_s: float = WAIT_AHEAD_W
 
 #: Redis keys of the calibration prompts' text vectors (``embeddings.services.lifecycle.cutoff.PROMPT_VECTORS_KEY``):
 #: present once a space's first calibration has run its text tower.
-PROMPT_VECTORS_PATTERN = "cutoff:prompt-vectors:*"
+PROMPT_VECTORS_PATTERN = f"{REDIS_PREFIX}cutoff:prompt-vectors:*"
 #: The stack's ``CUTOFF_MIN_POINTS``: the warm-up's uploads cross it, so the first calibration runs then.
 CUTOFF_MIN_POINTS = 10
 

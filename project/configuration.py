@@ -149,6 +149,10 @@ VARS: tuple[Var, ...] = (
         "health-checked before reuse"),
     Var("REDIS_URL", str, "redis://127.0.0.1:6379/0", "state",
         "broker and result backend; the scripts start a private `redis-server` if none answers"),
+    Var("DEPLOYMENT_NAME", str, "clip", "state",
+        "this deployment's name: every Redis key it writes (Celery's queues, unacknowledged messages, "
+        "results, events, lane control) starts with `<name>:`, so deployments sharing one Redis database never "
+        "take each other's tasks; letters, digits, `.`, `_`, `-` (docs/operations.md)"),
     Var("CELERY_VISIBILITY_TIMEOUT_S", int, 3600, "state",
         "Redis redelivers a message unacknowledged this long (s), even if still running: chunks finish far inside it"),
     Var("BROKER_POLLING_INTERVAL_S", float, 0.2, "state",

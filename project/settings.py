@@ -323,6 +323,15 @@ VECTORS_WRITE_SLICE = config["VECTORS_WRITE_SLICE"]
 # --- Celery (see ../shared/NOTES.md for why each knob is set) ------------------------------------
 REDIS_URL = config["REDIS_URL"]
 CELERY_BROKER_URL = REDIS_URL
+#: This deployment's name; every Redis key it writes starts with ``REDIS_KEY_PREFIX`` (``"<name>:"``):
+#: kombu's queues and bookkeeping (``global_keyprefix`` below), results, lane control's keys. Two
+#: deployments on one Redis database then never take each other's tasks (project/lanes.py).
+DEPLOYMENT_NAME = config["DEPLOYMENT_NAME"]
+try:
+    REDIS_KEY_PREFIX = lanes.key_prefix(DEPLOYMENT_NAME)
+except ValueError as e:
+    raise ImproperlyConfigured(str(e)) from e
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = lanes.transport_options(DEPLOYMENT_NAME)
 # Celery's Redis backend, keeping a result someone waits for only until that wait's deadline
 # (project/results.py); CELERY_RESULT_EXPIRES is the ceiling for any other stored result.
 CELERY_RESULT_BACKEND = "project.results:DeadlineRedisBackend+" + REDIS_URL
@@ -352,6 +361,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # BRPOP timeout (s): bounds how long a gated worker takes to ask for bulk work again (the
     # on-deck chunk hides it while chunks take longer).
     "polling_interval": config["BROKER_POLLING_INTERVAL_S"],
+    **lanes.transport_options(DEPLOYMENT_NAME),
 }
 CELERY_TASK_DEFAULT_QUEUE = lanes.BULK
 CELERY_TASK_DEFAULT_PRIORITY = lanes.PRIORITY_BULK_BACKGROUND

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from project import processes  # noqa: E402
+from project import configuration, lanes, processes  # noqa: E402
 
 
 def free_port() -> int:
@@ -82,6 +82,22 @@ class Stack:
         self._lock = threading.RLock()  # kill/restart vs the supervisor
         self._held_down: set[str] = set()  # stopped on purpose: the supervisor leaves them down
         self._stopping = False
+
+    @property
+    def key_prefix(self) -> str:
+        """``"<DEPLOYMENT_NAME>:"``: the start of every Redis key this stack's processes write
+        (queues, ``unacked``, results, lane control: project/lanes.py ``key_prefix``)."""
+        return lanes.key_prefix(configuration.read(self.env, names=["DEPLOYMENT_NAME"])["DEPLOYMENT_NAME"])
+
+    def celery_app(self):
+        """A Celery client on this stack's broker and deployment (its ``global_keyprefix``): what
+        sends to its queues, pings its workers or reads its events. The caller closes it."""
+        from celery import Celery  # deferred: the stack runner starts without Celery loaded
+
+        options = {"global_keyprefix": self.key_prefix}
+        app = Celery(broker=self.env["REDIS_URL"], backend=self.env["REDIS_URL"], set_as_current=False)
+        app.conf.update(broker_transport_options=options, result_backend_transport_options=options)
+        return app
 
     @property
     def web_url(self) -> str:
@@ -234,9 +250,7 @@ class Stack:
             expect: stop waiting for replies once this many came (default: wait the whole 0.5 s,
                 as a broadcast does not know how many workers there are).
         """
-        from celery import Celery
-
-        app = Celery(broker=self.env["REDIS_URL"], backend=self.env["REDIS_URL"], set_as_current=False)
+        app = self.celery_app()
         try:
             replies = app.control.ping(timeout=0.5, limit=expect)
         except Exception:  # noqa: BLE001 - e.g. a pooled connection to a Redis that restarted: ask again

@@ -102,6 +102,43 @@ def redis_server(folder: Path, *options: str):
         p.wait()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_redis(tmp_path_factory):
+    """The whole session's broker, result backend and lane-control Redis: a redis-server of the
+    suite's own (or, without redis-server, a port nobody listens on), never the machine's
+    ``redis://127.0.0.1:6379/0``, which may be a running deployment's. Set in the settings, in the
+    Celery app and in ``REDIS_URL`` for the processes tests start (a stack's ``private_redis``
+    still starts its own). Yields the URL."""
+    from django.conf import settings
+
+    from project.celery import app
+
+    with contextlib.ExitStack() as stack:
+        if shutil.which("redis-server"):
+            url, _ = stack.enter_context(redis_server(tmp_path_factory.mktemp("session-redis")))
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                url = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+        saved = {name: getattr(settings, name) for name in ("REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")}
+        saved_env = os.environ.get("REDIS_URL")
+        backend = "project.results:DeadlineRedisBackend+" + url
+        settings.REDIS_URL = settings.CELERY_BROKER_URL = url
+        settings.CELERY_RESULT_BACKEND = backend
+        app.conf.update(broker_url=url, result_backend=backend)
+        os.environ["REDIS_URL"] = url
+        try:
+            yield url
+        finally:
+            for name, value in saved.items():
+                setattr(settings, name, value)
+            app.conf.update(broker_url=saved["CELERY_BROKER_URL"], result_backend=saved["CELERY_RESULT_BACKEND"])
+            if saved_env is None:
+                os.environ.pop("REDIS_URL", None)
+            else:
+                os.environ["REDIS_URL"] = saved_env
+
+
 @pytest.fixture
 def private_redis(tmp_path):
     """A redis-server of the test's own on a free port: ``(url, client)``; skipped when not installed."""

@@ -250,7 +250,7 @@ def test_the_load_benchmark_waits_for_the_first_calibrations_text_vectors(privat
     from embeddings.services.lifecycle import cutoff
 
     url, client = private_redis
-    key = cutoff.PROMPT_VECTORS_KEY.format(model_id="ViT-B-32/random", prompts_sha256="ab" * 32)
+    key = "clip:" + cutoff.PROMPT_VECTORS_KEY.format(model_id="ViT-B-32/random", prompts_sha256="ab" * 32)  # the deployment prefix
     assert fnmatch.fnmatchcase(key, load.PROMPT_VECTORS_PATTERN)
     assert load.first_calibration(url, timeout_s=1.5, quiet_s=0) is None
     client.set(key, "{}")

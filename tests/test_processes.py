@@ -45,3 +45,15 @@ def test_compose_gpu_worker_runs_the_shared_worker_with_the_storage_it_needs_acr
     # on another host than the web, image bytes come from S3-compatible storage (docs/operations.md)
     for name in ("STORAGE_URL", "S3_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "CLIP_MODELS"):
         assert name in gpu["environment"], name
+
+
+def test_every_compose_process_runs_under_one_deployment_name():
+    """One ``DEPLOYMENT_NAME`` (default the service's own) for every process of the stack: its
+    queues and keys are its own on a shared Redis (project/lanes.py ``key_prefix``)."""
+    from project import configuration
+
+    wanted = f"${{DEPLOYMENT_NAME:-{configuration.BY_NAME['DEPLOYMENT_NAME'].default}}}"
+    apps = {name: svc for name, svc in compose().items() if "celery" in str(svc.get("command", ""))
+            or name == "web"}
+    assert {"web", "worker-bulk", "worker-gpu"} <= set(apps)
+    assert {name: svc["environment"].get("DEPLOYMENT_NAME") for name, svc in apps.items()} == dict.fromkeys(apps, wanted)

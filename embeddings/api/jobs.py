@@ -130,11 +130,15 @@ class JobProgressSerializer(JobSerializer):
     embedded = serializers.IntegerField()
     skipped = serializers.IntegerField()
     failed = serializers.IntegerField()
-    finished = serializers.IntegerField()
-    elapsed_s = serializers.FloatField()
-    throughput_images_per_s = serializers.FloatField(allow_null=True, help_text="images/s")
-    eta = serializers.DateTimeField(allow_null=True)
-    at_risk = serializers.BooleanField(help_text="the ETA is past the deadline")
+    finished = serializers.IntegerField(help_text="images in a final status (settled or cancelled)")
+    elapsed_s = serializers.FloatField(help_text="s since the job started, until now or until it finished")
+    throughput_images_per_s = serializers.FloatField(
+        allow_null=True, help_text="settled images (embedded, skipped, failed, expired) / elapsed_s; null before "
+        "one settled (docs/catalogues.md, \"A job's progress\")")
+    eta = serializers.DateTimeField(allow_null=True, help_text="now + queued images / throughput; null with "
+                                    "nothing queued or no rate yet")
+    at_risk = serializers.BooleanField(help_text="a deadline, images queued, and the ETA past it (with no rate "
+                                       "yet: when even one image per the seconds waited would miss it)")
     failures = FailureSerializer(many=True)
     failure_reasons = serializers.DictField(child=serializers.IntegerField(),
                                             help_text="failed images per reason code (fetch_timeout, not_an_image, ...)")

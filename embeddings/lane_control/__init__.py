@@ -17,7 +17,7 @@ from embeddings.lane_control.bulk_yield import (
     migration_yield,
     migration_yielder,
 )
-from embeddings.lane_control.keys import queue_keys, redis_client, vectors_interactive_waiting
+from embeddings.lane_control.keys import key, queue_keys, redis_client, vectors_interactive_waiting
 from embeddings.lane_control.reports import batch_records, interactive_in_flight, interactive_pass, interactive_report
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "LaneGateCycle",
     # the store
     "redis_client",
+    "key",
     "queue_keys",
     "vectors_interactive_waiting",
 ]

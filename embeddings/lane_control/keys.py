@@ -1,6 +1,10 @@
 """Lane control's Redis: the broker's server (``REDIS_URL``), one client per process, and every key
 lane control keeps there, with how much of each is kept and read.
 
+Every key starts with this deployment's prefix (:data:`PREFIX`, ``"<DEPLOYMENT_NAME>:"``), as every
+key kombu and the result backend write does (``project.lanes.key_prefix``): two deployments on one
+Redis database never read each other's lanes, queues or results. :func:`key` names any other.
+
 The web (:mod:`.admission`) and the workers (:mod:`.reports`, :mod:`.bulk_yield`) only meet here:
 what one side writes under a key below, the other reads. ``benchmarks/load.py`` names the same keys
 without importing Django.
@@ -19,25 +23,34 @@ from project.celery import app
 
 log = logging.getLogger(__name__)
 
+#: ``"<DEPLOYMENT_NAME>:"``: the start of every Redis key this deployment writes (settings.REDIS_KEY_PREFIX).
+PREFIX = settings.REDIS_KEY_PREFIX
+
+
+def key(name: str) -> str:
+    """The Redis key ``name`` of this deployment: ``PREFIX + name`` (kombu's ``unacked``, a lock...)."""
+    return PREFIX + name
+
+
 # --- the interactive lane's workers ---------------------------------------------------------------
 
 #: Hash ``{task id: "images started_unix_s"}`` of interactive tasks running now.
-INFLIGHT_KEY = f"lanes:{lanes.INTERACTIVE}:inflight"
+INFLIGHT_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:inflight"
 #: Hash ``{batcher: "images started_unix_s expected_ms"}`` of the forward passes the interactive
 #: workers' dynamic batchers run now (``reports.interactive_pass``); ``expected_ms`` 0: not known yet.
-PASSES_KEY = f"lanes:{lanes.INTERACTIVE}:passes"
+PASSES_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:passes"
 #: Hash ``{worker hostname: JSON}`` written by every interactive worker: its measured capacity
 #: (images/s), service figures and when it last reported (``reports.interactive_report``).
-WORKERS_KEY = f"lanes:{lanes.INTERACTIVE}:workers"
+WORKERS_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:workers"
 #: Capped list of JSON batch records (newest last), for benchmarks and diagnosis.
-BATCHES_KEY = f"lanes:{lanes.INTERACTIVE}:batches"
+BATCHES_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:batches"
 BATCHES_KEPT = 20_000
 
 # --- what the web admitted, answered and refused --------------------------------------------------
 
 #: Capped list of JSON records of answered interactive requests, newest last
 #: (``admission.interactive_answered``).
-ANSWERS_KEY = f"lanes:{lanes.INTERACTIVE}:answers"
+ANSWERS_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:answers"
 ANSWERS_KEPT = 5_000
 #: Newest answers the web reads on each admission (the fit only uses those of
 #: ``wait_model.FIT_WINDOW_S``).
@@ -46,19 +59,19 @@ ANSWERS_READ = 128
 #: ``predicted_s``, ``deadline_s``, ``bulk_at_admission``): one that has waited longer than
 #: predicted is a lower bound of its wait, known before its answer (``wait_model.fit_wait``'s
 #: ``pending``), so a machine that slows is seen after the predicted wait, not after the whole one.
-PENDING_KEY = f"lanes:{lanes.INTERACTIVE}:pending"
+PENDING_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:pending"
 #: Capped list of ``wait − work_s`` (s) of the last :data:`LONE_KEPT` requests answered 200 that had
 #: nothing ahead of them (``ahead`` 0): the overhead every request pays, measured where nothing else
 #: explains the wait; the fit's intercept is pulled to their mean (``wait_model._solve``).
-LONE_KEY = f"lanes:{lanes.INTERACTIVE}:lone"
+LONE_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:lone"
 LONE_KEPT = 16
 #: Same as :data:`LONE_KEY` for lone requests that computed beside bulk passes
 #: (``wait_model.beside_bulk``): the overhead of a lone request while the cores are shared.
-LONE_BULK_KEY = f"lanes:{lanes.INTERACTIVE}:lone-bulk"
+LONE_BULK_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:lone-bulk"
 #: Capped list of JSON records of the interactive lane's refusals, newest last: when (``t``, Unix
 #: s), their deadline and their ``wait_ahead.FEATURES``, which ``wait_ahead.fit_wait_ahead`` labels
 #: with the waits of the requests admitted around them. Sized for a minute of refusals at ~8/s.
-REFUSALS_KEY = f"lanes:{lanes.INTERACTIVE}:refusals"
+REFUSALS_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:refusals"
 REFUSALS_KEPT = 1_024
 #: Newest answers read to label refusals: ``wait_ahead.FIT_WINDOW_S`` of them at up to ~17/s.
 LABEL_ANSWERS_READ = 1_024
@@ -69,16 +82,16 @@ LABEL_ANSWERS_READ = 1_024
 #: lane) of the bulk chunks computing now, written by ``bulk_yield.BulkActivity``: cleared while a
 #: chunk waits for the interactive lane (parked) and when it ends. The web reads it on each
 #: admission (``LaneLoad.beside_bulk``) to pick the wait fit learnt in the same regime.
-BULK_ACTIVITY_KEY = f"lanes:{lanes.BULK}:activity"
+BULK_ACTIVITY_KEY = f"{PREFIX}lanes:{lanes.BULK}:activity"
 #: Capped list of ``"start end"`` (Unix s) of the bulk chunks' finished computing intervals, newest
 #: last: an answer's wait is labelled with its overlap with them (``bulk_s``,
 #: ``admission.interactive_answered``).
-BULK_RUNS_KEY = f"lanes:{lanes.BULK}:runs"
+BULK_RUNS_KEY = f"{PREFIX}lanes:{lanes.BULK}:runs"
 BULK_RUNS_KEPT = 256
 #: Newest computing intervals read to label an answer (a minute of micro-batches and more).
 BULK_RUNS_READ = 64
 #: Prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}`` (``bulk_yield.migration_slot``).
-MIGRATION_SLOT_KEY = f"lanes:{lanes.BULK}:migration-slot:"
+MIGRATION_SLOT_KEY = f"{PREFIX}lanes:{lanes.BULK}:migration-slot:"
 
 
 @functools.cache
@@ -96,12 +109,12 @@ def redis_client():
 def queue_keys(queue: str) -> list[str]:
     """Redis list names kombu uses for ``queue``, one per priority step, highest priority first.
 
-    Mirrors ``kombu.transport.redis.Channel._q_for_pri``: step 0 is the bare queue name, the others
-    are ``f"{queue}{Channel.sep}{step}"``.
+    Mirrors ``kombu.transport.redis.Channel._q_for_pri`` with its ``global_keyprefix`` (:data:`PREFIX`):
+    step 0 is the prefixed queue name, the others are ``f"{PREFIX}{queue}{Channel.sep}{step}"``.
     """
 
     steps = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("priority_steps", [0, 3, 6, 9])
-    return [queue if step == 0 else f"{queue}{Channel.sep}{step}" for step in steps]
+    return [PREFIX + (queue if step == 0 else f"{queue}{Channel.sep}{step}") for step in steps]
 
 
 def vectors_interactive_waiting(client=None) -> int:

@@ -85,13 +85,14 @@ log = logging.getLogger(__name__)
 
 #: Reason code of a bulk image delivered ``BULK_MAX_ATTEMPTS`` times without finishing.
 ATTEMPTS_EXHAUSTED = Reason.ATTEMPTS_EXHAUSTED.value
-#: Redis key of the lock that keeps reconciler rounds from overlapping.
-LOCK_KEY = "embeddings:reconcile:lock"
+#: Redis key of the lock that keeps reconciler rounds from overlapping (this deployment's own).
+LOCK_KEY = lane_control.key("embeddings:reconcile:lock")
 
 _UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-# kombu's Redis transport (kombu/transport/redis.py, Channel): names of its keys.
-_UNACKED = "unacked"
-_UNACKED_INDEX = "unacked_index"
+# kombu's Redis transport (kombu/transport/redis.py, Channel): names of its keys, under this
+# deployment's global_keyprefix.
+_UNACKED = lane_control.key("unacked")
+_UNACKED_INDEX = lane_control.key("unacked_index")
 
 
 @dataclasses.dataclass

@@ -15,7 +15,6 @@ import time
 
 import pytest
 import redis
-from celery import Celery
 
 from embeddings.services.reconcile import queue_keys
 from project import lanes
@@ -200,7 +199,7 @@ def test_store_down_images_wait_visibly_and_a_chunk_delivered_twice_writes_each_
     job_id = submit_job(api, files)
     ids = [im["id"] for im in job_images(api, job_id)]
     assert len(ids) == len(files)
-    app = Celery(broker=stack.env["REDIS_URL"], set_as_current=False)
+    app = stack.celery_app()  # the stack's deployment: its workers' keys
     app.send_task("embeddings.tasks.embed_chunk", args=(job_id, ids), queue=lanes.BULK,
                   priority=lanes.PRIORITY_BULK_BACKGROUND)
     app.close()

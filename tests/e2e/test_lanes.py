@@ -46,6 +46,8 @@ class TaskEvents:
 
     def __init__(self, url: str) -> None:
         self.app = Celery("lane-events", broker=url, set_as_current=False)
+        # the stack's events travel under its deployment's prefix (kombu's global_keyprefix)
+        self.app.conf.broker_transport_options = lanes.transport_options(settings.DEPLOYMENT_NAME)
         self.events: list[dict] = []
         self._ready = threading.Event()
         self._recv = None

@@ -12,6 +12,7 @@ import time
 
 import pytest
 import redis
+from django.conf import settings
 
 from project.results import RESULT_MARGIN_S
 from tests.e2e.conftest import SHARED_ENV
@@ -21,7 +22,9 @@ pytestmark = pytest.mark.e2e
 
 #: Seeds of this module's images (other modules use other ones).
 SEEDS = (4401, 4402, 4403, 4404)
-RESULTS = "celery-task-meta-*"
+#: Result keys, under the stack's deployment prefix (the result backend's global_keyprefix).
+RESULT_PREFIX = settings.REDIS_KEY_PREFIX + "celery-task-meta-"
+RESULTS = RESULT_PREFIX + "*"
 
 
 class ResultWrites:
@@ -41,7 +44,7 @@ class ResultWrites:
                 words = m.next_command()["command"].split()
                 if words[:2] == ["ECHO", self._stop]:
                     return
-                if words and words[0].upper() == "SETEX" and words[1].startswith("celery-task-meta-"):
+                if words and words[0].upper() == "SETEX" and words[1].startswith(RESULT_PREFIX):
                     self.writes.append((words[1], int(words[2])))
 
     def __enter__(self) -> "ResultWrites":

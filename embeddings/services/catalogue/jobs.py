@@ -253,17 +253,38 @@ def job_transition(*, job: Job, to: str) -> Job:
     return job
 
 
+#: The statuses of a job's settled rows, what its rate counts: embedded, skipped (its bytes were
+#: stored already: a re-imported catalogue settles most rows this way, and they take the job's time
+#: like any other), failed and expired. Cancelled rows are left out: a cancel settles them, not work.
+SETTLED_STATUSES = (ImageStatus.EMBEDDED, ImageStatus.SKIPPED, ImageStatus.FAILED, ImageStatus.EXPIRED)
+
+
 def _pace(job: Job, counts: dict[str, int]) -> tuple[float | None, dt.datetime | None, bool]:
-    """``(throughput images/s, ETA, at risk)`` of ``job`` from its image ``counts``: images done
-    (embedded or failed) per second since it started (until it finished), the queued ones at that
-    rate, and whether it has a deadline, images still queued, and no rate yet or an ETA past it."""
-    done = counts[ImageStatus.EMBEDDED] + counts[ImageStatus.FAILED]
-    end = job.finished_at or timezone.now()
+    """``(throughput rows/s, ETA, at risk)`` of ``job`` from its image ``counts``.
+
+    - throughput: settled rows (:data:`SETTLED_STATUSES`) per second since the job started (until it
+      finished); None before a row settled or before it started.
+    - ETA: now plus the rows still queued at that rate; None with nothing queued or no rate yet.
+    - at risk: it has a deadline, rows still queued, and either the ETA is past the deadline or,
+      with no rate yet, even the fastest rate it could have (no row settled in the ``waited``
+      seconds since it started, or was made when it has not started: under one row per ``waited``
+      seconds) leaves its queued rows past the deadline. A job that has just begun is not at risk
+      merely for having no rate yet (that made every job with a deadline at risk in its first
+      seconds, and ``job.at_risk`` is sent once per job).
+    """
+    now = timezone.now()
+    settled = sum(counts[s] for s in SETTLED_STATUSES)
+    end = job.finished_at or now
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
-    throughput = done / elapsed if elapsed > 0 else None
+    throughput = settled / elapsed if elapsed > 0 and settled else None
     remaining = counts[ImageStatus.QUEUED]
-    eta = timezone.now() + dt.timedelta(seconds=remaining / throughput) if remaining and throughput else None
-    return throughput, eta, bool(job.deadline and remaining and (eta is None or eta > job.deadline))
+    eta = now + dt.timedelta(seconds=remaining / throughput) if remaining and throughput else None
+    if not (job.deadline and remaining):
+        return throughput, eta, False
+    if eta is not None:
+        return throughput, eta, eta > job.deadline
+    waited = max(0.0, (now - (job.started_at or job.created_at)).total_seconds())
+    return throughput, eta, now + dt.timedelta(seconds=remaining * waited) > job.deadline
 
 
 #: ``{job id: (monotonic s when read, at risk)}`` of this process (:func:`job_deadline_at_risk`).
@@ -271,9 +292,9 @@ _at_risk_read: dict[str, tuple[float, bool]] = {}
 
 
 def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
-    """Whether ``job`` misses its deadline at the rate it has run so far: it has a deadline, images
-    still queued, and no rate yet or an ETA past the deadline (what ``GET /api/jobs/{id}/`` shows as
-    ``at_risk``: :func:`job_progress`). A job without a deadline is never at risk.
+    """Whether ``job`` misses its deadline at the rate it has run so far (every settled row counts:
+    :func:`_pace`; what ``GET /api/jobs/{id}/`` shows as ``at_risk``: :func:`job_progress`). A job
+    without a deadline is never at risk.
 
     Read at most once every ``max_age_s`` seconds per job in this process (its chunks ask before
     each one runs; the count over the job's images would otherwise make a job's database work grow
@@ -293,7 +314,8 @@ def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
 
 
 def job_progress(job: Job) -> dict:
-    """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (images/s), ETA, timings."""
+    """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (settled rows/s: :func:`_pace`),
+    ETA, at risk, timings."""
 
     counts = job_counts(job)
     finished = sum(counts[s] for s in TERMINAL_IMAGE_STATUSES)

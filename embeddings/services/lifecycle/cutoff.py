@@ -161,7 +161,7 @@ def sample_points(space: EmbeddingSpace, *, size: int = SAMPLE_POINTS, seed: int
 
 def _prompt_vectors_key(model_id: str) -> str:
     sha = hashlib.sha256("\n".join(prompts()).encode("utf-8")).hexdigest()
-    return PROMPT_VECTORS_KEY.format(model_id=model_id, prompts_sha256=sha)
+    return lane_control.key(PROMPT_VECTORS_KEY.format(model_id=model_id, prompts_sha256=sha))
 
 
 def _redis():

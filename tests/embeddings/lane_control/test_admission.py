@@ -36,8 +36,9 @@ def test_backlog_is_counted_across_kombus_priority_lists(lane_redis):
         publish(app, lanes.INTERACTIVE, priority, n=2)
     publish(app, lanes.BULK, 9, n=5)  # another lane: not interactive backlog
     lists = keys.queue_keys(lanes.INTERACTIVE)
-    assert lists[0] == lanes.INTERACTIVE and all(k.startswith(lanes.INTERACTIVE + "\x06\x16") for k in lists[1:])
-    assert {k for k in client.keys(lanes.INTERACTIVE + "*")} == set(lists)  # what kombu really wrote
+    named = "clip:" + lanes.INTERACTIVE  # under the deployment's prefix, as kombu's global_keyprefix
+    assert lists[0] == named and all(k.startswith(named + "\x06\x16") for k in lists[1:])
+    assert {k for k in client.keys(named + "*")} == set(lists)  # what kombu really wrote
     load = admission.interactive_load()
     assert (load.queued_messages, load.inflight_images, load.capacity_ips) == (8, 0, None)
 

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_every_priority_step_has_its_list_and_the_bare_name_comes_first(settings):
     """``queue_keys``: one list per priority step of the broker's transport options, step 0 the bare
-    queue name, the others kombu's ``{queue}\\x06\\x16{step}``."""
-    assert keys.queue_keys("interactive") == ["interactive", "interactive\x06\x163", "interactive\x06\x166",
-                                              "interactive\x06\x169"]
+    queue name, the others kombu's ``{queue}\\x06\\x16{step}``, each under the deployment's prefix
+    (``"clip:"``, kombu's ``global_keyprefix``)."""
+    assert keys.queue_keys("interactive") == ["clip:interactive", "clip:interactive\x06\x163",
+                                              "clip:interactive\x06\x166", "clip:interactive\x06\x169"]
     settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"priority_steps": [0, 5]}
-    assert keys.queue_keys("bulk") == ["bulk", "bulk\x06\x165"]
+    assert keys.queue_keys("bulk") == ["clip:bulk", "clip:bulk\x06\x165"]
 
 
 def test_an_entry_is_stale_after_twice_the_deadline_and_a_bulk_mark_after_two_minutes_at_least(settings):
@@ -45,7 +46,7 @@ def test_vectors_worker_sees_only_interactive_messages_waiting_on_its_queue(lane
         for _ in range(n):
             app.send_task("embeddings.tasks.index_chunk", args=("job", None, []), queue=queue, priority=priority)
     assert keys.vectors_interactive_waiting() == 2
-    assert keys.vectors_interactive_waiting(client) == client.llen(lanes.VECTORS) == 2
+    assert keys.vectors_interactive_waiting(client) == client.llen("clip:" + lanes.VECTORS) == 2
 
 
 def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_lane_control_does(lane_redis):
@@ -61,7 +62,7 @@ def test_the_load_benchmarks_depth_sampler_reads_the_lanes_as_lane_control_does(
         keys.ANSWERS_KEY, keys.BATCHES_KEY, keys.REFUSALS_KEY)
     assert load.WAIT_AHEAD_WINDOW_S == wait_ahead.FIT_WINDOW_S
     assert QueueSampler.lists(lanes.INTERACTIVE) == keys.queue_keys(lanes.INTERACTIVE)
-    assert QueueSampler.lists(lanes.VECTORS)[0] == keys.queue_keys(lanes.VECTORS)[0] == "vectors"
+    assert QueueSampler.lists(lanes.VECTORS)[0] == keys.queue_keys(lanes.VECTORS)[0] == "clip:vectors"
     assert QueueSampler.KEYS == {"inflight": keys.INFLIGHT_KEY, "pending": keys.PENDING_KEY,
                                  "passes": keys.PASSES_KEY, "bulk": keys.BULK_ACTIVITY_KEY}
     publish(app, lanes.INTERACTIVE, lanes.PRIORITY_INTERACTIVE, n=3)

@@ -32,17 +32,25 @@ def paused_job(user, deadline: dt.datetime | None, seed0: int) -> Job:
 
 
 def test_a_job_is_at_risk_when_its_rate_so_far_misses_its_deadline(service, user):
-    """No deadline: never at risk. A deadline and no image done yet (no rate): at risk. 4 of 5 done in
-    10 s (0.4 images/s, the last one due in 2.5 s): at risk only for a deadline sooner than that;
+    """No deadline: never at risk. No row settled yet (no rate) in the 10 s since it started: at risk
+    only when even one row per 10 s (5 rows: 50 s) misses the deadline. 4 of 5 done in 10 s
+    (0.4 images/s, the last one due in 2.5 s): at risk only for a deadline sooner than that;
     the answer is read once per ``max_age_s`` and agrees with the job's progress."""
     assert job_services.job_deadline_at_risk(paused_job(user, None, 90)) is False
 
     job = paused_job(user, timezone.now() + dt.timedelta(hours=1), 100)
     assert job_services.job_counts(job)[ImageStatus.QUEUED] == 5
-    assert job_services.job_deadline_at_risk(job, max_age_s=0) is True  # no rate yet: cannot promise
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is False  # no rate yet, 50 s of an hour
+    Job.objects.filter(id=job.id).update(deadline=timezone.now() + dt.timedelta(seconds=30))
+    job.refresh_from_db()
+    assert job_services.job_deadline_at_risk(job, max_age_s=0) is True  # under 1 row per 10 s: > 50 s
+    Job.objects.filter(id=job.id).update(deadline=timezone.now() + dt.timedelta(hours=1))
+    job.refresh_from_db()
     ids = list(Image.objects.filter(job=job).order_by("created_at").values_list("id", flat=True))
-    Image.objects.filter(id__in=ids[:4]).update(status=ImageStatus.EMBEDDED)
+    Image.objects.filter(id__in=ids[:3]).update(status=ImageStatus.EMBEDDED)
+    Image.objects.filter(id=ids[3]).update(status=ImageStatus.SKIPPED)  # settled: it counts in the rate
     assert job_services.job_deadline_at_risk(job) is True  # read less than 30 s ago: the same answer
+    assert job_services.job_progress(job)["throughput_images_per_s"] == pytest.approx(0.4, abs=0.005)  # 4 in 10 s
     assert job_services.job_deadline_at_risk(job, max_age_s=0) is False
     assert job_services.job_progress(job)["at_risk"] is False
 

@@ -464,3 +464,61 @@ def test_a_slice_killed_after_its_first_rows_settled_is_finished_by_its_redelive
                      4: (ImageStatus.EMBEDDED, ""), 5: (ImageStatus.FAILED, "fetch_timeout")}
     job.refresh_from_db()
     assert job.status == JobStatus.DONE
+
+
+def test_a_reimported_catalogue_is_never_at_risk_its_skipped_rows_count_in_its_rate(catalogue, api, user, origin,
+                                                                                     monkeypatch):
+    """Issue 53: a catalogue imported again, its bytes all stored already, with a deadline 15 minutes
+    away. Every row settles as a skipped duplicate; the job's rate counts them (settled rows per
+    second since it started), so at no point, from before its first row to its end, is it at risk,
+    and the reconciler's ``job.at_risk`` check sends nothing. The clock is a fake one that moves
+    1 s before and 1 s after each row's fetch (one row a chunk)."""
+    import datetime as dt
+    import types
+
+    from django.utils import timezone
+
+    from embeddings import dispatch
+    from embeddings.models import WebhookDelivery, WebhookEndpoint
+    from embeddings.services.catalogue import fetching, reading
+    from embeddings.services.catalogue import jobs as job_services
+
+    text = "url\n" + "".join(f"{origin.url}/pixels/{i}.jpg\n" for i in range(6))
+    first = post_manifest(api, text)
+    assert {im.status for im in Image.objects.filter(job=first)} == {ImageStatus.EMBEDDED}
+    WebhookEndpoint.objects.create(owner=user, url=f"{origin.url}/hooks", secret="whsec_test")
+
+    clock = [timezone.now()]
+    monkeypatch.setattr(job_services, "timezone", types.SimpleNamespace(now=lambda: clock[0]))
+    chunks = []
+    monkeypatch.setattr(dispatch, "send_job_read", lambda **kw: None)
+    monkeypatch.setattr(dispatch, "send_fetch_chunk", lambda **kw: chunks.append(kw["image_ids"]))
+    again = post_manifest(api, text.replace(".jpg\n", ".jpg?again=1\n"),
+                          deadline=(clock[0] + dt.timedelta(minutes=15)).isoformat())
+    Job.objects.filter(id=again.id).update(chunk_size=1)
+    while Job.objects.get(id=again.id).reading:
+        reading.job_read(job_id=str(again.id))
+    assert [len(ids) for ids in chunks] == [1] * 6
+
+    def at_risk() -> bool:
+        job = Job.objects.get(id=again.id)
+        notified = job_services.jobs_at_risk_notify()
+        return job_services.job_progress(job)["at_risk"] or notified > 0
+
+    seen = [at_risk()]  # nothing settled yet, 15 minutes to go: not at risk for having no rate
+    for ids in chunks:
+        clock[0] += dt.timedelta(seconds=1)
+        fetching.chunk_fetch(job_id=str(again.id), image_ids=ids)
+        clock[0] += dt.timedelta(seconds=1)
+        seen.append(at_risk())
+        if len(seen) == 4:  # 3 rows settled, all skipped, in the 6 s since the job started (its read)
+            progress = job_services.job_progress(Job.objects.get(id=again.id))
+            assert (progress["skipped"], progress["elapsed_s"], progress["throughput_images_per_s"]) == (3, 6.0, 0.5)
+            assert progress["eta"] == clock[0] + dt.timedelta(seconds=3 / 0.5)
+    assert seen == [False] * 7
+    job = Job.objects.get(id=again.id)
+    assert job.status == JobStatus.DONE
+    assert {im.status for im in Image.objects.filter(job=again)} == {ImageStatus.SKIPPED}
+    progress = job_services.job_progress(job)
+    assert (progress["skipped"], progress["elapsed_s"], progress["throughput_images_per_s"]) == (6, 11.0, 0.545)  # finished at 11 s
+    assert not WebhookDelivery.objects.filter(event="job.at_risk").exists()

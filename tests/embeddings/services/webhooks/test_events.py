@@ -72,6 +72,8 @@ def test_each_event_is_delivered_once_after_failed_attempts(migrating, receiver,
         no_workers.setattr(dispatch, "send_job_chunks", lambda **kw: 0)
         late = job_services.job_create(owner=staff, sources=sources(jpeg_bytes(3)), name="late",
                                        deadline=timezone.now() + dt.timedelta(seconds=1))
+    # made 10 s ago and no row settled: under one row per 10 s, its row is due after the deadline
+    Job.objects.filter(id=late.id).update(created_at=timezone.now() - dt.timedelta(seconds=10))
     assert job_services.jobs_at_risk_notify() == 1
     assert job_services.jobs_at_risk_notify() == 0  # once per job
     job_services.job_transition(job=late, to="cancelled")
