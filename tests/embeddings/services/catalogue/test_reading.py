@@ -6,11 +6,14 @@ from __future__ import annotations
 import io
 import uuid
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus
+from embeddings.services.catalogue import manifests
 from tests.embeddings.conftest import client_for
 from tests.origin_server import pixels_jpeg
 
@@ -156,6 +159,18 @@ def test_uploads_carry_ids_and_metadata_and_patch_moves_the_payload(catalogue, a
 def test_a_manifest_with_a_wrong_header_is_refused_before_any_job(catalogue, api):
     r = api.post("/api/jobs/", {"manifest": manifest("image,sku\nhttp://example.com/a.jpg,1\n")}, format="multipart")
     assert r.status_code == 400 and r.json()["code"] == "manifest_header"
+    assert not Job.objects.exists()
+
+
+def test_a_parquet_row_group_over_the_bound_is_refused_before_any_job(catalogue, api, monkeypatch):
+    monkeypatch.setattr(manifests, "MAX_ROW_GROUP_ROWS", 10)
+    table = pa.table({"url": [f"http://example.com/{i}.jpg" for i in range(30)]})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=12)
+    upload = SimpleUploadedFile("catalogue.parquet", buffer.getvalue(), content_type="application/octet-stream")
+    r = api.post("/api/jobs/", {"manifest": upload}, format="multipart")
+    assert r.status_code == 413 and r.json()["code"] == "manifest_row_group_too_large"
+    assert r.json()["extra"] == {"row_group": 0, "row": 1}
     assert not Job.objects.exists()
 
 
