@@ -415,6 +415,17 @@ def test_a_categorical_parquet_column_reads_as_its_values():
                      ManifestRow(3, "https://a.example/1.jpg", None, None, {})]
 
 
+def test_a_parquet_row_of_nulls_is_a_blank_line():
+    """A few KB can declare a million rows of nulls: each is a blank line that makes nothing (as a
+    CSV row of empty cells), not a failed row."""
+    n = 200_000
+    table = pa.table({"url": pa.nulls(n, pa.string()), "n": pa.nulls(n, pa.int64())})
+    table = pa.concat_tables([table, pa.table({"url": ["https://a.example/1.jpg"], "n": pa.array([1])})])
+    data = parquet_bytes(table)
+    assert len(data) < 20_000
+    assert read(data, "parquet") == [ManifestRow(n + 1, "https://a.example/1.jpg", None, None, {"n": 1})]
+
+
 _RSS_SCRIPT = """
 import gc, io, json, sys
 import django
