@@ -72,13 +72,18 @@ from embeddings.services.catalogue.metadata import KEY, RESERVED_KEYS, check_typ
 MAX_LINE_BYTES = 1 << 20
 #: Parquet rows decoded per batch.
 BATCH_ROWS = 1024
+#: Uncompressed bytes a Parquet batch holds on average: a row group of large rows is read in
+#: batches of fewer rows (:func:`_batch_rows`).
+BATCH_BYTES = 8 << 20
 #: Most rows in one Parquet row group: pyarrow's default row group size, so a file any pandas or
 #: pyarrow writer makes with its defaults passes.
 MAX_ROW_GROUP_ROWS = 1 << 20
 #: Most uncompressed bytes in one Parquet row group (the footer's ``total_uncompressed_size`` of its
-#: column chunks): a page is decompressed whole, so this bounds what one page can take in memory;
-#: a million rows of a URL, an id and a few metadata fields need about 200 MiB.
-MAX_ROW_GROUP_BYTES = 256 << 20
+#: column chunks): Arrow decompresses a data page whole and a writer may put a column chunk in one
+#: page, so this bounds what reading one group can take in memory (about twice this at the most,
+#: given back after the group). Spark's and parquet-mr's default row group size; about 600,000
+#: rows of a URL, an id and a few metadata fields.
+MAX_ROW_GROUP_BYTES = 128 << 20
 #: Most decoded bytes of Parquet rows turned into Python objects at once.
 MAX_DECODED_BYTES = 4 << 20
 #: Decoded bytes counted for one fixed-width Parquet value (a number, a date, a boolean).
@@ -422,10 +427,14 @@ def _open_parquet(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
         if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
             raise ManifestError("manifest_header", f"Parquet column {field.name!r} holds bytes; metadata is JSON")
     _check_row_groups(parquet.metadata)
-    # every string column (nested ones included) read as dictionary indices: a dictionary-encoded
-    # value is then decoded once, not once per row that points at it (see _parquet_rows)
+    # every dictionary-encoded string column (nested ones included) read as dictionary indices: a
+    # value is then decoded once, not once per row that points at it (see _parquet_rows). A plain
+    # one is read as it is: its decoded size is its pages' size, and reading it as a dictionary
+    # would make Arrow hash every value into a dictionary that grows with the row group.
+    meta = parquet.metadata
     strings = [parquet.schema.column(i).path for i in range(len(parquet.schema))
-               if parquet.schema.column(i).physical_type == "BYTE_ARRAY"]
+               if parquet.schema.column(i).physical_type == "BYTE_ARRAY"
+               and any(meta.row_group(g).column(i).has_dictionary_page for g in range(meta.num_row_groups))]
     if strings:
         f.seek(position)
         try:
@@ -545,7 +554,7 @@ def _parquet_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErro
     while first_group < parquet.num_row_groups and skip >= parquet.metadata.row_group(first_group).num_rows:
         skip -= parquet.metadata.row_group(first_group).num_rows
         first_group += 1
-    batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=range(first_group, parquet.num_row_groups))
+    batches = _batches(parquet, first_group)
     while True:
         row = cursor.row
         try:
@@ -580,6 +589,30 @@ def _parquet_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErro
                 # a row of nulls is a blank line (as a CSV row of empty cells): it keeps its number
                 # and makes nothing, so a few KB declaring a million null rows make no million rows
                 yield row, fields or None
+
+
+def _batches(parquet, first_group: int) -> Iterator[pa.RecordBatch]:
+    """The record batches of the row groups from ``first_group`` on, one group at a time
+    (:func:`_batch_rows` rows each). Arrow decompresses a data page whole (a writer may put a
+    column chunk in one page: up to :data:`MAX_ROW_GROUP_BYTES`), and its allocator (mimalloc,
+    jemalloc) keeps freed pages for reuse: after each group, and when the reading stops, the
+    pool gives them back, so a large group leaves the process where it was."""
+    try:
+        for g in range(first_group, parquet.num_row_groups):
+            yield from parquet.iter_batches(batch_size=_batch_rows(parquet.metadata.row_group(g)), row_groups=[g])
+            pa.default_memory_pool().release_unused()
+    finally:
+        pa.default_memory_pool().release_unused()
+
+
+def _batch_rows(group) -> int:
+    """Rows per batch for one row group: :data:`BATCH_ROWS`, fewer where its rows are large, so a
+    batch holds about :data:`BATCH_BYTES` of plain (not dictionary) values on average; a batch
+    never spans two row groups, so it never holds more than one group's uncompressed bytes."""
+    size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns))
+    if size <= 0 or group.num_rows <= 0:
+        return BATCH_ROWS
+    return max(1, min(BATCH_ROWS, BATCH_BYTES * group.num_rows // size))
 
 
 def _decode(batch: pa.RecordBatch, start: int, stop: int) -> list[dict]:

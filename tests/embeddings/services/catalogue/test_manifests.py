@@ -415,6 +415,22 @@ def test_a_categorical_parquet_column_reads_as_its_values():
                      ManifestRow(3, "https://a.example/1.jpg", None, None, {})]
 
 
+def test_a_row_group_of_large_rows_is_read_in_smaller_batches(monkeypatch):
+    """Plain (not dictionary) values are decoded by Arrow a batch at a time: a row group of large
+    rows is read in batches of about BATCH_BYTES, each within its row group."""
+    monkeypatch.setattr(manifests, "BATCH_BYTES", 1 * MiB)
+    value = "https://a.example/" + "a" * (256 << 10)
+    table = pa.table({"url": [f"{value}{i}" for i in range(40)]})
+    data = parquet_bytes(table, use_dictionary=False, compression="zstd", row_group_size=30)
+    assert len(data) < 100_000
+    batches = []
+    real = manifests._row_sizes
+    monkeypatch.setattr(manifests, "_row_sizes", lambda batch: batches.append(batch.num_rows) or real(batch))
+    items = read(data, "parquet")
+    assert [(e.row, e.code) for e in items] == [(row, "url_invalid") for row in range(1, 41)]
+    assert batches == [3] * 10 + [3, 3, 3, 1]  # 1 MiB / 256 KiB a row: 3 (rounded down); 30 + 10 rows
+
+
 def test_a_parquet_row_of_nulls_is_a_blank_line():
     """A few KB can declare a million rows of nulls: each is a blank line that makes nothing (as a
     CSV row of empty cells), not a failed row."""
@@ -479,6 +495,20 @@ def test_a_dictionary_bomb_leaves_the_readers_memory_where_it_was(case, tmp_path
     measured = rss_of_reading(path)
     assert measured["codes"] == {"url_invalid": 1024}
     assert measured["after"] - measured["before"] < 8 * MiB, measured
+
+
+def test_compressed_plain_values_leave_the_readers_memory_where_it_was(tmp_path):
+    """72 KB of Parquet holding 1,024 plain (not dictionary) values of 1 MiB in row groups of
+    120 MiB: Arrow decompresses each group's page whole; the reader gives it back after each group,
+    and the process ends within 16 MiB of where it began (before: +1,934 MiB kept)."""
+    value = "https://a.example/" + "a" * ((1 << 20) - 200)
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"url": [f"{value}{i}" for i in range(1024)]}), path, use_dictionary=False,
+                   compression="zstd", row_group_size=120)
+    assert path.stat().st_size < 100_000
+    measured = rss_of_reading(path)
+    assert measured["codes"] == {"url_invalid": 1024}
+    assert measured["after"] - measured["before"] < 16 * MiB, measured
 
 
 # --- memory ---------------------------------------------------------------------------------------
