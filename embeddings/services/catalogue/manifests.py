@@ -9,14 +9,17 @@ with a hard cap per line (``max_line_bytes``), Parquet a batch of :data:`BATCH_R
 time (plus the row group pyarrow decodes them from).
 
 A Parquet file's decoded size is not its file size: a dictionary page lets 285 bytes stand for a
-thousand rows of 256 KiB each. So every size is bounded before it is materialised: the footer's
-row groups first (at most :data:`MAX_ROW_GROUP_ROWS` rows and :data:`MAX_ROW_GROUP_BYTES`
-uncompressed bytes each, else ``manifest_row_group_too_large`` before any row), then every string
-column is read as dictionary indices (``read_dictionary``: a value is decoded once per dictionary,
-not once per row), each row's decoded size is computed from the Arrow buffers (the dictionary's
-value lengths taken by index), and a row over ``max_line_bytes``, the bound CSV and JSON Lines rows
-have, is a ``row_too_long`` error that is never turned into Python objects. The rows that pass are
-turned into Python objects at most :data:`MAX_DECODED_BYTES` at a time.
+thousand rows of 256 KiB each, compression lets 72 KB stand for 1 GiB of plain values. So every
+size is bounded before it is materialised: the footer's row groups first (at most
+:data:`MAX_ROW_GROUP_ROWS` rows and :data:`MAX_ROW_GROUP_BYTES` uncompressed bytes each, else
+``manifest_row_group_too_large`` before any row); then one row group at a time, in batches of
+about :data:`BATCH_BYTES`, with Arrow's freed memory given back after each group; every
+dictionary-encoded string column is read as dictionary indices (``read_dictionary``: a value is
+decoded once per dictionary, not once per row); each row's decoded size is computed from the Arrow
+buffers (the dictionary's value lengths taken by index), and a row over ``max_line_bytes``, the
+bound CSV and JSON Lines rows have, is a ``row_too_long`` error that is never turned into Python
+objects. The rows that pass are turned into Python objects at most :data:`MAX_DECODED_BYTES` at a
+time.
 
 What is checked where:
 
