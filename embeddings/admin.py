@@ -5,6 +5,7 @@ the API (``image_deleted``)."""
 from __future__ import annotations
 
 import json
+import unicodedata
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -166,6 +167,16 @@ class ImageAdmin(CheckedActionsMixin, admin.ModelAdmin):
     search_fields = ("original_name", "sha256", "id", "external_id", "origin")
     readonly_fields = [f.name for f in Image._meta.fields] + ["thumbnail"]
     actions = ("retry_failed",)
+
+    def get_search_results(self, request, queryset, search_term):
+        """The search as typed, or with the term in NFC: ids are stored in NFC
+        (``metadata.normal_external_id``), so either spelling of one finds it."""
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        normal = unicodedata.normalize("NFC", search_term)
+        if normal != search_term:
+            also, more = super().get_search_results(request, queryset, normal)
+            found, duplicates = found | also, duplicates or more
+        return found, duplicates
 
     def get_urls(self):
         return [path("<uuid:image_id>/thumbnail/", self.admin_site.admin_view(self.thumbnail_view),

@@ -42,6 +42,7 @@ from embeddings.models import Image, ImageStatus
 from embeddings.selectors import images_visible_to
 from embeddings.services.catalogue.identity import image_update
 from embeddings.services.catalogue.images import image_delete
+from embeddings.services.catalogue.metadata import normal_external_id
 from embeddings.services.catalogue.sources import from_uploads
 from embeddings.services.interactive import upload as request_services
 from embeddings.services.vectors import image_vectors
@@ -231,8 +232,12 @@ class ImageUploadView(GenericAPIView):
         images = images_visible_to(request.user).select_related("duplicate_of")
         if "external_id" in request.query_params:
             wanted = request.query_params["external_id"]
+            # ids are stored in NFC (normal_external_id): either spelling of one finds it; the
+            # spelling as given as well, for a row stored before ids were normalised
+            spellings = {wanted, normal_external_id(wanted)} - {""}
             # no image holds "" (no id) or an id with NUL (PostgreSQL cannot even compare one)
-            images = images.filter(external_id=wanted) if wanted and "\x00" not in wanted else images.none()
+            images = (images.filter(external_id__in=spellings) if spellings and "\x00" not in wanted
+                      else images.none())
         page = self.paginate_queryset(images)
         vectors = _vector_view(request, page)
         return self.get_paginated_response(ImageSerializer(page, many=True, context={"vectors": vectors}).data)

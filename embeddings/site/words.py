@@ -51,6 +51,8 @@ REASON_WORDS: dict[str, str] = {
     "manifest_format": "This is not a CSV, JSON Lines or Parquet manifest.",
     "manifest_header": "The manifest's header cannot be used.",
     "manifest_encoding": "The manifest is not UTF-8 text.",
+    "manifest_row_group_too_large": "A row group of this Parquet manifest is larger than the limit: "
+                                    "write it with smaller row groups.",
     "source_uri_invalid": "That is not an s3://bucket/path address.",
     "source_not_allowed": "Jobs may not read that bucket or folder here.",
     "mixed_sources": "A job reads one source.",

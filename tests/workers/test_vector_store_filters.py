@@ -261,6 +261,27 @@ def test_one_item_must_satisfy_owner_job_and_filter_together(tmp_path):
     store.close()
 
 
+def test_an_external_id_filter_compares_in_nfc(tmp_path):
+    """Issue 53: ids are stored in NFC; a filter value in another canonically equivalent spelling
+    (NFD ``Café``, ``Å`` as U+212B) is put in NFC, so it finds the id. Metadata values are exact."""
+    assert F.parse({"field": "external_id", "eq": "Cafe\u0301-1"}) == Eq("external_id", "Caf\u00e9-1")
+    assert F.parse({"field": "external_id", "in": ["\u212b-2", "x"]}).values == ("\u00c5-2", "x")
+    assert F.parse({"field": "cat", "eq": "Cafe\u0301"}).value == "Cafe\u0301"  # metadata: as sent
+    store = EdgeStore(tmp_path, "nfc", 4, indexed_fields={"external_id": "keyword"})
+    store.ensure_collection()
+    pid = uuid.uuid4()
+    items = [{"image": "i1", "owner": 1, "external_id": "Caf\u00e9-1", "m": {}}]
+    store.upsert([Point(pid, np.array([1, 0, 0, 0], np.float32), {"owner_ids": [1], "job_ids": [], "items": items})])
+    q = np.array([1, 0, 0, 0], np.float32)
+    for spelling in ("Caf\u00e9-1", "Cafe\u0301-1"):
+        where = F.parse({"field": "external_id", "eq": spelling})
+        assert [h.id for h in store.search(q, k=5, owner_id=1, where=where)] == [pid]
+        assert F.matches(where, items[0])
+        where = F.parse({"field": "external_id", "in": [spelling]})
+        assert [h.id for h in store.search(q, k=5, owner_id=1, where=where)] == [pid]
+    store.close()
+
+
 def test_declared_indexes_are_created_and_added_on_the_next_open(tmp_path):
     store = EdgeStore(tmp_path, "idx", 4, indexed_fields={"cat": "keyword"})
     store.ensure_collection()

@@ -26,7 +26,8 @@ Bounds (:data:`MAX_DEPTH`, :data:`MAX_CONDITIONS`, :data:`MAX_IN`, :data:`MAX_ST
 user input evaluated per item of every candidate point, so its size is capped.
 
 Semantics (Qdrant's, which :func:`matches` reproduces exactly; the property tests hold the engines
-to it): a list value matches when any element does; ``eq`` on a string is exact (case-sensitive);
+to it): a list value matches when any element does; ``eq`` on a string is exact (case-sensitive;
+an ``external_id`` value is first put in the form ids are stored in, stripped and Unicode NFC);
 ``eq``/``in`` on integers match integer values only (``3.0`` is a float: use a range), booleans only
 booleans (``true`` is not ``1``); ``eq`` with a float is the range ``gte = lte = value``; a numeric
 range matches int and float values, never strings or booleans; a date range matches strings that
@@ -48,6 +49,7 @@ import dataclasses
 import functools
 import math
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -119,6 +121,13 @@ def _check_string(value: str, path: str) -> str:
     return value
 
 
+def _normal_id(value: str) -> str:
+    """An ``external_id`` filter value in the form ids are stored in: outer whitespace stripped,
+    Unicode NFC (``embeddings.services.catalogue.metadata.normal_external_id``, the same rule), so
+    ``Café`` typed as ``e`` + U+0301 finds the id stored with U+00E9."""
+    return unicodedata.normalize("NFC", value.strip())
+
+
 def _check_int(value: int, path: str) -> int:
     if not _I64[0] <= value <= _I64[1]:
         raise FilterError("an integer value must fit in 64 bits", path)
@@ -145,6 +154,8 @@ class Eq:
         v = self.value
         if isinstance(v, str):
             _check_string(v, "eq")
+            if self.field == EXTERNAL_ID:
+                object.__setattr__(self, "value", _normal_id(v))
         elif isinstance(v, bool):
             pass
         elif isinstance(v, (int, float)):
@@ -176,6 +187,8 @@ class AnyOf:
                 _check_int(v, path)
             else:
                 raise FilterError("in takes strings or integers, all of one kind", path)
+        if self.field == EXTERNAL_ID and kind is str:
+            values = [_normal_id(v) for v in values]
         object.__setattr__(self, "values", tuple(values))
 
 

@@ -8,11 +8,25 @@ than a bounded part of the file: CSV and JSON Lines are read line by line from t
 with a hard cap per line (``max_line_bytes``), Parquet a batch of :data:`BATCH_ROWS` rows at a
 time (plus the row group pyarrow decodes them from).
 
+A Parquet file's decoded size is not its file size: a dictionary page lets 285 bytes stand for a
+thousand rows of 256 KiB each, compression lets 72 KB stand for 1 GiB of plain values. So every
+size is bounded before it is materialised: the footer's row groups first (at most
+:data:`MAX_ROW_GROUP_ROWS` rows and :data:`MAX_ROW_GROUP_BYTES` uncompressed bytes each, else
+``manifest_row_group_too_large`` before any row); then one row group at a time, in batches of
+about :data:`BATCH_BYTES`, with Arrow's freed memory given back after each group; every
+dictionary-encoded string column is read as dictionary indices (``read_dictionary``: a value is
+decoded once per dictionary, not once per row); each row's decoded size is computed from the Arrow
+buffers (the dictionary's value lengths taken by index), and a row over ``max_line_bytes``, the
+bound CSV and JSON Lines rows have, is a ``row_too_long`` error that is never turned into Python
+objects. The rows that pass are turned into Python objects at most :data:`MAX_DECODED_BYTES` at a
+time.
+
 What is checked where:
 
 - the whole manifest (its format, its header, a CSV header's encoding) raises
   :class:`ManifestError` before any row: ``manifest_format`` (415), ``manifest_header`` (400),
-  ``manifest_encoding`` (400). :func:`check_header` runs these checks alone, for the web request
+  ``manifest_encoding`` (400), ``manifest_row_group_too_large`` (413, Parquet; ``extra`` gives the
+  row group and its first ``row``). :func:`check_header` runs these checks alone, for the web request
   to answer before it accepts the job;
 - each row yields a ``ManifestRow`` or a ``RowError`` with a stable code: ``row_encoding``,
   ``row_too_long``, ``row_invalid`` from reading it here, then its own checks
@@ -41,7 +55,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embeddings.errors import ApplicationError
@@ -59,19 +75,36 @@ from embeddings.services.catalogue.metadata import KEY, RESERVED_KEYS, check_typ
 MAX_LINE_BYTES = 1 << 20
 #: Parquet rows decoded per batch.
 BATCH_ROWS = 1024
+#: Uncompressed bytes a Parquet batch holds on average: a row group of large rows is read in
+#: batches of fewer rows (:func:`_batch_rows`).
+BATCH_BYTES = 8 << 20
+#: Most rows in one Parquet row group: pyarrow's default row group size, so a file any pandas or
+#: pyarrow writer makes with its defaults passes.
+MAX_ROW_GROUP_ROWS = 1 << 20
+#: Most uncompressed bytes in one Parquet row group (the footer's ``total_uncompressed_size`` of its
+#: column chunks): Arrow decompresses a data page whole and a writer may put a column chunk in one
+#: page, so this bounds what reading one group can take in memory (about twice this at the most,
+#: given back after the group). Spark's and parquet-mr's default row group size; about 600,000
+#: rows of a URL, an id and a few metadata fields.
+MAX_ROW_GROUP_BYTES = 128 << 20
+#: Most decoded bytes of Parquet rows turned into Python objects at once.
+MAX_DECODED_BYTES = 4 << 20
+#: Decoded bytes counted for one fixed-width Parquet value (a number, a date, a boolean).
+_FIXED_BYTES = 8
 #: Bytes read per call while skipping the rest of an over-long line.
 _SKIP_BYTES = 1 << 16
 _BOM = codecs.BOM_UTF8
 _FORMATS = ("csv", "jsonl", "parquet")
-_STATUS = {"manifest_format": 415}
+_STATUS = {"manifest_format": 415, "manifest_row_group_too_large": 413}
 
 
 class ManifestError(ApplicationError, ValueError):
     """The whole manifest refused before any row: a stable ``code`` (``manifest_format``,
-    ``manifest_header``, ``manifest_encoding``) and a ``message`` saying what to fix."""
+    ``manifest_header``, ``manifest_encoding``, ``manifest_row_group_too_large``), a ``message``
+    saying what to fix and, where it is about some rows, ``extra["row"]``: the first of them."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message, code=code, status=_STATUS.get(code, 400))
+    def __init__(self, code: str, message: str, *, extra: dict | None = None) -> None:
+        super().__init__(message, code=code, status=_STATUS.get(code, 400), extra=extra)
 
 
 def sniff_format(name: str, head: bytes) -> str:
@@ -159,7 +192,9 @@ def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = No
           metadata as an object under ``"metadata"`` and/or as the other top-level keys, merged,
           the ``"metadata"`` object winning where both give a key.
         - Parquet: native types; dates, times and timestamps become ISO-8601 strings, decimals
-          floats; a ``metadata`` struct column merges as in JSON Lines.
+          floats; a ``metadata`` struct column merges as in JSON Lines. A row whose values decode
+          to more than ``max_line_bytes`` (UTF-8 bytes of its strings, 8 per other value) is a
+          ``row_too_long`` error, found before its values are decoded.
 
         In every format a string value of a field declared in ``types`` is converted by
         ``metadata.coerce`` (``{"price": "float"}`` reads ``"12.50"`` as ``12.5``).
@@ -180,7 +215,8 @@ def read_manifest(f: BinaryIO, fmt: str, *, types: Mapping[str, str] | None = No
 
     Raises:
         ManifestError: ``manifest_format`` (unknown ``fmt``, an unreadable Parquet file, also when
-            a Parquet data page turns out unreadable during iteration), ``manifest_header`` (an
+            a Parquet data page turns out unreadable during iteration), ``manifest_row_group_too_large``
+            (a Parquet row group over :data:`MAX_ROW_GROUP_ROWS` or :data:`MAX_ROW_GROUP_BYTES`), ``manifest_header`` (an
             empty file; a CSV header without a ``url`` or ``key`` column, with duplicate, empty or
             invalid column names; a Parquet schema with those faults or binary columns),
             ``manifest_encoding`` (a CSV header that is not UTF-8). A JSON line that is not an
@@ -331,7 +367,7 @@ def _open(f: BinaryIO, fmt: str, cap: int) -> tuple[Any, list[str]]:
     if fmt == "jsonl":
         return _open_jsonl(f, cap)
     if fmt == "parquet":
-        return _open_parquet(f)
+        return _open_parquet(f, cap)
     raise ManifestError("manifest_format", f"format {fmt!r} is not one of {', '.join(_FORMATS)}")
 
 
@@ -369,7 +405,7 @@ def _open_jsonl(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
     return lines, []
 
 
-def _open_parquet(f: BinaryIO) -> tuple[Any, list[str]]:
+def _open_parquet(f: BinaryIO, cap: int) -> tuple[Any, list[str]]:
 
     position = f.tell()
     empty = not f.read(1)
@@ -384,6 +420,8 @@ def _open_parquet(f: BinaryIO) -> tuple[Any, list[str]]:
     _check_columns(schema.names, "Parquet schema")
     for field in schema:
         kind = field.type
+        if pa.types.is_dictionary(kind):  # a categorical column (pandas, pyarrow) is read as its values
+            kind = kind.value_type
         if field.name in ("url", "key") and not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
                                                  or pa.types.is_null(kind)):
             raise ManifestError("manifest_header", f"Parquet column {field.name!r} is {kind}, not a string")
@@ -391,7 +429,42 @@ def _open_parquet(f: BinaryIO) -> tuple[Any, list[str]]:
             raise ManifestError("manifest_header", f"Parquet column 'metadata' is {kind}, not a struct")
         if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_fixed_size_binary(kind):
             raise ManifestError("manifest_header", f"Parquet column {field.name!r} holds bytes; metadata is JSON")
-    return parquet, list(schema.names)
+    _check_row_groups(parquet.metadata)
+    # every dictionary-encoded string column (nested ones included) read as dictionary indices: a
+    # value is then decoded once, not once per row that points at it (see _parquet_rows). A plain
+    # one is read as it is: its decoded size is its pages' size, and reading it as a dictionary
+    # would make Arrow hash every value into a dictionary that grows with the row group.
+    meta = parquet.metadata
+    strings = [parquet.schema.column(i).path for i in range(len(parquet.schema))
+               if parquet.schema.column(i).physical_type == "BYTE_ARRAY"
+               and any(meta.row_group(g).column(i).has_dictionary_page for g in range(meta.num_row_groups))]
+    if strings:
+        f.seek(position)
+        try:
+            parquet = pq.ParquetFile(f, metadata=parquet.metadata, read_dictionary=strings)
+        except (pa.ArrowException, OSError, ValueError) as e:
+            raise ManifestError("manifest_format", f"not a readable Parquet file: {e}") from e
+    return (parquet, cap), list(schema.names)
+
+
+def _check_row_groups(metadata) -> None:
+    """Refuse a row group over :data:`MAX_ROW_GROUP_ROWS` rows or :data:`MAX_ROW_GROUP_BYTES`
+    uncompressed bytes, from the footer alone (``manifest_row_group_too_large``, 413, with the
+    group's first row)."""
+    first = 1
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns))
+        where = {"row_group": g, "row": first}
+        if group.num_rows > MAX_ROW_GROUP_ROWS:
+            raise ManifestError("manifest_row_group_too_large",
+                                f"Parquet row group {g} (from row {first}) has {group.num_rows} rows; at most "
+                                f"{MAX_ROW_GROUP_ROWS} (write it with a smaller row_group_size)", extra=where)
+        if size > MAX_ROW_GROUP_BYTES:
+            raise ManifestError("manifest_row_group_too_large",
+                                f"Parquet row group {g} (from row {first}) holds {size} bytes uncompressed; at "
+                                f"most {MAX_ROW_GROUP_BYTES} (write it with a smaller row_group_size)", extra=where)
+        first += group.num_rows
 
 
 def _check_columns(columns: list[str], where: str) -> None:
@@ -469,8 +542,12 @@ def _jsonl_rows(lines: _Lines, cursor: _Cursor) -> Iterator[tuple[int, dict | Ro
         yield row, obj
 
 
-def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
-
+def _parquet_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowError | None]]:
+    """Each row's decoded size is computed from the batch's Arrow buffers (string columns hold
+    dictionary indices) before any value becomes a Python object: a row over ``cap`` is a
+    ``row_too_long`` error and is never decoded; the others are decoded at most
+    :data:`MAX_DECODED_BYTES` at a time."""
+    parquet, cap = source
     # Python's datetime and time stop at microseconds: nanosecond columns are truncated to them
     # (pyarrow refuses to convert nanoseconds it would lose without pandas).
     schema = parquet.schema_arrow
@@ -480,7 +557,7 @@ def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErr
     while first_group < parquet.num_row_groups and skip >= parquet.metadata.row_group(first_group).num_rows:
         skip -= parquet.metadata.row_group(first_group).num_rows
         first_group += 1
-    batches = parquet.iter_batches(batch_size=BATCH_ROWS, row_groups=range(first_group, parquet.num_row_groups))
+    batches = _batches(parquet, first_group)
     while True:
         row = cursor.row
         try:
@@ -492,14 +569,130 @@ def _parquet_rows(parquet, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErr
                 batch, skip = batch.slice(skip), 0
             if micro != schema:
                 batch = batch.cast(micro, safe=False)
-            records = batch.to_pylist()
+            sizes = _row_sizes(batch)
         except StopIteration:
             return
         except (pa.ArrowException, OSError, ValueError) as e:
-            raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}") from e
-        for record in records:
-            row = cursor.row = row + 1
-            yield row, {name: _native(value) for name, value in record.items() if value is not None}
+            raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}",
+                                extra={"row": row + 1}) from e
+        for start, stop, too_long in _runs(sizes, cap):
+            if too_long:
+                row = cursor.row = row + 1
+                yield row, RowError(row, "row_too_long", f"decodes to {int(sizes[start])} bytes; at most {cap}",
+                                    None)
+                continue
+            try:
+                records = _decode(batch, start, stop)
+            except (pa.ArrowException, ValueError) as e:
+                raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}",
+                                    extra={"row": row + 1}) from e
+            for record in records:
+                row = cursor.row = row + 1
+                fields = {name: _native(value) for name, value in record.items() if value is not None}
+                # a row of nulls is a blank line (as a CSV row of empty cells): it keeps its number
+                # and makes nothing, so a few KB declaring a million null rows make no million rows
+                yield row, fields or None
+
+
+def _batches(parquet, first_group: int) -> Iterator[pa.RecordBatch]:
+    """The record batches of the row groups from ``first_group`` on, one group at a time
+    (:func:`_batch_rows` rows each). Arrow decompresses a data page whole (a writer may put a
+    column chunk in one page: up to :data:`MAX_ROW_GROUP_BYTES`), and its allocator (mimalloc,
+    jemalloc) keeps freed pages for reuse: after each group, and when the reading stops, the
+    pool gives them back, so a large group leaves the process where it was."""
+    try:
+        for g in range(first_group, parquet.num_row_groups):
+            yield from parquet.iter_batches(batch_size=_batch_rows(parquet.metadata.row_group(g)), row_groups=[g])
+            pa.default_memory_pool().release_unused()
+    finally:
+        pa.default_memory_pool().release_unused()
+
+
+def _batch_rows(group) -> int:
+    """Rows per batch for one row group: :data:`BATCH_ROWS`, fewer where its rows are large, so a
+    batch holds about :data:`BATCH_BYTES` of plain (not dictionary) values on average; a batch
+    never spans two row groups, so it never holds more than one group's uncompressed bytes."""
+    size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns))
+    if size <= 0 or group.num_rows <= 0:
+        return BATCH_ROWS
+    return max(1, min(BATCH_ROWS, BATCH_BYTES * group.num_rows // size))
+
+
+def _decode(batch: pa.RecordBatch, start: int, stop: int) -> list[dict]:
+    """Rows ``start`` to ``stop`` (exclusive) of ``batch`` as Python dicts: the one place a
+    Parquet value is decoded."""
+    return batch.slice(start, stop - start).to_pylist()
+
+
+def _runs(sizes: np.ndarray, cap: int) -> Iterator[tuple[int, int, bool]]:
+    """``(start, stop, too_long)`` over a batch's row sizes, in order: a row over ``cap`` alone
+    (``too_long``), the others in runs of at most :data:`MAX_DECODED_BYTES` (at least one row)."""
+    start, total = 0, 0
+    for i, size in enumerate(sizes.tolist()):
+        if size > cap:
+            if i > start:
+                yield start, i, False
+            yield i, i + 1, True
+            start, total = i + 1, 0
+            continue
+        if total + size > MAX_DECODED_BYTES and i > start:
+            yield start, i, False
+            start, total = i, 0
+        total += size
+    if len(sizes) > start:
+        yield start, len(sizes), False
+
+
+def _row_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """The decoded size of each row of ``batch`` (int64, one per row): the UTF-8 bytes of its
+    strings plus :data:`_FIXED_BYTES` per other value, nulls 0; computed from the Arrow buffers
+    (a dictionary's value lengths taken by index) without decoding a value."""
+    total = np.zeros(batch.num_rows, dtype=np.int64)
+    for column in batch.columns:
+        total += _sizes(column)
+    return total
+
+
+def _sizes(arr: pa.Array) -> np.ndarray:
+    """Decoded bytes per element of ``arr`` (see :func:`_row_sizes`), for every type a Parquet
+    file reads as."""
+    n = len(arr)
+    kind = arr.type
+    if isinstance(arr, pa.ExtensionArray):
+        arr, kind = arr.storage, arr.type.storage_type
+    if n == 0 or pa.types.is_null(kind):
+        return np.zeros(n, dtype=np.int64)
+    if pa.types.is_dictionary(kind):
+        values = _sizes(arr.dictionary)
+        indices = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        out = values[indices] if len(values) else np.zeros(n, dtype=np.int64)
+    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+          or pa.types.is_large_binary(kind) or pa.types.is_string_view(kind) or pa.types.is_binary_view(kind)):
+        out = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    elif pa.types.is_struct(kind):
+        out = np.zeros(n, dtype=np.int64)
+        for child in arr.flatten():  # the struct's offset and nulls applied
+            out += _sizes(child)
+    elif pa.types.is_fixed_size_list(kind):
+        counts = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, kind.list_size)
+        out = _per_parent(_sizes(arr.flatten()), counts, n)
+    elif (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind)
+          or pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind)):
+        counts = arr.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        out = _per_parent(_sizes(arr.flatten()), counts, n)  # flatten: nulls and the offset applied
+    else:  # numbers, booleans, dates, times, timestamps, decimals: fixed width
+        out = np.full(n, _FIXED_BYTES, dtype=np.int64)
+    if arr.null_count:
+        out[arr.is_null().to_numpy(zero_copy_only=False)] = 0
+    return out
+
+
+def _per_parent(child_sizes: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
+    """Sum the sizes of a list column's flattened elements per list (``counts`` elements each),
+    plus :data:`_FIXED_BYTES` per element (its place in the list)."""
+    parents = np.repeat(np.arange(n), counts)
+    return (np.bincount(parents, weights=child_sizes, minlength=n).astype(np.int64)
+            + counts.astype(np.int64) * _FIXED_BYTES)
 
 
 def _microseconds(field):

@@ -20,6 +20,7 @@ import datetime as dt
 import json
 import math
 import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -166,10 +167,30 @@ def check_declared(metadata: Mapping, types: Mapping[str, str] | None) -> dict:
     return dict(metadata)
 
 
+def normal_external_id(s: str) -> str:
+    """``s`` in the one form ids are stored and compared in: outer whitespace stripped, then Unicode
+    NFC (canonical composition).
+
+    One id can be typed in several code point sequences that display and mean the same: ``Café``
+    with ``é`` as U+00E9 or as ``e`` + U+0301 (macOS file names and some keyboards give the second),
+    ``Å`` as U+00C5 or as U+212B ANGSTROM SIGN. Canonically equivalent strings have one NFC form,
+    so every door that takes an id (manifest rows, upload fields, PATCH) stores it in NFC and every
+    lookup (``?external_id=``, a search filter on ``external_id``, the admin's search) compares in
+    NFC: either spelling finds the image, and two spellings of one id in a manifest are a repeat.
+    Compatibility forms (NFKC: ``ﬁ`` and ``fi``, full-width digits) stay distinct: they are
+    different characters, and folding them would merge ids a caller may keep apart.
+    """
+    return unicodedata.normalize("NFC", s.strip())
+
+
 def validate_external_id(s: Any) -> str:
     """The caller's id of one image: a string of 1 to :data:`MAX_EXTERNAL_ID_CHARS` printable
-    characters once outer whitespace is stripped, not starting with ``{`` or ``[``; an ``int`` (not
-    ``bool``) is taken as its decimal text, as a JSON or Parquet manifest may give numeric ids.
+    characters once outer whitespace is stripped and it is put in NFC (:func:`normal_external_id`),
+    not starting with ``{`` or ``[``; an ``int`` (not ``bool``) is taken as its decimal text, as a
+    JSON or Parquet manifest may give numeric ids.
+
+    Returns:
+        The id in its stored form (stripped, NFC).
 
     The first character rule: a form part, a CSV cell and a JSON string are all text, so an object
     or a list sent where an id belongs (a client's serialising mistake) would arrive as its JSON
@@ -182,7 +203,7 @@ def validate_external_id(s: Any) -> str:
         s = str(s)
     if not isinstance(s, str):
         raise MetadataError("external_id_invalid", f"external_id must be a string, not {_type_name(s)}")
-    s = s.strip()
+    s = normal_external_id(s)
     if not s:
         raise MetadataError("external_id_invalid", "external_id is empty")
     if len(s) > MAX_EXTERNAL_ID_CHARS:

@@ -75,7 +75,8 @@ def allowed() -> Allowed:
 
 
 def _refusal(e: ManifestError | ObjectError) -> ApplicationError:
-    return ApplicationError(str(getattr(e, "message", e)), code=e.code, status=getattr(e, "status", 400))
+    return ApplicationError(str(getattr(e, "message", e)), code=e.code, status=getattr(e, "status", 400),
+                            extra=getattr(e, "extra", None))
 
 
 def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime | None, callbacks: Iterable = ()) -> Job:
@@ -392,7 +393,10 @@ def job_read(*, job_id: str) -> dict:
                 done = position["row"]
                 _store_slice(job, items, position)
     except (ManifestError, ObjectError) as e:
-        source = {**Job.objects.get(id=job.id).source, "error": {"code": e.code, "message": str(getattr(e, "message", e))}}
+        error = {"code": e.code, "message": str(getattr(e, "message", e))}
+        if "row" in getattr(e, "extra", {}):  # where the reading stopped (a Parquet page, a row group)
+            error["row"] = e.extra["row"]
+        source = {**Job.objects.get(id=job.id).source, "error": error}
         Job.objects.filter(id=job.id).update(source=source)
         log.warning("job %s: its source cannot be read: %s", job_id, e)
     except Exception as e:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import io
 import json
 
+import pyarrow as pa
 import pytest
 
 from embeddings.services.catalogue.manifest_rows import ManifestRow, RowError, infer
 from embeddings.services.catalogue.manifests import read_manifest
-from tests.embeddings.services.catalogue.test_manifests import accepted, errors, read
+from tests.embeddings.services.catalogue.test_manifests import accepted, errors, parquet_bytes, read
 
 
 @pytest.mark.parametrize("text, value", [
@@ -25,6 +26,21 @@ def test_an_undeclared_csv_cell_is_a_number_only_when_written_as_json_writes_one
 def test_repeated_external_id_is_left_to_the_job_service():
     items = read(b"url,external_id\nhttps://a.example/1.jpg,dup\nhttps://a.example/2.jpg,dup\n")
     assert [(r.row, r.external_id) for r in items] == [(1, "dup"), (2, "dup")]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "parquet"])
+def test_every_format_gives_ids_in_nfc(fmt):
+    """Issue 53: look-alike spellings of one id arrive as one id (its NFC form) in every format,
+    so the job service sees the second of a pair as a repeat."""
+    ids = ["Caf\u00e9-1", "Cafe\u0301-1", "\u00c5-2", "\u212b-2", "plain-3"]
+    urls = [f"https://a.example/{i}.jpg" for i in range(5)]
+    if fmt == "csv":
+        data = ("url,external_id\n" + "".join(f"{u},{i}\n" for u, i in zip(urls, ids))).encode()
+    elif fmt == "jsonl":
+        data = "".join(json.dumps({"url": u, "external_id": i}) + "\n" for u, i in zip(urls, ids)).encode()
+    else:
+        data = parquet_bytes(pa.table({"url": urls, "external_id": ids}))
+    assert [r.external_id for r in read(data, fmt)] == ["Caf\u00e9-1", "Caf\u00e9-1", "\u00c5-2", "\u00c5-2", "plain-3"]
 
 
 def test_max_rows_ends_with_one_error():

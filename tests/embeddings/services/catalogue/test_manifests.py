@@ -7,21 +7,30 @@ import datetime as dt
 import decimal
 import io
 import json
+import os
+import subprocess
+import sys
 import tracemalloc
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from embeddings.services.catalogue import manifests
 from embeddings.services.catalogue.manifest_rows import ManifestRow, RowError
 from embeddings.services.catalogue.manifests import (
     BATCH_ROWS,
+    MAX_LINE_BYTES,
     ManifestError,
     check_header,
     read_manifest,
     sniff_format,
 )
 from embeddings.services.catalogue.metadata import MetadataError
+from tests.conftest import ROOT, SHARED
+
+#: The issue 53 case: 285 bytes of Parquet whose 1,024 rows each decode to a 256 KiB string.
+DICTIONARY_BOMB = SHARED / "data" / "cases" / "w01_parquet_dictionary_bomb.parquet"
 
 MiB = 1 << 20
 
@@ -325,6 +334,181 @@ def test_parquet_header_errors():
                                                   "parquet").message
     assert "not a struct" in header_error(parquet_bytes(pa.table({"url": ["u"], "metadata": ['{"a": 1}']})),
                                           "parquet").message
+
+
+# --- decoded size: Parquet values bounded before they are decoded ---------------------------------
+
+
+def dictionary_bomb(rows: int, value_bytes: int, *, column: str = "url", **kwargs) -> bytes:
+    """A Parquet file whose ``rows`` rows all point at one dictionary value of ``value_bytes``:
+    a few hundred bytes on disk, ``rows * value_bytes`` decoded."""
+    value = "https://a.example/" + "a" * (value_bytes - 18)
+    table = pa.table({column: pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array([value]))})
+    return parquet_bytes(table, compression="zstd", **kwargs)
+
+
+def test_a_parquet_row_over_the_line_bound_is_row_too_long_and_is_never_decoded(monkeypatch):
+    data = dictionary_bomb(1024, MAX_LINE_BYTES + 1)
+    assert len(data) < 10_000  # the file is small; what it declares is 1 GiB
+    decoded = []
+    real = manifests._decode
+    monkeypatch.setattr(manifests, "_decode", lambda batch, start, stop: decoded.append(stop - start)
+                        or real(batch, start, stop))
+    items = read(data, "parquet")
+    assert errors(items) == [(row, "row_too_long") for row in range(1, 1025)]
+    assert items[0].detail == f"decodes to {MAX_LINE_BYTES + 1} bytes; at most {MAX_LINE_BYTES}"
+    assert decoded == []  # no row was turned into Python objects
+
+
+def test_the_parquet_row_bound_counts_every_column_and_nested_values():
+    long = "x" * 500
+    table = pa.table({
+        "url": pa.array([f"https://a.example/{i}.jpg" for i in range(4)]).dictionary_encode(),
+        "note": pa.array([long, long, None, "short"]).dictionary_encode(),
+        "metadata": pa.array([{"tags": [long]}, None, {"tags": [long, long]}, {"tags": ["t"]}]),
+    })
+    items = read(parquet_bytes(table), "parquet", max_line_bytes=1000)
+    # the URL's 23 bytes, 500 + 500 + 8 for a place in a list (row 1), 500 (row 2), 500 + 500 + 16
+    # (row 3): rows 1 and 3 are over 1000
+    assert errors(items) == [(1, "row_too_long"), (3, "row_too_long")]
+    assert [e.detail for e in items if isinstance(e, RowError)] == [
+        "decodes to 1031 bytes; at most 1000", "decodes to 1039 bytes; at most 1000"]
+    assert accepted(items)[4].metadata == {"note": "short", "tags": ["t"]}
+    assert accepted(items)[2].metadata == {"note": long}
+
+
+def test_rows_under_the_bound_are_decoded_a_bounded_run_at_a_time(monkeypatch):
+    monkeypatch.setattr(manifests, "MAX_DECODED_BYTES", 1000)
+    data = dictionary_bomb(50, 300)  # 300 bytes a row: 3 rows per run of at most 1000 bytes
+    decoded = []
+    real = manifests._decode
+    monkeypatch.setattr(manifests, "_decode", lambda batch, start, stop: decoded.append(stop - start)
+                        or real(batch, start, stop))
+    items = read(data, "parquet")
+    assert [r.row for r in items] == list(range(1, 51)) and errors(items) == []
+    assert decoded == [3] * 16 + [2]
+
+
+def test_a_parquet_row_group_over_the_bounds_is_refused_before_any_row(monkeypatch):
+    monkeypatch.setattr(manifests, "MAX_ROW_GROUP_ROWS", 100)
+    data = parquet_bytes(pa.table({"url": [f"https://a.example/{i}.jpg" for i in range(250)]}), row_group_size=150)
+    e = header_error(data, "parquet")
+    assert (e.code, e.status, e.extra) == ("manifest_row_group_too_large", 413, {"row_group": 0, "row": 1})
+    assert e.message == ("Parquet row group 0 (from row 1) has 150 rows; at most 100 (write it with a smaller "
+                         "row_group_size)")
+    monkeypatch.setattr(manifests, "MAX_ROW_GROUP_ROWS", 1 << 20)
+    monkeypatch.setattr(manifests, "MAX_ROW_GROUP_BYTES", 200_000)
+    data = parquet_bytes(pa.table({"url": [f"https://a.example/{i}.jpg" for i in range(10)] * 2,
+                                   "note": ["n"] * 10 + ["y" * 30_000] * 10}), row_group_size=10,
+                         use_dictionary=False)
+    e = header_error(data, "parquet")
+    assert (e.code, e.extra) == ("manifest_row_group_too_large", {"row_group": 1, "row": 11})
+    assert "holds" in e.message and "bytes uncompressed; at most 200000" in e.message
+
+
+def test_a_categorical_parquet_column_reads_as_its_values():
+    table = pa.table({"url": pa.array(["https://a.example/1.jpg", None, "https://a.example/1.jpg"]).dictionary_encode(),
+                      "category": pa.array(["hats", "bags", None]).dictionary_encode()})
+    items = read(parquet_bytes(table), "parquet")
+    assert items == [ManifestRow(1, "https://a.example/1.jpg", None, None, {"category": "hats"}),
+                     RowError(2, "source_missing_column", "the row has neither a url nor a key", None),
+                     ManifestRow(3, "https://a.example/1.jpg", None, None, {})]
+
+
+def test_a_row_group_of_large_rows_is_read_in_smaller_batches(monkeypatch):
+    """Plain (not dictionary) values are decoded by Arrow a batch at a time: a row group of large
+    rows is read in batches of about BATCH_BYTES, each within its row group."""
+    monkeypatch.setattr(manifests, "BATCH_BYTES", 1 * MiB)
+    value = "https://a.example/" + "a" * (256 << 10)
+    table = pa.table({"url": [f"{value}{i}" for i in range(40)]})
+    data = parquet_bytes(table, use_dictionary=False, compression="zstd", row_group_size=30)
+    assert len(data) < 100_000
+    batches = []
+    real = manifests._row_sizes
+    monkeypatch.setattr(manifests, "_row_sizes", lambda batch: batches.append(batch.num_rows) or real(batch))
+    items = read(data, "parquet")
+    assert [(e.row, e.code) for e in items] == [(row, "url_invalid") for row in range(1, 41)]
+    assert batches == [3] * 10 + [3, 3, 3, 1]  # 1 MiB / 256 KiB a row: 3 (rounded down); 30 + 10 rows
+
+
+def test_a_parquet_row_of_nulls_is_a_blank_line():
+    """A few KB can declare a million rows of nulls: each is a blank line that makes nothing (as a
+    CSV row of empty cells), not a failed row."""
+    n = 200_000
+    table = pa.table({"url": pa.nulls(n, pa.string()), "n": pa.nulls(n, pa.int64())})
+    table = pa.concat_tables([table, pa.table({"url": ["https://a.example/1.jpg"], "n": pa.array([1])})])
+    data = parquet_bytes(table)
+    assert len(data) < 20_000
+    assert read(data, "parquet") == [ManifestRow(n + 1, "https://a.example/1.jpg", None, None, {"n": 1})]
+
+
+_RSS_SCRIPT = """
+import gc, io, json, sys
+import django
+django.setup()
+import psutil
+import pyarrow as pa, pyarrow.parquet as pq
+from embeddings.services.catalogue.manifests import read_manifest
+def run(f):
+    codes = {}
+    for item in read_manifest(f, "parquet"):
+        code = getattr(item, "code", "accepted")
+        codes[code] = codes.get(code, 0) + 1
+    return codes
+warm = io.BytesIO()
+pq.write_table(pa.table({"url": pa.array(["https://a.example/1.jpg"] * 1024).dictionary_encode()}), warm)
+warm.seek(0)
+run(warm)  # the same code paths on a harmless file first: imports and pools are not the case's cost
+process = psutil.Process()
+gc.collect()
+before = process.memory_info().rss
+with open(sys.argv[1], "rb") as f:
+    codes = run(f)
+gc.collect()
+print(json.dumps({"codes": codes, "before": before, "after": process.memory_info().rss}))
+"""
+
+
+def rss_of_reading(path) -> dict:
+    """Read the Parquet manifest at ``path`` in a fresh process: the rows' codes and the process's
+    resident memory before and after (bytes)."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "project.settings"),
+           "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(path)], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=300, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", ["generated", "shared"])
+def test_a_dictionary_bomb_leaves_the_readers_memory_where_it_was(case, tmp_path):
+    """The issue 53 case (or one made here like it): 1,024 rows of a 256 KiB value each, 256 MiB
+    decoded. Each row is refused by its own check (a 256 KiB URL is ``url_invalid``) and the
+    reading process's resident memory ends within 8 MiB of where it started (before the fix:
+    +400 MiB, the decoded strings' pages kept)."""
+    if case == "shared":
+        if not DICTIONARY_BOMB.exists():
+            pytest.skip("../shared/data/cases is not present")
+        path = DICTIONARY_BOMB
+    else:
+        path = tmp_path / "bomb.parquet"
+        path.write_bytes(dictionary_bomb(1024, 256 << 10))
+    measured = rss_of_reading(path)
+    assert measured["codes"] == {"url_invalid": 1024}
+    assert measured["after"] - measured["before"] < 8 * MiB, measured
+
+
+def test_compressed_plain_values_leave_the_readers_memory_where_it_was(tmp_path):
+    """72 KB of Parquet holding 1,024 plain (not dictionary) values of 1 MiB in row groups of
+    120 MiB: Arrow decompresses each group's page whole; the reader gives it back after each group,
+    and the process ends within 16 MiB of where it began (before: +1,934 MiB kept)."""
+    value = "https://a.example/" + "a" * ((1 << 20) - 200)
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"url": [f"{value}{i}" for i in range(1024)]}), path, use_dictionary=False,
+                   compression="zstd", row_group_size=120)
+    assert path.stat().st_size < 100_000
+    measured = rss_of_reading(path)
+    assert measured["codes"] == {"url_invalid": 1024}
+    assert measured["after"] - measured["before"] < 16 * MiB, measured
 
 
 # --- memory ---------------------------------------------------------------------------------------

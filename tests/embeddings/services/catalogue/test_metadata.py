@@ -11,6 +11,7 @@ from embeddings.services.catalogue.metadata import (
     MetadataError,
     check_types,
     coerce,
+    normal_external_id,
     validate_external_id,
     validate_metadata,
 )
@@ -94,6 +95,27 @@ def test_metadata_too_deep():
                                              ("x" * 256, "x" * 256), ("日本-7", "日本-7")])
 def test_external_id_valid(given, expected):
     assert validate_external_id(given) == expected
+
+
+#: Canonically equivalent spellings of one id (issue 53): NFC and NFD ``Café``, ``Å`` as U+00C5 and
+#: as U+212B ANGSTROM SIGN, Hangul as a syllable and as its jamo.
+LOOKALIKES = [("Caf\u00e9-1", "Cafe\u0301-1"), ("\u00c5-2", "\u212b-2"), ("\uac00", "\u1100\u1161")]
+
+
+@pytest.mark.parametrize("nfc, other", LOOKALIKES)
+def test_external_ids_that_look_the_same_are_one_id_in_nfc(nfc, other):
+    assert nfc != other
+    assert validate_external_id(other) == validate_external_id(nfc) == nfc
+    assert normal_external_id(f"  {other}\t") == nfc
+
+
+def test_compatibility_forms_stay_distinct_ids():
+    # NFC, not NFKC: the ligature and full-width digits are other characters, kept apart
+    assert validate_external_id("\ufb01le-\uff11") == "\ufb01le-\uff11"
+
+
+def test_an_id_is_measured_in_its_nfc_form():
+    assert validate_external_id("e\u0301" * 256) == "\u00e9" * 256  # 512 code points as sent, 256 stored
 
 
 @pytest.mark.parametrize("given", ["", "   ", "x" * 257, "a\nb", "a\x00", "a\u202eb", True, 1.5, None, ["a"]])

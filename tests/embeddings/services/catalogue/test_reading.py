@@ -4,13 +4,19 @@ URLs served by a real local HTTP server and the real edge store."""
 from __future__ import annotations
 
 import io
+import re
 import uuid
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 
 from embeddings import runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus
+from embeddings.services.catalogue import manifests
+from tests.conftest import SHARED
 from tests.embeddings.conftest import client_for
 from tests.origin_server import pixels_jpeg
 
@@ -153,9 +159,91 @@ def test_uploads_carry_ids_and_metadata_and_patch_moves_the_payload(catalogue, a
     assert repeated.status_code == 400 and repeated.json()["code"] == "external_id_repeated"
 
 
+#: The issue 53 case: five rows whose ids are ``Café-1`` in NFC then NFD, ``Å-2`` as U+00C5 then
+#: U+212B, and ``plain-3``; ``ORIGIN`` stands for the origin serving five different images.
+LOOKALIKE_CASE = SHARED / "data" / "cases" / "w03_lookalike_ids.csv"
+LOOKALIKE_TEXT = ("url,external_id,category\r\n"
+                  "http://ORIGIN/a.jpg,Caf\u00e9-1,shoes\r\nhttp://ORIGIN/b.jpg,Cafe\u0301-1,shoes\r\n"
+                  "http://ORIGIN/c.jpg,\u00c5-2,bags\r\nhttp://ORIGIN/d.jpg,\u212b-2,bags\r\n"
+                  "http://ORIGIN/e.jpg,plain-3,hats\r\n")
+
+
+@pytest.mark.parametrize("case", ["generated", "shared"])
+def test_ids_that_look_the_same_are_one_id_at_every_door(case, catalogue, api, origin, staff):
+    if case == "shared":
+        if not LOOKALIKE_CASE.exists():
+            pytest.skip("../shared/data/cases is not present")
+        text = LOOKALIKE_CASE.read_bytes().decode("utf-8")
+        assert text == LOOKALIKE_TEXT  # the case is the one generated here
+    else:
+        text = LOOKALIKE_TEXT
+    text = re.sub(r"http://ORIGIN/([a-e])\.jpg", lambda m: f"{origin.url}/pixels/{'abcde'.index(m[1])}.jpg", text)
+    job = post_manifest(api, text)
+    job.refresh_from_db()
+    assert job.status == JobStatus.DONE and job.total == 5
+    rows = rows_by(job)
+    # the second row of each pair is a repeated id within the manifest, as an exact repeat is
+    assert {n: (im.status, im.reason, im.external_id) for n, im in rows.items()} == {
+        1: (ImageStatus.EMBEDDED, "", "Caf\u00e9-1"), 2: (ImageStatus.FAILED, "external_id_repeated", ""),
+        3: (ImageStatus.EMBEDDED, "", "\u00c5-2"), 4: (ImageStatus.FAILED, "external_id_repeated", ""),
+        5: (ImageStatus.EMBEDDED, "", "plain-3")}
+    assert rows[2].reason_detail == "external_id 'Café-1' is given by an earlier row of this manifest"
+    # a lookup by either spelling finds it: the API, a search filter, the admin's search
+    for spellings, row in ((("Caf\u00e9-1", "Cafe\u0301-1"), rows[1]), (("\u00c5-2", "\u212b-2"), rows[3])):
+        for spelling in spellings:
+            found = api.get("/api/images/", {"external_id": spelling}).json()["results"]
+            assert [im["id"] for im in found] == [str(row.id)]
+            hits = api.post("/api/search/", {"text": "a photo", "k": 10, "min_score": -1,
+                                             "filter": {"field": "external_id", "eq": spelling}}, format="json")
+            assert [h["image_id"] for h in hits.json()["results"]] == [str(row.id)]
+            listed = admin_client(staff).get("/admin/embeddings/image/", {"q": spelling}).content.decode()
+            assert f"/admin/embeddings/image/{row.id}/change/" in listed
+            assert f"/admin/embeddings/image/{rows[5].id}/change/" not in listed
+    # PATCH: the other spelling of a held id is that id; a new one is stored in NFC
+    taken = api.patch(f"/api/images/{rows[5].id}/", {"external_id": "Cafe\u0301-1"}, format="json")
+    assert taken.status_code == 409 and taken.json()["code"] == "external_id_taken"
+    renamed = api.patch(f"/api/images/{rows[5].id}/", {"external_id": "\u212b-9"}, format="json")
+    assert renamed.status_code == 200 and renamed.json()["external_id"] == "\u00c5-9"
+    same = api.patch(f"/api/images/{rows[5].id}/", {"external_id": "\u00c5-9"}, format="json")
+    assert same.status_code == 200
+    im = Image.objects.get(id=rows[5].id)
+    assert runtime.vector_store().payloads([im.point_id])[im.point_id]["items"][0]["external_id"] == "\u00c5-9"
+    # an upload: two spellings of one id in one request are a repeat; the other spelling of a held
+    # id with other bytes replaces its holder, as the same spelling does
+    files = [SimpleUploadedFile("x.jpg", pixels_jpeg(7)), SimpleUploadedFile("y.jpg", pixels_jpeg(8))]
+    repeated = api.post("/api/images/", {"files": files, "external_id": ["new-\u00e9", "new-e\u0301"]},
+                        format="multipart")
+    assert repeated.status_code == 400 and repeated.json()["code"] == "external_id_repeated"
+    again = api.post("/api/images/", {"files": [SimpleUploadedFile("z.jpg", pixels_jpeg(9))],
+                                      "external_id": ["Cafe\u0301-1"]}, format="multipart")
+    assert again.status_code == 200, again.json()
+    assert again.json()["images"][0]["external_id"] == "Caf\u00e9-1"
+    assert not Image.objects.filter(id=rows[1].id).exists()
+    assert [str(i) for i in Image.objects.filter(owner=job.owner, external_id__in=["Caf\u00e9-1", "Cafe\u0301-1"])
+            .values_list("id", flat=True)] == [again.json()["images"][0]["id"]]
+
+
+def admin_client(staff) -> Client:
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
 def test_a_manifest_with_a_wrong_header_is_refused_before_any_job(catalogue, api):
     r = api.post("/api/jobs/", {"manifest": manifest("image,sku\nhttp://example.com/a.jpg,1\n")}, format="multipart")
     assert r.status_code == 400 and r.json()["code"] == "manifest_header"
+    assert not Job.objects.exists()
+
+
+def test_a_parquet_row_group_over_the_bound_is_refused_before_any_job(catalogue, api, monkeypatch):
+    monkeypatch.setattr(manifests, "MAX_ROW_GROUP_ROWS", 10)
+    table = pa.table({"url": [f"http://example.com/{i}.jpg" for i in range(30)]})
+    buffer = io.BytesIO()
+    pq.write_table(table, buffer, row_group_size=12)
+    upload = SimpleUploadedFile("catalogue.parquet", buffer.getvalue(), content_type="application/octet-stream")
+    r = api.post("/api/jobs/", {"manifest": upload}, format="multipart")
+    assert r.status_code == 413 and r.json()["code"] == "manifest_row_group_too_large"
+    assert r.json()["extra"] == {"row_group": 0, "row": 1}
     assert not Job.objects.exists()
 
 
