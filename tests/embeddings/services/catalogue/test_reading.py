@@ -451,7 +451,7 @@ def test_a_trickling_url_holds_only_its_own_row_of_the_slice(catalogue, api, ori
     from embeddings import dispatch
     from embeddings.services.catalogue import fetching, reading
 
-    catalogue.FETCH_TOTAL_TIMEOUT_S = 3.0
+    catalogue.FETCH_TOTAL_TIMEOUT_S = 15.0  # the fast rows finish well within it on a loaded machine
     runtime.fetcher.cache_clear()
     fetches, sends = [], []
     real_send = dispatch.send_chunk
@@ -486,7 +486,7 @@ def test_a_trickling_url_holds_only_its_own_row_of_the_slice(catalogue, api, ori
     assert all(s["ids"] <= fast_ids for s in sends)
     slow.refresh_from_db()
     assert (slow.status, slow.reason) == (ImageStatus.FAILED, "fetch_timeout")
-    assert "the total time limit of 3 s passed" in slow.reason_detail
+    assert "the total time limit of 15 s passed" in slow.reason_detail
     assert {k: result[k] for k in ("fetched", "failed", "skipped", "queued")} == {
         "fetched": 7, "failed": 1, "skipped": 0, "queued": 7}
     job.refresh_from_db()
