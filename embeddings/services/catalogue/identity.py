@@ -12,8 +12,8 @@ never takes the id from the image that has it:
   ``images.image_deleted``) and the new row takes the id.
 
 Metadata lives in the database and in the payload of the point (``images.point_payloads``: one item
-per image the point stands for); :func:`image_update` changes either without re-embedding and has
-the points' payloads recomputed.
+per image the point stands for); :func:`image_update` changes either without re-embedding (metadata
+as a JSON Merge Patch of the stored object) and has the points' payloads recomputed.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ from embeddings.models import Image, ImageStatus
 from embeddings.services.catalogue.metadata import (
     MetadataError,
     check_declared,
+    merge_patch,
     validate_external_id,
     validate_metadata,
 )
@@ -94,8 +95,16 @@ def payloads_refresh(images: Iterable[Image], *, wait: bool) -> None:
 
 
 def image_update(*, image: Image, fields: dict) -> Image:
-    """``PATCH /api/images/{id}/``: change ``external_id`` and/or ``metadata`` (replaced whole) of a
-    user's image without re-embedding; the payloads of its points follow before this returns.
+    """``PATCH /api/images/{id}/``: change ``external_id`` and/or ``metadata`` of a user's image
+    without re-embedding; the payloads of its points follow before this returns.
+
+    Args:
+        fields: ``external_id`` (``""`` or ``None`` removes it) and/or ``metadata``: a JSON Merge
+            Patch (RFC 7396, :func:`metadata.merge_patch`) of the stored object: given keys change,
+            a ``None`` value removes its key, nested objects merge, keys not given stay;
+            ``metadata`` ``None`` removes every key. The merged object is checked whole
+            (``validate_metadata``, ``check_declared``), read and written in one transaction with
+            the row locked, so two PATCHes of different keys both stay.
 
     Raises:
         ApplicationError: ``external_id_invalid`` / ``metadata_invalid`` / ``metadata_too_large`` /
@@ -103,30 +112,38 @@ def image_update(*, image: Image, fields: dict) -> Image:
             images holds the id; ``vectors_unavailable`` (503) when the payload cannot be written.
     """
 
+    try:
+        with transaction.atomic():
+            updates = _updates(image, fields)
+            if updates:
+                Image.objects.filter(id=image.id).update(**updates)
+    except IntegrityError as e:
+        holder = Image.objects.filter(owner_id=image.owner_id, external_id=fields.get("external_id"),
+                                      source__isnull=True).values_list("id", flat=True).first()
+        raise ApplicationError(f"external_id {fields.get('external_id')!r} names another of your images",
+                               code="external_id_taken", status=409,
+                               extra={"image_id": str(holder) if holder else None}) from e
+    if not updates:
+        return image
+    image.refresh_from_db()
+    payloads_refresh([image], wait=True)
+    return image
+
+
+def _updates(image: Image, fields: dict) -> dict:
+    """The columns a PATCH changes, checked; the row's metadata read locked (inside the caller's
+    transaction) and merged with the patch. Raises ``ApplicationError`` as :func:`image_update`."""
     updates = {}
     try:
         if "external_id" in fields:
             value = fields["external_id"]
             updates["external_id"] = "" if value in (None, "") else validate_external_id(value)
         if "metadata" in fields:
-
+            stored = Image.objects.select_for_update().filter(id=image.id).values_list("metadata", flat=True).first()
+            merged = merge_patch(stored or {}, fields["metadata"]) if fields["metadata"] is not None else {}
             updates["metadata"] = check_declared(
-                validate_metadata(fields["metadata"] or {}, max_bytes=settings.METADATA_MAX_BYTES),
-                spaces.declared_fields())
+                validate_metadata(merged, max_bytes=settings.METADATA_MAX_BYTES), spaces.declared_fields())
     except MetadataError as e:
         raise ApplicationError(e.message, code=e.code, extra={"field": "external_id" if "external_id" in e.code
                                                               else "metadata"}) from e
-    if not updates:
-        return image
-    try:
-        with transaction.atomic():
-            Image.objects.filter(id=image.id).update(**updates)
-    except IntegrityError as e:
-        holder = Image.objects.filter(owner_id=image.owner_id, external_id=updates.get("external_id"),
-                                      source__isnull=True).values_list("id", flat=True).first()
-        raise ApplicationError(f"external_id {updates.get('external_id')!r} names another of your images",
-                               code="external_id_taken", status=409,
-                               extra={"image_id": str(holder) if holder else None}) from e
-    image.refresh_from_db()
-    payloads_refresh([image], wait=True)
-    return image
+    return updates

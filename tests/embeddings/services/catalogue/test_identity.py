@@ -21,6 +21,7 @@ from django.db import OperationalError, connection
 
 import embeddings.tasks  # noqa: F401 - eager calls need the tasks registered
 from embeddings import runtime, sink, spaces
+from embeddings.errors import ApplicationError
 from embeddings.messages import encode_vector
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Job, JobStatus, Lane, SpaceState
 from embeddings.services.catalogue import identity
@@ -100,6 +101,52 @@ def stale(model_id: str, images) -> list[str]:
 def item_metadata(model_id: str, im: Image) -> dict:
     pid = point_id_of(im.sha256, model_id)
     return runtime.vector_store(model_id).payloads([pid])[pid]["items"][0]["m"]
+
+
+# --- metadata as a JSON Merge Patch (RFC 7396) ------------------------------------------------------
+
+def embedded_one(user, model_id: str, metadata: dict) -> Image:
+    job, items = queued(user, 1, model_id=model_id)
+    Image.objects.filter(id=items[0]["id"]).update(metadata=metadata)
+    write(job, items)
+    return Image.objects.get(id=items[0]["id"])
+
+
+def test_a_metadata_patch_merges_into_the_stored_object_and_the_payload(app_store, user):
+    model_id = app_store.model_id
+    im = embedded_one(user, model_id, {"category": "shoes", "price": 49.5, "launched": "2024-05-01",
+                                       "size": {"eu": 42, "us": 9}, "tags": ["red", "leather"]})
+    steps = [
+        ({"category": "hats"},  # one key changes, the others stay
+         {"category": "hats", "price": 49.5, "launched": "2024-05-01", "size": {"eu": 42, "us": 9},
+          "tags": ["red", "leather"]}),
+        ({"price": None, "size": {"us": None, "uk": 8}, "tags": ["blue"]},  # null removes; objects merge; lists replace
+         {"category": "hats", "launched": "2024-05-01", "size": {"eu": 42, "uk": 8}, "tags": ["blue"]}),
+        ({}, {"category": "hats", "launched": "2024-05-01", "size": {"eu": 42, "uk": 8}, "tags": ["blue"]}),
+        (None, {}),  # metadata null removes every key
+    ]
+    for patch_, expected in steps:
+        out = identity.image_update(image=Image.objects.get(id=im.id), fields={"metadata": patch_})
+        assert out.metadata == expected
+        assert Image.objects.get(id=im.id).metadata == expected
+        assert item_metadata(model_id, im) == expected
+
+
+def test_a_metadata_patch_is_checked_whole_after_the_merge(app_store, user):
+    model_id = app_store.model_id
+    im = embedded_one(user, model_id, {"a": {"b": {"c": 1}}, "category": "shoes"})
+
+    def code(patch_) -> tuple[str, str]:
+        with pytest.raises(ApplicationError) as e:
+            identity.image_update(image=Image.objects.get(id=im.id), fields={"metadata": patch_})
+        return e.value.code, e.value.extra["field"]
+
+    assert code({"a": {"b": {"c": {"d": 1}}}}) == ("metadata_too_deep", "metadata")  # 4 levels once merged
+    assert code(["hats"]) == ("metadata_invalid", "metadata")  # a non-object replaces: not an object
+    assert code({"bad key": 1}) == ("metadata_invalid", "metadata")
+    assert code({"external_id": "x"}) == ("metadata_invalid", "metadata")
+    assert Image.objects.get(id=im.id).metadata == {"a": {"b": {"c": 1}}, "category": "shoes"}  # unchanged
+    assert item_metadata(model_id, im) == {"a": {"b": {"c": 1}}, "category": "shoes"}
 
 
 #: Where the PATCH lands relative to the writer: before the payloads are read; between the read and
@@ -195,8 +242,9 @@ def test_a_patch_between_the_settling_read_and_its_rewrite_is_written_last(app_s
     monkeypatch.setattr(store, "set_payloads", set_payloads)
     write(job, items)
     # the settling wrote "first", over the second PATCH's refresh, then read again and wrote "second"
-    assert calls == [[{"category": "first"}], [{"category": "second"}], [{"category": "second"}]]
-    assert item_metadata(model_id, Image.objects.get(id=target)) == {"category": "second"}
+    first, second = {"category": "first", "price": 10}, {"category": "second", "price": 10}  # merged: price stays
+    assert calls == [[first], [second], [second]]
+    assert item_metadata(model_id, Image.objects.get(id=target)) == second
     assert stale(model_id, [it["id"] for it in items]) == []
 
 
@@ -229,8 +277,9 @@ def test_a_refresh_racing_another_refresh_ends_with_the_latest(app_store, user, 
 
     monkeypatch.setattr(store, "set_payloads", set_payloads)
     patch(target, {"category": "older"})
-    assert calls == [[{"category": "older"}], [{"category": "newer"}], [{"category": "newer"}]]
-    assert item_metadata(model_id, Image.objects.get(id=target)) == {"category": "newer"}
+    older, newer = {"category": "older", "price": 10}, {"category": "newer", "price": 10}  # merged: price stays
+    assert calls == [[older], [newer], [newer]]
+    assert item_metadata(model_id, Image.objects.get(id=target)) == newer
 
 
 #: Repetitions of the threaded race and images per repetition (the issue's 16 images patched while
