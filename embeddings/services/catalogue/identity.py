@@ -22,7 +22,7 @@ from typing import Iterable
 from django.conf import settings
 from django.db import IntegrityError, transaction
 
-from embeddings import sink, spaces
+from embeddings import dispatch, sink, spaces
 from embeddings.errors import ApplicationError
 from embeddings.models import Image, ImageStatus
 from embeddings.services.catalogue.metadata import (
@@ -85,13 +85,28 @@ def payloads_refresh(images: Iterable[Image], *, wait: bool) -> None:
     Args:
         wait: run it now and wait (a caller's PATCH, whose next search must see it: 503 when the
             vectors worker does not answer), else queue it at background priority.
+
+    Raises:
+        ApplicationError: (``wait``) 503 when the store does not answer. The database holds the
+            change by then, so the refreshes not done are queued first (``forget_point`` at
+            background priority, no deadline): the payloads follow once the vectors worker is
+            back, whether or not the caller sends the PATCH again.
     """
 
-    for pid, sha, model_id in points_of(images):
-        if wait:
-            sink.store_call("forget_point", pid, sha, model_id)
-        else:
+    points = points_of(images)
+    for n, (pid, sha, model_id) in enumerate(points):
+        if not wait:
             sink.store_send("forget_point", pid, sha, model_id, interactive=False)
+            continue
+        try:
+            sink.store_call("forget_point", pid, sha, model_id)
+        except ApplicationError:
+            for left in points[n:]:
+                try:
+                    dispatch.send_forget_point(point_id=left[0], sha256=left[1], interactive=False, model_id=left[2])
+                except Exception:  # noqa: BLE001 - the broker is down too: the caller's 503 says so
+                    break
+            raise
 
 
 def image_update(*, image: Image, fields: dict) -> Image:

@@ -149,6 +149,29 @@ def test_a_metadata_patch_is_checked_whole_after_the_merge(app_store, user):
     assert item_metadata(model_id, im) == {"a": {"b": {"c": 1}}, "category": "shoes"}
 
 
+def test_a_patch_answered_503_leaves_its_refresh_queued(app_store, user, monkeypatch):
+    """The vectors worker does not answer: the PATCH is a 503 with the row changed, and the
+    refresh waits in the queue, so the payload follows once the worker is back."""
+    model_id = app_store.model_id
+    im = embedded_one(user, model_id, {"category": "shoes", "price": 10})
+
+    def no_answer(name, *args, **kwargs):
+        raise ApplicationError("the vector store did not answer", code="vectors_unavailable", status=503)
+
+    queued_refreshes = []
+    monkeypatch.setattr(sink, "store_call", no_answer)
+    monkeypatch.setattr(identity.dispatch, "send_forget_point", lambda **kw: queued_refreshes.append(kw))
+    with pytest.raises(ApplicationError) as e:
+        patch(str(im.id), {"category": "hats"})
+    assert (e.value.status, e.value.code) == (503, "vectors_unavailable")
+    assert Image.objects.get(id=im.id).metadata == {"category": "hats", "price": 10}
+    assert item_metadata(model_id, im) == {"category": "shoes", "price": 10}  # not yet
+    assert queued_refreshes == [{"point_id": str(im.point_id), "sha256": im.sha256, "interactive": False,
+                                 "model_id": model_id}]
+    assert vectors.point_forget(**{k: v for k, v in queued_refreshes[0].items() if k != "interactive"}) == "kept"
+    assert item_metadata(model_id, im) == {"category": "hats", "price": 10}
+
+
 #: Where the PATCH lands relative to the writer: before the payloads are read; between the read and
 #: the upsert; between the upsert and the mark (the image still queued: the PATCH refreshes
 #: nothing); between the mark and the writer's settling; after everything.
