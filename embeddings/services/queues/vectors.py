@@ -87,6 +87,21 @@ def _mark_written(live: list[dict], payloads: dict[str, dict]) -> list[dict]:
     return done
 
 
+def _settle_redelivered(items: list[dict], queued: set[str]) -> None:
+    """Settle the payloads of ``items`` whose images are embedded already (a redelivered chunk whose
+    first delivery died between the mark and its settling, or work another delivery finished): they
+    are not written again, and a PATCH that landed before that mark would otherwise stay out of the
+    payload for good. One query when every item is still queued (the usual case): none."""
+    decided = [it["id"] for it in items if it["id"] not in queued]
+    if not decided:
+        return
+    embedded = {str(i) for i in Image.objects.filter(id__in=decided, status=ImageStatus.EMBEDDED)
+                .values_list("id", flat=True)}
+    done = [it for it in items if it["id"] in embedded]
+    if done:  # what the store holds is unknown: given nothing, each point is rewritten once
+        payloads_settle(model_id=items_space(done), points={it["sha256"]: it["point_id"] for it in done}, given={})
+
+
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
                 upsert_ms: float = 0.0) -> dict:
     """Write a chunk's points slice by slice, then mark the part's images embedded at once (and only
@@ -126,6 +141,7 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
     read = queued_payloads(items)
+    _settle_redelivered(items, read[0])
     unmarked: list[dict] = []  # points written, images not marked yet
 
     def mark() -> None:

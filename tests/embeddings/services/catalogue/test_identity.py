@@ -172,6 +172,27 @@ def test_a_patch_answered_503_leaves_its_refresh_queued(app_store, user, monkeyp
     assert item_metadata(model_id, im) == {"category": "hats", "price": 10}
 
 
+def test_a_chunk_redelivered_after_its_mark_settles_what_it_did_not(app_store, user, monkeypatch):
+    """The writer dies between the mark and its settling, with a PATCH landed before the mark: the
+    redelivered chunk writes nothing again (its images are embedded) and settles their payloads."""
+    model_id = app_store.model_id
+    job, items = queued(user, 2, model_id=model_id)
+    target = items[0]["id"]
+    hook(monkeypatch, "after_write", lambda: patch(target, {"category": "hats"}))
+
+    def dies(**kwargs):
+        raise SystemExit("the worker died after the mark")
+
+    monkeypatch.setattr(vectors, "payloads_settle", dies)
+    with pytest.raises(SystemExit):
+        write(job, items)
+    assert item_metadata(model_id, Image.objects.get(id=target)) == {"category": "shoes", "price": 10}  # stale
+    monkeypatch.setattr(vectors, "payloads_settle", store_writes.payloads_settle)
+    assert write(job, items)["written"] == 2  # the redelivery: dealt with, nothing upserted again
+    assert item_metadata(model_id, Image.objects.get(id=target)) == {"category": "hats", "price": 10}
+    assert stale(model_id, [it["id"] for it in items]) == []
+
+
 #: Where the PATCH lands relative to the writer: before the payloads are read; between the read and
 #: the upsert; between the upsert and the mark (the image still queued: the PATCH refreshes
 #: nothing); between the mark and the writer's settling; after everything.
