@@ -123,8 +123,9 @@ def image_update(*, image: Image, fields: dict) -> Image:
 
     Raises:
         ApplicationError: ``external_id_invalid`` / ``metadata_invalid`` / ``metadata_too_large`` /
-            ``metadata_too_deep`` (400); ``external_id_taken`` (409) when another of the owner's
-            images holds the id; ``vectors_unavailable`` (503) when the payload cannot be written.
+            ``metadata_too_deep`` (400); ``not_found`` (404) when the row was deleted meanwhile;
+            ``external_id_taken`` (409) when another of the owner's images holds the id;
+            ``vectors_unavailable`` (503) when the payload cannot be written.
     """
 
     try:
@@ -140,7 +141,10 @@ def image_update(*, image: Image, fields: dict) -> Image:
                                extra={"image_id": str(holder) if holder else None}) from e
     if not updates:
         return image
-    image.refresh_from_db()
+    try:
+        image.refresh_from_db()
+    except Image.DoesNotExist:  # deleted since the request found it: nothing was changed
+        raise ApplicationError("no such image", code="not_found", status=404) from None
     payloads_refresh([image], wait=True)
     return image
 
