@@ -102,7 +102,10 @@ class ImagePatchSerializer(serializers.Serializer):
 
     external_id = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256,
                                         help_text="your id; \"\" or null removes it")
-    metadata = JSONField(required=False, help_text="replaces the whole metadata object")
+    metadata = JSONField(required=False, allow_null=True,
+                         help_text="a JSON Merge Patch (RFC 7396) of the stored metadata object: the keys given "
+                                   "change, a null value removes its key, nested objects merge, lists and other "
+                                   "values replace, keys not given stay; null removes every key")
 
 
 class ImageUploadSerializer(UploadQuerySerializer):
@@ -250,8 +253,9 @@ class ImageDetailView(APIView):
 
     @extend_schema(operation_id="images_partial_update", request=ImagePatchSerializer,
                    responses={200: ImageSerializer, **errors(400, 404, 409, 415, 503)}, parameters=[RETRY_AFTER],
-                   description="Change your external_id and/or metadata (replaced whole) without re-embedding; the "
-                               "vector's payload follows before the answer, so the next search filters by it.")
+                   description="Change your external_id and/or metadata (merged into the stored object: JSON Merge "
+                               "Patch, RFC 7396) without re-embedding; the vector's payload follows before the "
+                               "answer, so the next search filters by it.")
     def patch(self, request, image_id):
 
         im = get_object_or_404(images_visible_to(request.user), id=image_id)

@@ -150,6 +150,27 @@ def _scalar(value: Any, where: str) -> str | int | float | bool:
     raise MetadataError("metadata_invalid", f"{where}: unsupported value of type {_type_name(value)}")
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """``target`` changed by ``patch`` as JSON Merge Patch says (RFC 7396): a new value, neither
+    argument changed.
+
+    An object ``patch`` merges key by key: a ``None`` (JSON ``null``) value removes the key, an
+    object value merges into the key's value the same way (a key holding no object starts from
+    ``{}``), any other value (a string, a number, a list) replaces it. A ``patch`` that is not an
+    object replaces ``target`` whole. So ``{"category": "hats"}`` changes one key and leaves the
+    others; ``{"price": null}`` removes one; lists are replaced, never merged.
+    """
+    if not isinstance(patch, Mapping):
+        return patch
+    out = dict(target) if isinstance(target, Mapping) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def check_declared(metadata: Mapping, types: Mapping[str, str] | None) -> dict:
     """``metadata`` unchanged when every value of a declared field (``METADATA_INDEXES``: a payload
     index of that type) has its type: the engine answers a filter on an indexed field from the

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 from qdrant_client.http.exceptions import ResponseHandlingException
 
-from embeddings import metrics, runtime
+from embeddings import dispatch, metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import BatchStat, Image, ImageStatus, Lane
 from embeddings.services.catalogue import images as image_services
@@ -101,6 +101,53 @@ def queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
         model_id=items_space(items), shas=[it["sha256"] for it in items],
         including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
     return queued, payloads
+
+
+#: Most times :func:`payloads_settle` re-reads the database and rewrites payloads before it leaves the
+#: rest to a queued ``forget_point`` (which settles in turn): a round repeats only when a change
+#: committed during the round before it, a matter of milliseconds.
+SETTLE_ROUNDS = 8
+
+
+def payloads_settle(*, model_id: str, points: dict[str, str], given: dict[str, dict]) -> int:
+    """Make the payloads of ``points`` in space ``model_id``'s collection agree with the database,
+    after this process wrote them: read them again (``images.point_payloads``) and overwrite each
+    one that differs from what the store was given, until a read finds what was written.
+
+    The rule, and why it converges: a payload is a function of the database rows of its point
+    (metadata, external ids, owners, jobs; a copy's from its user row), and every writer of a
+    payload (a chunk or a request written and marked embedded, ``forget_point``) reads the rows
+    again *after* its write. A change committed before that read is seen by it and written here; a
+    change committed after it finds the rows embedded (a writer marks before it settles), so its
+    own refresh (``identity.payloads_refresh``) starts after this write and lands after it. Either
+    way the last write to a point carries the latest rows, whatever the interleaving: no version
+    column is needed, the payload itself is compared.
+
+    Args:
+        points: ``{sha256: point id}`` of the points written (one point per bytes in a space).
+        given: ``{sha256: payload}`` as written (``point_payloads``' shape).
+
+    Returns:
+        The number of payloads rewritten (0 when nothing changed meanwhile). A point whose rows
+        are all gone is left to the deletion's own ``forget_point``; one missing from the store is
+        not recreated here (its rows' deletion or its writer's redelivery deals with it).
+    """
+    store = runtime.vector_store(model_id)
+    rewritten = 0
+    given = dict(given)
+    for _ in range(SETTLE_ROUNDS):
+        now = image_services.point_payloads(model_id=model_id, shas=list(points), point_ids=list(points.values()))
+        changed = {sha: p for sha, p in now.items() if p["owner_ids"] and p != given.get(sha)}
+        if not changed:
+            return rewritten
+        present = store.payloads([uuid.UUID(points[sha]) for sha in changed])
+        store.set_payloads({uuid.UUID(points[sha]): p for sha, p in changed.items()
+                            if uuid.UUID(points[sha]) in present})
+        rewritten += len(changed)
+        given.update(changed)
+    for sha in changed:  # still moving after every round: settled again by a queued forget_point
+        dispatch.send_forget_point(point_id=points[sha], sha256=sha, interactive=False, model_id=model_id)
+    return rewritten
 
 
 def _unusable(items: list[dict], *, lane: str) -> list[dict]:

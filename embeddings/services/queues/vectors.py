@@ -33,6 +33,7 @@ from embeddings.services.queues.store_writes import (
     batch_stat,
     images_wait_for_store,
     items_space,
+    payloads_settle,
     queued_payloads,
     write_live,
 )
@@ -56,13 +57,16 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     Returns:
         ``(items marked embedded now, upsert wall time in ms)``.
     """
+    read = read if read is not None else queued_payloads(items)
     live, upsert_ms = write_live(items, read, lane=lane)
-    return _mark_written(live), upsert_ms
+    return _mark_written(live, read[1]), upsert_ms
 
 
-def _mark_written(live: list[dict]) -> list[dict]:
-    """Mark the images of ``live`` (their points written) embedded, in one statement per kind; returns
-    those marked now.
+def _mark_written(live: list[dict], payloads: dict[str, dict]) -> list[dict]:
+    """Mark the images of ``live`` (their points written with ``payloads``, by sha256) embedded, in
+    one statement per kind, then settle their points' payloads (``store_writes.payloads_settle``: a
+    PATCH committed while they were queued found no embedded row to refresh, so the writer takes
+    it); returns those marked now.
 
     An image decided meanwhile by another process is left alone: cancelled with its job, expired
     by the reconciler, or embedded by another delivery of the same work (its point is the same). If
@@ -76,8 +80,26 @@ def _mark_written(live: list[dict]) -> list[dict]:
         if it["id"] not in marked:
             point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=items_space([it]))
     done = [it for it in live if it["id"] in marked]
+    if done:
+        payloads_settle(model_id=items_space(done), points={it["sha256"]: it["point_id"] for it in done},
+                        given={it["sha256"]: payloads[it["sha256"]] for it in done})
     duplicate_scans.images_written(done)  # owners with a finished near-duplicate scan group them next
     return done
+
+
+def _settle_redelivered(items: list[dict], queued: set[str]) -> None:
+    """Settle the payloads of ``items`` whose images are embedded already (a redelivered chunk whose
+    first delivery died between the mark and its settling, or work another delivery finished): they
+    are not written again, and a PATCH that landed before that mark would otherwise stay out of the
+    payload for good. One query when every item is still queued (the usual case): none."""
+    decided = [it["id"] for it in items if it["id"] not in queued]
+    if not decided:
+        return
+    embedded = {str(i) for i in Image.objects.filter(id__in=decided, status=ImageStatus.EMBEDDED)
+                .values_list("id", flat=True)}
+    done = [it for it in items if it["id"] in embedded]
+    if done:  # what the store holds is unknown: given nothing, each point is rewritten once
+        payloads_settle(model_id=items_space(done), points={it["sha256"]: it["point_id"] for it in done}, given={})
 
 
 def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority: str,
@@ -119,10 +141,11 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     size = max(1, settings.VECTORS_WRITE_SLICE)
     written = 0
     read = queued_payloads(items)
+    _settle_redelivered(items, read[0])
     unmarked: list[dict] = []  # points written, images not marked yet
 
     def mark() -> None:
-        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(_mark_written(unmarked)))
+        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(_mark_written(unmarked, read[1])))
         unmarked.clear()
 
     def send_rest() -> dict:
@@ -342,11 +365,13 @@ def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:
     payload = image_services.point_payloads(model_id=model_id, shas=[sha256])[sha256]
     pid = uuid.UUID(point_id)
     with transaction.atomic():
-        if payload["owner_ids"]:
-            store.set_payloads({pid: payload})
-            return "kept"
-        store.delete([pid])
-        return "deleted"
+        if not payload["owner_ids"]:
+            store.delete([pid])
+            return "deleted"
+        store.set_payloads({pid: payload})
+    # a change committed since the read above (a PATCH racing this refresh) is written now
+    payloads_settle(model_id=model_id, points={sha256: point_id}, given={sha256: payload})
+    return "kept"
 
 
 def point_vectors(*, point_ids: list[str], model_id: str) -> dict:

@@ -111,6 +111,32 @@ def test_delete_removes_the_vector(service, api):
     assert api.get(f"/api/images/{im['id']}/").status_code == 404
 
 
+def test_patch_merges_metadata_and_the_filtered_search_follows(service, api):
+    """``PATCH {"metadata": {"category": "hats"}}`` changes one key (JSON Merge Patch, RFC 7396):
+    ``price`` and ``launched`` stay, in the row, the answer, the payload and a filtered search."""
+    from embeddings import runtime
+
+    meta = '{"category": "shoes", "price": 49.5, "launched": "2024-05-01", "size": {"eu": 42, "us": 9}}'
+    im = api.post("/api/images/", {"files": [upload("m.jpg", jpeg_bytes(600))], "metadata": [meta]},
+                  format="multipart").json()["images"][0]
+    url = f"/api/images/{im['id']}/"
+    r = api.patch(url, {"metadata": {"category": "hats"}}, format="json")
+    assert r.status_code == 200, r.json()
+    kept = {"category": "hats", "price": 49.5, "launched": "2024-05-01", "size": {"eu": 42, "us": 9}}
+    assert r.json()["metadata"] == kept and api.get(url).json()["metadata"] == kept
+    pid = Image.objects.get(id=im["id"]).point_id
+    assert runtime.vector_store().payloads([pid])[pid]["items"][0]["m"] == kept
+    found = api.post("/api/search/", {"text": "a photo", "k": 5, "min_score": -1,
+                                      "filter": {"and": [{"field": "category", "eq": "hats"},
+                                                         {"field": "price", "gte": 40}]}}, format="json")
+    assert [(h["image_id"], h["metadata"]) for h in found.json()["results"]] == [(im["id"], kept)]
+    r = api.patch(url, {"metadata": {"price": None, "size": {"us": None}}}, format="json")
+    assert r.json()["metadata"] == {"category": "hats", "launched": "2024-05-01", "size": {"eu": 42}}
+    assert api.patch(url, {"metadata": None}, format="json").json()["metadata"] == {}  # null: every key goes
+    refused = api.patch(url, {"metadata": "hats"}, format="json")
+    assert (refused.status_code, refused.json()["code"]) == (400, "metadata_invalid")
+
+
 # --- the shared set's odd files -------------------------------------------------------------------
 
 ROWS = sorted(ODD_EXPECTED)

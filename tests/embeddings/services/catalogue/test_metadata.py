@@ -11,6 +11,7 @@ from embeddings.services.catalogue.metadata import (
     MetadataError,
     check_types,
     coerce,
+    merge_patch,
     normal_external_id,
     validate_external_id,
     validate_metadata,
@@ -164,3 +165,39 @@ def test_an_external_id_never_starts_with_a_json_bracket(text):
         validate_external_id(text)
     assert e.value.code == "external_id_invalid"
     assert validate_external_id("SKU-{1}") == "SKU-{1}"  # inside an id a bracket is just a character
+
+
+#: RFC 7396 appendix A: (target, patch, result), every example of the RFC.
+RFC_7396_EXAMPLES = [
+    ({"a": "b"}, {"a": "c"}, {"a": "c"}),
+    ({"a": "b"}, {"b": "c"}, {"a": "b", "b": "c"}),
+    ({"a": "b"}, {"a": None}, {}),
+    ({"a": "b", "b": "c"}, {"a": None}, {"b": "c"}),
+    ({"a": ["b"]}, {"a": "c"}, {"a": "c"}),
+    ({"a": "c"}, {"a": ["b"]}, {"a": ["b"]}),
+    ({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}, {"a": {"b": "d"}}),
+    ({"a": [{"b": "c"}]}, {"a": [1]}, {"a": [1]}),
+    (["a", "b"], ["c", "d"], ["c", "d"]),
+    ({"a": "b"}, ["c"], ["c"]),
+    ({"a": "foo"}, None, None),
+    ({"a": "foo"}, "bar", "bar"),
+    ({"e": None}, {"a": 1}, {"e": None, "a": 1}),
+    ([1, 2], {"a": "b", "c": None}, {"a": "b"}),
+    ({}, {"a": {"bb": {"ccc": None}}}, {"a": {"bb": {}}}),
+]
+
+
+@pytest.mark.parametrize(("target", "patch", "result"), RFC_7396_EXAMPLES)
+def test_merge_patch_follows_every_example_of_rfc_7396(target, patch, result):
+    before = json.dumps(target), json.dumps(patch)
+    assert merge_patch(target, patch) == result
+    assert (json.dumps(target), json.dumps(patch)) == before  # neither argument changed
+
+
+def test_merge_patch_changes_one_key_and_keeps_the_others():
+    stored = {"category": "shoes", "price": 49.5, "launched": "2024-05-01", "size": {"eu": 42, "us": 9}}
+    assert merge_patch(stored, {"category": "hats"}) == {"category": "hats", "price": 49.5,
+                                                         "launched": "2024-05-01", "size": {"eu": 42, "us": 9}}
+    assert merge_patch(stored, {"price": None, "size": {"us": None, "uk": 8}}) == {
+        "category": "shoes", "launched": "2024-05-01", "size": {"eu": 42, "uk": 8}}
+    assert merge_patch(stored, {}) == stored
