@@ -5,7 +5,7 @@ A row names its image by ``url`` (http or https) or by ``key`` (an object in an 
 ``s3://bucket/key``, or a key the job resolves against its own bucket), with an optional
 ``external_id`` (the caller's id) and any other fields as metadata. Reading never holds more
 than a bounded part of the file: CSV and JSON Lines are read line by line from the binary stream
-with a hard cap per line (``max_line_bytes``), Parquet a batch of :data:`BATCH_ROWS` rows at a
+with a hard cap per line (``max_line_bytes``), Parquet a batch of ``parquet_batches.BATCH_ROWS`` rows at a
 time (plus the row group pyarrow decodes them from).
 
 A Parquet file's decoded size is not its file size: a dictionary page lets 285 bytes stand for a
@@ -13,12 +13,12 @@ thousand rows of 256 KiB each, compression lets 72 KB stand for 1 GiB of plain v
 size is bounded before it is materialised: the footer's row groups first (at most
 :data:`MAX_ROW_GROUP_ROWS` rows and :data:`MAX_ROW_GROUP_BYTES` uncompressed bytes each, else
 ``manifest_row_group_too_large`` before any row); then one row group at a time, in batches of
-about :data:`BATCH_BYTES`, with Arrow's freed memory given back after each group; every
+about :data:`~parquet_batches.BATCH_BYTES`, with Arrow's freed memory given back after each group; every
 dictionary-encoded string column is read as dictionary indices (``read_dictionary``: a value is
 decoded once per dictionary, not once per row); each row's decoded size is computed from the Arrow
 buffers (the dictionary's value lengths taken by index), and a row over ``max_line_bytes``, the
 bound CSV and JSON Lines rows have, is a ``row_too_long`` error that is never turned into Python
-objects. The rows that pass are turned into Python objects at most :data:`MAX_DECODED_BYTES` at a
+objects. The rows that pass are turned into Python objects at most :data:`~parquet_batches.MAX_DECODED_BYTES` at a
 time.
 
 What is checked where:
@@ -48,19 +48,16 @@ from __future__ import annotations
 
 import codecs
 import csv
-import datetime as dt
-import decimal
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from embeddings.errors import ApplicationError
+from embeddings.services.catalogue import parquet_batches
 from embeddings.services.catalogue.manifest_rows import (
     METADATA_FIELD,
     SOURCE_FIELDS,
@@ -73,11 +70,6 @@ from embeddings.services.catalogue.metadata import KEY, RESERVED_KEYS, check_typ
 #: Longest line (a CSV record, a JSON line), line break included: 1 MiB, far above any real row
 #: (a URL, an id and 4 KiB of metadata) and small enough to hold one in memory.
 MAX_LINE_BYTES = 1 << 20
-#: Parquet rows decoded per batch.
-BATCH_ROWS = 1024
-#: Uncompressed bytes a Parquet batch holds on average: a row group of large rows is read in
-#: batches of fewer rows (:func:`_batch_rows`).
-BATCH_BYTES = 8 << 20
 #: Most rows in one Parquet row group: pyarrow's default row group size, so a file any pandas or
 #: pyarrow writer makes with its defaults passes.
 MAX_ROW_GROUP_ROWS = 1 << 20
@@ -87,10 +79,6 @@ MAX_ROW_GROUP_ROWS = 1 << 20
 #: given back after the group). Spark's and parquet-mr's default row group size; about 600,000
 #: rows of a URL, an id and a few metadata fields.
 MAX_ROW_GROUP_BYTES = 128 << 20
-#: Most decoded bytes of Parquet rows turned into Python objects at once.
-MAX_DECODED_BYTES = 4 << 20
-#: Decoded bytes counted for one fixed-width Parquet value (a number, a date, a boolean).
-_FIXED_BYTES = 8
 #: Bytes read per call while skipping the rest of an over-long line.
 _SKIP_BYTES = 1 << 16
 _BOM = codecs.BOM_UTF8
@@ -546,18 +534,18 @@ def _parquet_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErro
     """Each row's decoded size is computed from the batch's Arrow buffers (string columns hold
     dictionary indices) before any value becomes a Python object: a row over ``cap`` is a
     ``row_too_long`` error and is never decoded; the others are decoded at most
-    :data:`MAX_DECODED_BYTES` at a time."""
+    :data:`~parquet_batches.MAX_DECODED_BYTES` at a time."""
     parquet, cap = source
     # Python's datetime and time stop at microseconds: nanosecond columns are truncated to them
     # (pyarrow refuses to convert nanoseconds it would lose without pandas).
     schema = parquet.schema_arrow
-    micro = pa.schema([_microseconds(field) for field in schema])
+    micro = pa.schema([parquet_batches.microseconds(field) for field in schema])
     # a resumed read starts at the row group holding its next row, and passes over whole batches
     skip, first_group = cursor.skip, 0
     while first_group < parquet.num_row_groups and skip >= parquet.metadata.row_group(first_group).num_rows:
         skip -= parquet.metadata.row_group(first_group).num_rows
         first_group += 1
-    batches = _batches(parquet, first_group)
+    batches = parquet_batches.batches(parquet, first_group)
     while True:
         row = cursor.row
         try:
@@ -569,153 +557,29 @@ def _parquet_rows(source, cursor: _Cursor) -> Iterator[tuple[int, dict | RowErro
                 batch, skip = batch.slice(skip), 0
             if micro != schema:
                 batch = batch.cast(micro, safe=False)
-            sizes = _row_sizes(batch)
+            sizes = parquet_batches.row_sizes(batch)
         except StopIteration:
             return
         except (pa.ArrowException, OSError, ValueError) as e:
             raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}",
                                 extra={"row": row + 1}) from e
-        for start, stop, too_long in _runs(sizes, cap):
+        for start, stop, too_long in parquet_batches.runs(sizes, cap):
             if too_long:
                 row = cursor.row = row + 1
                 yield row, RowError(row, "row_too_long", f"decodes to {int(sizes[start])} bytes; at most {cap}",
                                     None)
                 continue
             try:
-                records = _decode(batch, start, stop)
+                records = parquet_batches.decode(batch, start, stop)
             except (pa.ArrowException, ValueError) as e:
                 raise ManifestError("manifest_format", f"Parquet data after row {row} is not readable: {e}",
                                     extra={"row": row + 1}) from e
             for record in records:
                 row = cursor.row = row + 1
-                fields = {name: _native(value) for name, value in record.items() if value is not None}
+                fields = {name: parquet_batches.native(value) for name, value in record.items() if value is not None}
                 # a row of nulls is a blank line (as a CSV row of empty cells): it keeps its number
                 # and makes nothing, so a few KB declaring a million null rows make no million rows
                 yield row, fields or None
-
-
-def _batches(parquet, first_group: int) -> Iterator[pa.RecordBatch]:
-    """The record batches of the row groups from ``first_group`` on, one group at a time
-    (:func:`_batch_rows` rows each). Arrow decompresses a data page whole (a writer may put a
-    column chunk in one page: up to :data:`MAX_ROW_GROUP_BYTES`), and its allocator (mimalloc,
-    jemalloc) keeps freed pages for reuse: after each group, and when the reading stops, the
-    pool gives them back, so a large group leaves the process where it was."""
-    try:
-        for g in range(first_group, parquet.num_row_groups):
-            yield from parquet.iter_batches(batch_size=_batch_rows(parquet.metadata.row_group(g)), row_groups=[g])
-            pa.default_memory_pool().release_unused()
-    finally:
-        pa.default_memory_pool().release_unused()
-
-
-def _batch_rows(group) -> int:
-    """Rows per batch for one row group: :data:`BATCH_ROWS`, fewer where its rows are large, so a
-    batch holds about :data:`BATCH_BYTES` of plain (not dictionary) values on average; a batch
-    never spans two row groups, so it never holds more than one group's uncompressed bytes."""
-    size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns))
-    if size <= 0 or group.num_rows <= 0:
-        return BATCH_ROWS
-    return max(1, min(BATCH_ROWS, BATCH_BYTES * group.num_rows // size))
-
-
-def _decode(batch: pa.RecordBatch, start: int, stop: int) -> list[dict]:
-    """Rows ``start`` to ``stop`` (exclusive) of ``batch`` as Python dicts: the one place a
-    Parquet value is decoded."""
-    return batch.slice(start, stop - start).to_pylist()
-
-
-def _runs(sizes: np.ndarray, cap: int) -> Iterator[tuple[int, int, bool]]:
-    """``(start, stop, too_long)`` over a batch's row sizes, in order: a row over ``cap`` alone
-    (``too_long``), the others in runs of at most :data:`MAX_DECODED_BYTES` (at least one row)."""
-    start, total = 0, 0
-    for i, size in enumerate(sizes.tolist()):
-        if size > cap:
-            if i > start:
-                yield start, i, False
-            yield i, i + 1, True
-            start, total = i + 1, 0
-            continue
-        if total + size > MAX_DECODED_BYTES and i > start:
-            yield start, i, False
-            start, total = i, 0
-        total += size
-    if len(sizes) > start:
-        yield start, len(sizes), False
-
-
-def _row_sizes(batch: pa.RecordBatch) -> np.ndarray:
-    """The decoded size of each row of ``batch`` (int64, one per row): the UTF-8 bytes of its
-    strings plus :data:`_FIXED_BYTES` per other value, nulls 0; computed from the Arrow buffers
-    (a dictionary's value lengths taken by index) without decoding a value."""
-    total = np.zeros(batch.num_rows, dtype=np.int64)
-    for column in batch.columns:
-        total += _sizes(column)
-    return total
-
-
-def _sizes(arr: pa.Array) -> np.ndarray:
-    """Decoded bytes per element of ``arr`` (see :func:`_row_sizes`), for every type a Parquet
-    file reads as."""
-    n = len(arr)
-    kind = arr.type
-    if isinstance(arr, pa.ExtensionArray):
-        arr, kind = arr.storage, arr.type.storage_type
-    if n == 0 or pa.types.is_null(kind):
-        return np.zeros(n, dtype=np.int64)
-    if pa.types.is_dictionary(kind):
-        values = _sizes(arr.dictionary)
-        indices = arr.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        out = values[indices] if len(values) else np.zeros(n, dtype=np.int64)
-    elif (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
-          or pa.types.is_large_binary(kind) or pa.types.is_string_view(kind) or pa.types.is_binary_view(kind)):
-        out = pc.binary_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    elif pa.types.is_struct(kind):
-        out = np.zeros(n, dtype=np.int64)
-        for child in arr.flatten():  # the struct's offset and nulls applied
-            out += _sizes(child)
-    elif pa.types.is_fixed_size_list(kind):
-        counts = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, kind.list_size)
-        out = _per_parent(_sizes(arr.flatten()), counts, n)
-    elif (pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_map(kind)
-          or pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind)):
-        counts = arr.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        out = _per_parent(_sizes(arr.flatten()), counts, n)  # flatten: nulls and the offset applied
-    else:  # numbers, booleans, dates, times, timestamps, decimals: fixed width
-        out = np.full(n, _FIXED_BYTES, dtype=np.int64)
-    if arr.null_count:
-        out[arr.is_null().to_numpy(zero_copy_only=False)] = 0
-    return out
-
-
-def _per_parent(child_sizes: np.ndarray, counts: np.ndarray, n: int) -> np.ndarray:
-    """Sum the sizes of a list column's flattened elements per list (``counts`` elements each),
-    plus :data:`_FIXED_BYTES` per element (its place in the list)."""
-    parents = np.repeat(np.arange(n), counts)
-    return (np.bincount(parents, weights=child_sizes, minlength=n).astype(np.int64)
-            + counts.astype(np.int64) * _FIXED_BYTES)
-
-
-def _microseconds(field):
-
-    kind = field.type
-    if pa.types.is_timestamp(kind) and kind.unit == "ns":
-        return field.with_type(pa.timestamp("us", tz=kind.tz))
-    if pa.types.is_time64(kind) and kind.unit == "ns":
-        return field.with_type(pa.time64("us"))
-    return field
-
-
-def _native(value: Any) -> Any:
-    """A Parquet value as JSON: decimals as floats, dates and times as ISO-8601 strings."""
-    if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, (dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, dict):
-        return {k: _native(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_native(v) for v in value]
-    return value
 
 
 _ROWS = {"csv": _csv_rows, "jsonl": _jsonl_rows, "parquet": _parquet_rows}

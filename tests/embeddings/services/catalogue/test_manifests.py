@@ -16,10 +16,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embeddings.services.catalogue import manifests
+from embeddings.services.catalogue import manifests, parquet_batches
 from embeddings.services.catalogue.manifest_rows import ManifestRow, RowError
 from embeddings.services.catalogue.manifests import (
-    BATCH_ROWS,
     MAX_LINE_BYTES,
     ManifestError,
     check_header,
@@ -27,6 +26,7 @@ from embeddings.services.catalogue.manifests import (
     sniff_format,
 )
 from embeddings.services.catalogue.metadata import MetadataError
+from embeddings.services.catalogue.parquet_batches import BATCH_ROWS
 from tests.conftest import ROOT, SHARED
 
 #: The issue 53 case: 285 bytes of Parquet whose 1,024 rows each decode to a 256 KiB string.
@@ -351,8 +351,8 @@ def test_a_parquet_row_over_the_line_bound_is_row_too_long_and_is_never_decoded(
     data = dictionary_bomb(1024, MAX_LINE_BYTES + 1)
     assert len(data) < 10_000  # the file is small; what it declares is 1 GiB
     decoded = []
-    real = manifests._decode
-    monkeypatch.setattr(manifests, "_decode", lambda batch, start, stop: decoded.append(stop - start)
+    real = parquet_batches.decode
+    monkeypatch.setattr(parquet_batches, "decode", lambda batch, start, stop: decoded.append(stop - start)
                         or real(batch, start, stop))
     items = read(data, "parquet")
     assert errors(items) == [(row, "row_too_long") for row in range(1, 1025)]
@@ -378,11 +378,11 @@ def test_the_parquet_row_bound_counts_every_column_and_nested_values():
 
 
 def test_rows_under_the_bound_are_decoded_a_bounded_run_at_a_time(monkeypatch):
-    monkeypatch.setattr(manifests, "MAX_DECODED_BYTES", 1000)
+    monkeypatch.setattr(parquet_batches, "MAX_DECODED_BYTES", 1000)
     data = dictionary_bomb(50, 300)  # 300 bytes a row: 3 rows per run of at most 1000 bytes
     decoded = []
-    real = manifests._decode
-    monkeypatch.setattr(manifests, "_decode", lambda batch, start, stop: decoded.append(stop - start)
+    real = parquet_batches.decode
+    monkeypatch.setattr(parquet_batches, "decode", lambda batch, start, stop: decoded.append(stop - start)
                         or real(batch, start, stop))
     items = read(data, "parquet")
     assert [r.row for r in items] == list(range(1, 51)) and errors(items) == []
@@ -418,14 +418,14 @@ def test_a_categorical_parquet_column_reads_as_its_values():
 def test_a_row_group_of_large_rows_is_read_in_smaller_batches(monkeypatch):
     """Plain (not dictionary) values are decoded by Arrow a batch at a time: a row group of large
     rows is read in batches of about BATCH_BYTES, each within its row group."""
-    monkeypatch.setattr(manifests, "BATCH_BYTES", 1 * MiB)
+    monkeypatch.setattr(parquet_batches, "BATCH_BYTES", 1 * MiB)
     value = "https://a.example/" + "a" * (256 << 10)
     table = pa.table({"url": [f"{value}{i}" for i in range(40)]})
     data = parquet_bytes(table, use_dictionary=False, compression="zstd", row_group_size=30)
     assert len(data) < 100_000
     batches = []
-    real = manifests._row_sizes
-    monkeypatch.setattr(manifests, "_row_sizes", lambda batch: batches.append(batch.num_rows) or real(batch))
+    real = parquet_batches.row_sizes
+    monkeypatch.setattr(parquet_batches, "row_sizes", lambda batch: batches.append(batch.num_rows) or real(batch))
     items = read(data, "parquet")
     assert [(e.row, e.code) for e in items] == [(row, "url_invalid") for row in range(1, 41)]
     assert batches == [3] * 10 + [3, 3, 3, 1]  # 1 MiB / 256 KiB a row: 3 (rounded down); 30 + 10 rows
