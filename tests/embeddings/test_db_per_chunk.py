@@ -94,10 +94,11 @@ def test_a_chunk_makes_the_same_queries_in_a_100_image_job_as_in_a_2000_image_jo
 @pytest.mark.parametrize("slice_size", [1, 2, 4])
 def test_a_chunk_reads_its_images_once_and_marks_them_with_two_updates_whatever_its_slices(
         service, user, sent, monkeypatch, slice_size):
-    """Issues 10 and 43: per chunk part one SELECT of the images (still queued? payloads), per slice
-    one store call and one look at the vectors queue between slices, and two UPDATEs for the whole
-    part (its rows, RETURNING the ones marked; their skipped copies): the same statements whatever
-    the slice size; no ``SELECT ... FOR UPDATE``, no per-slice read or write."""
+    """Issues 10, 43 and 53: per chunk part one SELECT of the images (still queued? payloads), per
+    slice one store call and one look at the vectors queue between slices, two UPDATEs for the whole
+    part (its rows, RETURNING the ones marked; their skipped copies), then one SELECT of the marked
+    images' payloads (settled against what was written: a PATCH racing the write); the same
+    statements whatever the slice size; no ``SELECT ... FOR UPDATE``, no per-slice read or write."""
     from embeddings import lane_control
 
     service.VECTORS_WRITE_SLICE = slice_size
@@ -117,7 +118,7 @@ def test_a_chunk_reads_its_images_once_and_marks_them_with_two_updates_whatever_
     assert upserts == [slice_size] * (4 // slice_size)
     sql = [x["sql"].upper() for x in q.captured_queries]
     image_reads = [x for x in sql if x.startswith("SELECT") and 'FROM "EMBEDDINGS_IMAGE"' in x and "SELECT 1 AS" not in x]
-    assert len(image_reads) == 1 and "FOR UPDATE" not in " ".join(sql)
+    assert len(image_reads) == 2 and "FOR UPDATE" not in " ".join(sql)
     marks = [x for x in sql if x.startswith('UPDATE "EMBEDDINGS_IMAGE"')]
     assert len(marks) == 2 and sum("RETURNING" in x for x in marks) == 1
     assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 4
