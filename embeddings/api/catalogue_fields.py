@@ -8,18 +8,31 @@ from __future__ import annotations
 import dataclasses
 
 from django.conf import settings
+from rest_framework import serializers
 
 from embeddings.api import json_input
 from embeddings.errors import ApplicationError
 from embeddings.services.catalogue.metadata import (
     MetadataError,
     check_declared,
+    normal_external_id,
     validate_external_id,
     validate_metadata,
 )
 from embeddings.services.catalogue.reading import declared_types
 from embeddings.services.catalogue.sources import SourceFile
 from workers.vector_store import filters
+
+
+class ExternalIdField(serializers.CharField):
+    """A caller's ``external_id`` as a request field: its length (``max_length``, 256) is counted in
+    the id's stored form (stripped, NFC: ``normal_external_id``), as every other door counts it, so
+    an id of 256 characters typed decomposed (``e`` + U+0301 for each ``é``, 512 code points) is
+    the id it is and not a too-long one. DRF runs the validators on the internal value; the view
+    still hands the service the value as sent (``validate_external_id`` puts it in NFC again)."""
+
+    def to_internal_value(self, data):
+        return normal_external_id(super().to_internal_value(data))
 
 
 def _getlist(data, name: str) -> list:

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api import json_input
-from embeddings.api.catalogue_fields import with_identities
+from embeddings.api.catalogue_fields import ExternalIdField, with_identities
 from embeddings.api.errors import ErrorSerializer, exception_handler
 from embeddings.api.form_input import FormSerializer, StrictBooleanField
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
@@ -23,8 +23,8 @@ from embeddings.api.request_body import check_parts, parsed, uploaded_files
 from embeddings.api.schema import ERROR_STATUS, RETRY_AFTER, errors
 from embeddings.errors import ApplicationError
 from embeddings.messages import decode_vector
-from embeddings.services.interactive import embed as embed_services
 from embeddings.services.catalogue.sources import SourceFile, from_uploads
+from embeddings.services.interactive import embed as embed_services
 from embeddings.services.interactive.upload import deadline_for
 
 ENCODINGS = ("float", "base64")
@@ -70,7 +70,7 @@ class EmbeddingInputSerializer(serializers.Serializer):
                                       help_text="an http(s) URL fetched under the FETCH_* rules (timeouts within the "
                                                 "deadline, size cap, private and link-local addresses refused), or a "
                                                 "data URL")
-    external_id = serializers.CharField(required=False, max_length=256,
+    external_id = ExternalIdField(required=False, max_length=256,
                                         help_text="with store: your id of this image (as POST /api/images/)")
     metadata = serializers.DictField(required=False, help_text="with store: this image's attributes")
 
@@ -100,7 +100,7 @@ class EmbeddingsUploadSerializer(EmbeddingsOptionsSerializer):
     files = serializers.ListField(child=serializers.FileField(), required=False,
                                   help_text="image files, one part each; inputs 0..F-1 in part order")
     inputs = serializers.CharField(required=False, help_text="a JSON array of inputs (EmbeddingInput), after the files")
-    external_id = serializers.CharField(max_length=256, allow_blank=True, required=False,
+    external_id = ExternalIdField(max_length=256, allow_blank=True, required=False,
                                         help_text="with store: one part per file, in order, as POST /api/images/")
     metadata = serializers.DictField(required=False, help_text="with store: a JSON object for every file, or one "
                                                                "part per file, as POST /api/images/")

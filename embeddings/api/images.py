@@ -20,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings import spaces
-from embeddings.api.catalogue_fields import with_identities
+from embeddings.api.catalogue_fields import ExternalIdField, with_identities
 from embeddings.api.errors import ErrorSerializer
 from embeddings.api.form_input import FormSerializer
 from embeddings.api.json_input import JSONField
@@ -100,7 +100,7 @@ class ImageSerializer(serializers.ModelSerializer):
 class ImagePatchSerializer(serializers.Serializer):
     """``PATCH /api/images/{id}/``: the caller's id and metadata, changed without re-embedding."""
 
-    external_id = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=256,
+    external_id = ExternalIdField(required=False, allow_blank=True, allow_null=True, max_length=256,
                                         help_text="your id; \"\" or null removes it")
     metadata = JSONField(required=False, allow_null=True,
                          help_text="a JSON Merge Patch (RFC 7396) of the stored metadata object: the keys given "
@@ -117,7 +117,7 @@ class ImageUploadSerializer(UploadQuerySerializer):
     # not positive: 400 invalid_deadline (services.requests.deadline_for); longer than the default: the default
     deadline = serializers.FloatField(required=False, min_value=0.001,
                                       help_text="seconds; may shorten the default, not lengthen it")
-    external_id = serializers.CharField(max_length=256, allow_blank=True, required=False,
+    external_id = ExternalIdField(max_length=256, allow_blank=True, required=False,
                                         help_text="your id of the file, unique among your images; one part per file, "
                                                   "in order, for several (\"\": that file has none); not starting "
                                                   "with { or [")

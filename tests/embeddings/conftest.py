@@ -18,7 +18,7 @@ from rest_framework.test import APIClient
 from embeddings import runtime
 
 
-def _clear_runtime():
+def clear_runtime():
     if runtime.vector_store.cache_info().currsize:
         runtime.vector_store().client.close()
     for f in (runtime.blob_store, runtime.encoder_holder, runtime.batch_runner, runtime.dynamic_batcher,
@@ -38,7 +38,7 @@ def service(settings, tmp_path, random_config, encoder):
     settings.QDRANT_PATH = str(tmp_path / "qdrant")
     settings.QDRANT_URL = ""
     settings.PIPELINE = random_config.replace(interactive_max_queue_delay_ms=1.0)
-    _clear_runtime()
+    clear_runtime()
     runtime.encoder_holder()._encoder = encoder
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
@@ -46,7 +46,7 @@ def service(settings, tmp_path, random_config, encoder):
     app.conf.task_always_eager = False
     if runtime.dynamic_batcher.cache_info().currsize:
         runtime.dynamic_batcher().close()
-    _clear_runtime()
+    clear_runtime()
 
 
 @pytest.fixture(scope="session")
