@@ -71,7 +71,7 @@ class EmbeddingInputSerializer(serializers.Serializer):
                                                 "deadline, size cap, private and link-local addresses refused), or a "
                                                 "data URL")
     external_id = ExternalIdField(required=False, max_length=256,
-                                        help_text="with store: your id of this image (as POST /api/images/)")
+                                  help_text="with store: your id of this image (as POST /api/images/)")
     metadata = serializers.DictField(required=False, help_text="with store: this image's attributes")
 
 
@@ -101,7 +101,7 @@ class EmbeddingsUploadSerializer(EmbeddingsOptionsSerializer):
                                   help_text="image files, one part each; inputs 0..F-1 in part order")
     inputs = serializers.CharField(required=False, help_text="a JSON array of inputs (EmbeddingInput), after the files")
     external_id = ExternalIdField(max_length=256, allow_blank=True, required=False,
-                                        help_text="with store: one part per file, in order, as POST /api/images/")
+                                  help_text="with store: one part per file, in order, as POST /api/images/")
     metadata = serializers.DictField(required=False, help_text="with store: a JSON object for every file, or one "
                                                                "part per file, as POST /api/images/")
 

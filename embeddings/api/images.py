@@ -101,7 +101,7 @@ class ImagePatchSerializer(serializers.Serializer):
     """``PATCH /api/images/{id}/``: the caller's id and metadata, changed without re-embedding."""
 
     external_id = ExternalIdField(required=False, allow_blank=True, allow_null=True, max_length=256,
-                                        help_text="your id; \"\" or null removes it")
+                                  help_text="your id; \"\" or null removes it")
     metadata = JSONField(required=False, allow_null=True,
                          help_text="a JSON Merge Patch (RFC 7396) of the stored metadata object: the keys given "
                                    "change, a null value removes its key, nested objects merge, lists and other "
@@ -118,9 +118,9 @@ class ImageUploadSerializer(UploadQuerySerializer):
     deadline = serializers.FloatField(required=False, min_value=0.001,
                                       help_text="seconds; may shorten the default, not lengthen it")
     external_id = ExternalIdField(max_length=256, allow_blank=True, required=False,
-                                        help_text="your id of the file, unique among your images; one part per file, "
-                                                  "in order, for several (\"\": that file has none); not starting "
-                                                  "with { or [")
+                                  help_text="your id of the file, unique among your images; one part per file, "
+                                            "in order, for several (\"\": that file has none); not starting "
+                                            "with { or [")
     metadata = serializers.DictField(required=False,
                                      help_text="a JSON object for every file (its JSON text); repeat the part once "
                                                "per file, in order, to give each its own")
