@@ -32,6 +32,8 @@ class ExternalIdField(serializers.CharField):
     still hands the service the value as sent (``validate_external_id`` puts it in NFC again)."""
 
     def to_internal_value(self, data):
+        if not isinstance(data, str):  # the schema says a string; DRF's CharField would take 0 as "0"
+            self.fail("invalid")
         return normal_external_id(super().to_internal_value(data))
 
 
