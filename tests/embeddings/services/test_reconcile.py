@@ -43,12 +43,9 @@ def sources(n: int, seed: int = 0) -> list[SourceFile]:
 
 
 @pytest.fixture
-def sent(monkeypatch):
+def sent(sent_args):
     """Messages the code under test sends, captured instead of run: ``{task name: [args, ...]}``."""
-    out: dict[str, list] = {}
-    for task in (tasks.embed_chunk, tasks.index_chunk, tasks.forget_point):
-        monkeypatch.setattr(task, "apply_async", lambda args=(), task=task, **kw: out.setdefault(task.name, []).append(args))
-    return out
+    return sent_args
 
 
 def make_job(user, n: int, *, age_s: float = 2 * GRACE, seed: int = 0, **fields) -> Job:

@@ -39,15 +39,6 @@ def sent(monkeypatch):
     return out
 
 
-@pytest.fixture
-def sent_args(monkeypatch):
-    """Bulk messages and point deletions captured instead of run: ``{task name: [args, ...]}``."""
-    out: dict[str, list] = {}
-    for task in (tasks.embed_chunk, tasks.index_chunk, tasks.forget_point):
-        monkeypatch.setattr(task, "apply_async", lambda args=(), task=task, **kw: out.setdefault(task.name, []).append(args))
-    return out
-
-
 def queued_chunk(user, sent, sources: list[SourceFile]) -> tuple[Job, list[str]]:
     """A bulk job of ``sources`` whose one chunk is queued (its message captured, not run)."""
     job = job_services.job_create(owner=user, sources=sources)
