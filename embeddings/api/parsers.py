@@ -160,13 +160,18 @@ def _decode_header_line(line: bytes) -> str:
 
 def _part_headers(stream: LazyStream, n: int) -> dict[str, tuple[str, dict[str, str]]] | None:
     """Read one part's header block from ``stream`` → ``{lowercase name: (value, params)}``, or None
-    when the part has no header block (it ends before the blank line).
+    when the part has no header block (it ends before the blank line and holds no header line).
 
     Raises:
         MultiPartParserError: no blank line within ``MAX_TOTAL_HEADER_SIZE`` (1,024) bytes.
     """
     chunk = stream.read(MAX_TOTAL_HEADER_SIZE)
     end = chunk.find(b"\r\n\r\n")
+    _, _, lines = chunk.partition(b"\r\n")
+    if end < 0 and len(chunk) < MAX_TOTAL_HEADER_SIZE and b":" in lines:
+        # The whole part is header lines, no body: RFC 2046's body-part is headers [CRLF *OCTET], and
+        # the CRLF before the next delimiter belongs to the delimiter (werkzeug writes an empty file so).
+        end = len(chunk)
     if end < 0:
         stream.unget(chunk)
         if len(chunk) >= MAX_TOTAL_HEADER_SIZE:

@@ -273,6 +273,16 @@ def test_parts_without_a_usable_disposition_are_a_400_that_lists_them(wsgi):
     assert [p["part"] for p in err["extra"]["parts"]] == [2, 3, 4]
 
 
+def test_a_part_of_headers_and_no_body_is_an_empty_part(wsgi):
+    # RFC 2046: body-part := headers [CRLF *OCTET], so an empty part may end at its header lines'
+    # CRLF (werkzeug writes an empty file so): the part is read as empty, not refused as headerless
+    empty = b'Content-Disposition: form-data; name="external_id"\r\nContent-Type: text/plain'
+    data = body("b8", [file_part("a.png", png(3)), empty])
+    r = wsgi.request("POST", "/api/images/", data, "multipart/form-data; boundary=b8")
+    assert r.status == 200, r.body[:300]
+    assert r.json()["images"][0]["external_id"] is None
+
+
 @pytest.mark.parametrize("data", [
     body("b6", [file_part("a.png")], close=False),  # truncated: no closing boundary
     b"no boundary anywhere",
