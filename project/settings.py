@@ -220,7 +220,7 @@ SPECTACULAR_SETTINGS = {
                             "EncodingFormatEnum": [("float", "float"), ("base64", "base64")]},
     # 401 on every secured operation and 404 on every one with a path parameter (embeddings/api/schema.py)
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
-                             "embeddings.api.schema.postprocess"],
+                             "embeddings.api.schema.postprocess", "embeddings.api.schema_rules.postprocess"],
 }
 
 # --- The pipeline -------------------------------------------------------------------------------

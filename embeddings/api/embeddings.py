@@ -235,7 +235,7 @@ def _entries(raw, offset: int) -> list[dict]:
         if not isinstance(entry, dict):
             raise ApplicationError(f"input {i}: an object with text, image or image_url", code="invalid_input",
                                    extra={"index": i})
-        kinds = [k for k in ("text", "image", "image_url") if entry.get(k) is not None]
+        kinds = [k for k in ("text", "image", "image_url") if k in entry]  # a null one is given too: refused
         unknown = sorted(set(entry) - set(EmbeddingInputSerializer().fields))
         if len(kinds) != 1 or unknown or not all(isinstance(entry[k], str) for k in kinds):
             why = f"unknown fields {', '.join(unknown)}" if unknown else "exactly one of text, image or image_url, " \

@@ -144,9 +144,13 @@ def test_parse_builds_the_typed_filter_and_dump_reads_back():
 
 def test_json_schema_names_both_parts_and_refers_by_the_given_prefix():
     schema = F.json_schema("#/components/schemas/")
-    assert set(schema) == {"MetadataFilter", "MetadataCondition"}
+    forms = {"MetadataEquals", "MetadataIn", "MetadataExists", "MetadataNumberRange", "MetadataDateRange"}
+    assert set(schema) == {"MetadataFilter", "MetadataCondition"} | forms
     assert {"$ref": "#/components/schemas/MetadataCondition"} in schema["MetadataFilter"]["oneOf"]
-    assert set(schema["MetadataCondition"]["properties"]) == {"field", "eq", "in", "gt", "gte", "lt", "lte", "exists"}
+    assert [o["$ref"].rpartition("/")[2] for o in schema["MetadataCondition"]["oneOf"]] == sorted(forms, key=[
+        "MetadataEquals", "MetadataIn", "MetadataExists", "MetadataNumberRange", "MetadataDateRange"].index)
+    operators = set().union(*(schema[f]["properties"] for f in forms))
+    assert operators == {"field", "eq", "in", "gt", "gte", "lt", "lte", "exists"}
     assert json.loads(json.dumps(schema)) == schema
 
 

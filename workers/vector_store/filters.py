@@ -382,16 +382,30 @@ def dump(where: Where) -> dict:
 
 
 def json_schema(ref: str = "#/$defs/") -> dict[str, dict]:
-    """The JSON Schema of the ``filter`` object: ``{"MetadataFilter": ..., "MetadataCondition": ...}``,
-    referring to each other as ``ref + name`` (``"#/components/schemas/"`` inside OpenAPI).
+    """The JSON Schema of the ``filter`` object: ``{"MetadataFilter": ..., "MetadataCondition": ...}``
+    and the condition's five forms (``MetadataEquals``, ``MetadataIn``, ``MetadataExists``,
+    ``MetadataNumberRange``, ``MetadataDateRange``), referring to each other as ``ref + name``
+    (``"#/components/schemas/"`` inside OpenAPI).
 
     The schema states the grammar and the per-value caps; :func:`parse` also checks what a schema
     cannot (depth, condition count, date strings, one operator per condition).
     """
     where = {"$ref": ref + "MetadataFilter"}
     seg = r"[A-Za-z_][A-Za-z0-9_]{0,63}"
-    bound = {"oneOf": [{"type": "number"}, {"type": "string", "maxLength": MAX_STRING,
-                                            "description": "ISO 8601 date, e.g. YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ"}]}
+    field = {"type": "string", "pattern": rf"^{seg}(\.{seg}){{0,{MAX_PATH_DEPTH - 1}}}$",
+             "description": "metadata key or dotted path; external_id is the image's external id"}
+    # A date bound: RFC 3339's date-time or full-date, which Qdrant's parser (parse_date) reads
+    date = {"oneOf": [{"type": "string", "format": "date-time"}, {"type": "string", "format": "date"}],
+            "description": "ISO 8601 date, e.g. YYYY-MM-DD or YYYY-MM-DDThh:mm:ssZ"}
+
+    def condition(operators: dict, any_of: bool = False) -> dict:
+        """A condition object: ``field`` and the ``operators`` (one required; ``any_of``: one or more)."""
+        out = {"type": "object", "properties": {"field": field, **operators}, "additionalProperties": False}
+        out["required"] = ["field"] if any_of else ["field", *operators]
+        if any_of:
+            out["minProperties"] = 2
+        return out
+
     listed = {"type": "array", "minItems": 1, "maxItems": MAX_CONDITIONS, "items": where}
     return {
         "MetadataFilter": {
@@ -405,23 +419,19 @@ def json_schema(ref: str = "#/$defs/") -> dict[str, dict]:
             ],
         },
         "MetadataCondition": {
-            "type": "object",
             "description": "One condition on one metadata field: exactly one of eq, in, a range (gt/gte/lt/lte: "
                            "all numbers or all dates) or exists.",
-            "properties": {
-                "field": {"type": "string", "pattern": rf"^{seg}(\.{seg}){{0,{MAX_PATH_DEPTH - 1}}}$",
-                          "description": "metadata key or dotted path; external_id is the image's external id"},
-                "eq": {"oneOf": [{"type": "string", "maxLength": MAX_STRING}, {"type": "number"},
-                                 {"type": "boolean"}]},
-                "in": {"type": "array", "minItems": 1, "maxItems": MAX_IN,
-                       "items": {"oneOf": [{"type": "string", "maxLength": MAX_STRING}, {"type": "integer"}]}},
-                **{b: bound for b in _BOUNDS},
-                "exists": {"type": "boolean"},
-            },
-            "required": ["field"],
-            "additionalProperties": False,
-            "minProperties": 2,
+            "oneOf": [{"$ref": ref + name} for name in ("MetadataEquals", "MetadataIn", "MetadataExists",
+                                                        "MetadataNumberRange", "MetadataDateRange")],
         },
+        "MetadataEquals": condition({"eq": {"oneOf": [{"type": "string", "maxLength": MAX_STRING}, {"type": "number"},
+                                                      {"type": "boolean"}]}}),
+        "MetadataIn": condition({"in": {"oneOf": [  # strings or integers, all of one kind
+            {"type": "array", "minItems": 1, "maxItems": MAX_IN, "items": {"type": "string", "maxLength": MAX_STRING}},
+            {"type": "array", "minItems": 1, "maxItems": MAX_IN, "items": {"type": "integer", "minimum": -2 ** 63, "maximum": 2 ** 63 - 1}}]}}),
+        "MetadataExists": condition({"exists": {"type": "boolean"}}),
+        "MetadataNumberRange": condition({b: {"type": "number"} for b in _BOUNDS}, any_of=True),
+        "MetadataDateRange": condition({b: date for b in _BOUNDS}, any_of=True),
     }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+import re
 import secrets
 from collections.abc import Iterable
 
@@ -34,6 +35,34 @@ ROTATION_GRACE = dt.timedelta(hours=24)
 MAX_JOB_CALLBACKS = 5
 
 
+def _callback_url_pattern() -> str:
+    """The form of a callback URL (:data:`CALLBACK_URL_PATTERN`), from RFC 3986's grammar narrowed to
+    what ``workers.fetch.parse_url`` (httpx underneath) accepts: a host name of its ``_HOST_NAME``
+    form (at most 253 characters, not four all-digit labels, which httpx reads as IPv4), an IPv4
+    address or a bracketed IPv6 address, a port in 1..65535, and printable ASCII after."""
+    octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+    ipv4 = f"{octet}(\\.{octet}){{3}}"
+    h16 = "[0-9A-Fa-f]{1,4}"
+    ls32 = f"({h16}:{h16}|{ipv4})"
+
+    def head(n: int) -> str:  # [ *n( h16 ":" ) h16 ]
+        return "" if n < 0 else f"(({h16}:){{0,{n}}}{h16})?"
+
+    ipv6 = "|".join([f"({h16}:){{6}}{ls32}", f"::({h16}:){{5}}{ls32}", f"{head(0)}::({h16}:){{4}}{ls32}",
+                     f"{head(1)}::({h16}:){{3}}{ls32}", f"{head(2)}::({h16}:){{2}}{ls32}",
+                     f"{head(3)}::{h16}:{ls32}", f"{head(4)}::{ls32}", f"{head(5)}::{h16}", f"{head(6)}::"])
+    end = "(?=[:/?#]|$)"
+    name = f"(?![0-9]+(\\.[0-9]+){{3}}{end})(?=[^:/?#]{{1,253}}{end})[A-Za-z0-9_-]+(\\.[A-Za-z0-9_-]+)*\\.?"
+    port = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|0*[1-9][0-9]{0,3})"
+    return f"^[Hh][Tt][Tt][Pp][Ss]?://({ipv4}{end}|\\[({ipv6})\\]|{name})(:{port})?([/?#][!-~]*)?$"
+
+
+#: A callback URL's form, checked before anything else (``callback_url_check``) and stated in the
+#: OpenAPI schema (``embeddings.api.schema_rules``): the schema and the service refuse the same URLs.
+CALLBACK_URL_PATTERN = _callback_url_pattern()
+_CALLBACK_URL = re.compile(CALLBACK_URL_PATTERN)
+
+
 def secret_new() -> str:
     """A fresh endpoint secret: ``whsec_`` + base64 of :data:`SECRET_BYTES` random bytes."""
     return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(SECRET_BYTES)).decode("ascii")
@@ -42,8 +71,8 @@ def secret_new() -> str:
 def callback_url_check(url: str) -> str:
     """A callback URL as the deliveries will use it, refused when it can be refused now.
 
-    What is checked here is what costs nothing: the URL's form (the fetcher's rules: http or https,
-    a host, no credentials) and a literal IP address in a refused network (loopback, private,
+    What is checked here is what costs nothing: the URL's form (:data:`CALLBACK_URL_PATTERN`, then
+    the fetcher's rules: http or https, a host, no credentials) and a literal IP address in a refused network (loopback, private,
     link-local such as the cloud metadata 169.254.169.254, ...) unless ``FETCH_ALLOW_NETWORKS``
     allows it. A host name is resolved at every delivery attempt instead (its DNS may change).
 
@@ -54,6 +83,10 @@ def callback_url_check(url: str) -> str:
         ApplicationError: ``invalid_callback_url`` (400) or ``fetch_refused_address`` (400), with
             ``extra.url``.
     """
+    if not isinstance(url, str) or not _CALLBACK_URL.fullmatch(url):
+        raise ApplicationError(f"callback URL refused: {str(url)[:200]!r} is not an http or https URL of a host name or "
+                               f"address, a port in 1..65535 and printable ASCII after (CALLBACK_URL_PATTERN)",
+                               code="invalid_callback_url", extra={"url": str(url)[:2048]})
     try:
         parsed = parse_url(url)
     except ImageRejected as e:
