@@ -11,6 +11,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.form_input import FormSerializer
 from embeddings.api.pagination import NewestFirst
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import errors
@@ -101,7 +102,7 @@ class CosineThresholdField(serializers.FloatField):
         return value
 
 
-class ScanStartSerializer(serializers.Serializer):
+class ScanStartSerializer(FormSerializer):
     """``POST /api/duplicates/scan/``."""
 
     threshold = CosineThresholdField(required=False, allow_null=True, max_value=1.0,
@@ -109,7 +110,7 @@ class ScanStartSerializer(serializers.Serializer):
                                                "copies of your own images (docs/duplicates.md)")
 
 
-class KeepSerializer(serializers.Serializer):
+class KeepSerializer(FormSerializer):
     """``POST /api/duplicates/{id}/keep/``."""
 
     image_id = serializers.UUIDField(help_text="the member to keep; every other member is deleted")

@@ -7,21 +7,32 @@ from rest_framework import serializers
 
 
 class FormSerializer(serializers.Serializer):
-    """A serializer of form fields (multipart or urlencoded) in which an empty value is refused like
-    any other wrong one: DRF alone reads ``k=`` as "not sent" and uses the default, so a value the
-    schema says is an integer, a uuid or a date-time would pass when blank.
+    """A serializer of a request's fields, as a form (multipart or urlencoded) or JSON, that takes
+    only what the schema says:
+
+    - in a form, an empty value is refused like any other wrong one: DRF alone reads ``k=`` as "not
+      sent" and uses the default (or, in a PATCH, leaves the field as it was), so a value the schema
+      says is an integer, a uuid, a date-time or a non-empty string would pass when blank;
+    - in JSON, a string field's value is a string: DRF's ``CharField`` also takes a number and
+      stores its text, which the schema (``type: string``) does not allow.
 
     Raises:
-        ValidationError: ``{field: ["This field may not be blank."]}`` (400 ``invalid``).
+        ValidationError: ``{field: ["This field may not be blank."]}`` or ``{field: ["Not a valid
+            string."]}`` (400 ``invalid``).
     """
 
     def to_internal_value(self, data):
         if hasattr(data, "getlist"):  # a QueryDict: multipart or urlencoded
-            blank = {name: ["This field may not be blank."] for name, field in self.fields.items()
+            wrong = {name: ["This field may not be blank."] for name, field in self.fields.items()
                      if not field.read_only and not getattr(field, "allow_blank", False)
                      and "" in data.getlist(name)}
-            if blank:
-                raise serializers.ValidationError(blank)
+        else:
+            wrong = {name: ["Not a valid string."] for name, field in self.fields.items()
+                     if isinstance(field, serializers.CharField) and not field.read_only
+                     and isinstance(data, dict) and name in data and data[name] is not None
+                     and not isinstance(data[name], str)}
+        if wrong:
+            raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
 
 

@@ -10,7 +10,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from embeddings.api.form_input import StrictBooleanField
+from embeddings.api.form_input import FormSerializer, StrictBooleanField
 from embeddings.api.jobs import JobProgressSerializer, JobSerializer
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import RETRY_AFTER, errors
@@ -23,7 +23,7 @@ from embeddings.errors import ApplicationError
 STAFF_ONLY = "**Staff only** (403 `forbidden` for other users)."
 
 
-class MigrationCreateSerializer(serializers.Serializer):
+class MigrationCreateSerializer(FormSerializer):
     """``POST /api/migrations/``: the model to re-embed the catalogue with. It must be one the
     workers are configured for (CLIP_MODEL or CLIP_MODELS), else 400 ``model_not_configured``."""
 
@@ -35,7 +35,7 @@ class MigrationCreateSerializer(serializers.Serializer):
     seed = serializers.IntegerField(required=False, min_value=0, help_text="random weights' seed; default CLIP_SEED")
 
 
-class PromoteSerializer(serializers.Serializer):
+class PromoteSerializer(FormSerializer):
     """The body of ``POST /api/migrations/{id}/{promote|rollback|gate}/`` (only ``promote`` uses it)."""
 
     force = StrictBooleanField(default=False, help_text="promote although the quality gate refuses "

@@ -14,7 +14,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from embeddings.api.form_input import StrictBooleanField
+from embeddings.api.form_input import FormSerializer, StrictBooleanField
 from embeddings.api.pagination import NewestFirst
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import errors
@@ -34,7 +34,7 @@ from embeddings.services.webhooks import endpoints as webhook_services
 SHOWN_ATTEMPTS = 20
 
 
-class WebhookCreateSerializer(serializers.Serializer):
+class WebhookCreateSerializer(FormSerializer):
     """``POST /api/webhooks/``: an endpoint for every job of the account (staff: and every model
     migration)."""
 
@@ -45,7 +45,7 @@ class WebhookCreateSerializer(serializers.Serializer):
     description = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
 
 
-class WebhookUpdateSerializer(serializers.Serializer):
+class WebhookUpdateSerializer(FormSerializer):
     """``PATCH /api/webhooks/{id}/``: what is given changes."""
 
     url = serializers.CharField(max_length=2048, required=False)

@@ -68,6 +68,18 @@ def test_a_callback_url_to_a_refused_address_is_refused_at_creation(service, api
     assert not Job.objects.exists() and not WebhookEndpoint.objects.exists()
 
 
+def test_a_webhook_takes_only_what_its_schema_says(service, api):
+    # found by the schema fuzz's negative data: a number as the description (DRF's CharField takes
+    # its text), and a form PATCH with url= (DRF reads a blank form value as "not sent")
+    r = api.post("/api/webhooks/", {"url": "https://example.com/hook", "description": 0}, format="json")
+    assert r.status_code == 400 and r.json()["extra"]["fields"] == {"description": ["Not a valid string."]}, r.content
+    hook = api.post("/api/webhooks/", {"url": "https://example.com/hook"}, format="json").json()
+    r = api.patch(f"/api/webhooks/{hook['id']}/", "url=&active=false", content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 400 and r.json()["extra"]["fields"] == {"url": ["This field may not be blank."]}, r.content
+    hook = api.get(f"/api/webhooks/{hook['id']}/").json()
+    assert (hook["url"], hook["active"]) == ("https://example.com/hook", True)
+
+
 def test_a_refused_address_names_the_setting_that_allows_it(service, api):
     r = api.post("/api/webhooks/", {"url": "http://0.0.0.0/hook"}, format="json")
     assert r.json()["message"] == ("callback URL refused: 0.0.0.0 is an unspecified address, refused unless "
