@@ -516,7 +516,9 @@ def judge(case: Case, status: int, ctype: str, body: bytes, exc: str | None = No
     the view raised, if any) to ``case``: empty when nothing."""
     if status == 503 and urlsplit(case.url).path == "/readyz" and exc is None:
         # not ready is /readyz's answer, not a failure of it: a body naming the checks that failed
-        data = json.loads(body) if ctype.startswith("application/json") else {}
+        if case.method == "HEAD":
+            return []
+        data = json.loads(body) if ctype.startswith("application/json") and body else {}
         return [] if data.get("ready") is False and data.get("failed") else [f"a 503 without its checks: {body[:160]!r}"]
     if status >= 500:
         return [f"5xx ({exc or body[:160].decode(errors='replace')})"]
