@@ -12,8 +12,8 @@ For every overlay under ``deploy/kubernetes/overlays/``:
 4. **assert** it runs this checkout's service (:func:`overlay_errors`): every variable declared in
    ``project/configuration.py`` is in the ``clip-config`` ConfigMap or the ``clip-secrets`` Secret
    (and nothing else is), derived values follow their inputs, every process of
-   ``project/processes.py`` is a Deployment running its exact command line, workers drain within
-   their grace period.
+   ``project/processes.py`` is a Deployment running its exact command line after the schema is
+   migrated, workers drain within their grace period; the store, GPU and KEDA objects fit together.
 
     python -m scripts.deploy_check [--tools .venv-deploy/bin] [--out DIR]
 
@@ -133,6 +133,9 @@ def overlay_errors(docs: list[dict]) -> list[str]:
         refs = {next(iter(r.values()))["name"].split("-")[1] for r in c.get("envFrom") or []}
         if not {"config", "secrets"} <= refs:
             errors.append(f"{name} does not read both clip-config and clip-secrets (envFrom)")
+        inits = d["spec"]["template"]["spec"].get("initContainers") or []
+        if not any("migrate --check" in " ".join(i.get("command") or []) for i in inits):
+            errors.append(f"{name} does not wait for the schema (an initContainer running `manage.py migrate --check`)")
         if name.startswith("worker-"):
             errors += _worker_drain_errors(name, d, cmd, float(config["WORKER_DRAIN_S"]))
 

@@ -69,6 +69,7 @@ def _first(docs, kind, name):
     ("prestop_other_worker", "preStop must be"),
     ("edge_two_replicas", "one replica"),
     ("scaled_target_missing", "scaleTargetRef"),
+    ("no_schema_wait", "does not wait for the schema"),
     ("secret_in_configmap", "in both the ConfigMap and the Secret"),
 ])
 def test_each_assertion_catches_its_mistake(rendered, mistake, expected):
@@ -94,6 +95,8 @@ def test_each_assertion_catches_its_mistake(rendered, mistake, expected):
         deployments["worker-vectors"]["spec"]["replicas"] = 2
     elif mistake == "scaled_target_missing":
         _first(docs, "ScaledObject", "worker-bulk")["spec"]["scaleTargetRef"]["name"] = "worker-gpu"
+    elif mistake == "no_schema_wait":
+        deployments["worker-fetch"]["spec"]["template"]["spec"]["initContainers"] = []
     elif mistake == "secret_in_configmap":
         cm["data"]["DATABASE_URL"] = "postgres://u:p@db/clip"
     try:
@@ -127,13 +130,26 @@ def test_the_linter_and_the_validator_refuse_the_usual_mistakes(rendered, tmp_pa
 
 
 @pytest.mark.django_db
-def test_the_scalers_read_metrics_the_service_exports(rendered):
+def test_the_scalers_read_metrics_and_labels_the_service_exports(rendered):
+    """Every metric a ScaledObject queries is on the web's /metrics, with every label the query
+    selects on (a misspelt name or label would read nothing: KEDA scales on no data)."""
+    import re
+
     from prometheus_client import generate_latest
 
     from embeddings import metrics
 
-    queried = set().union(*(deploy_check.scaled_metrics(docs) for docs in rendered.values()))
-    assert {"clip_bulk_backlog_images", "clip_queue_oldest_age_seconds"} <= queried
     exported = generate_latest(metrics.registry()).decode()
-    for name in queried:
-        assert f"\n{name}" in exported or exported.startswith(name), name
+    labels = {}
+    for line in exported.splitlines():
+        if m := re.match(r"^(clip_[a-z_]+)\{(.*)\} ", line):
+            labels.setdefault(m.group(1), set()).update(re.findall(r'(\w+)="', m.group(2)))
+    queries = [t["metadata"]["query"] for docs in rendered.values()
+               for so in deploy_check.objects(docs, "ScaledObject").values() for t in so["spec"]["triggers"]]
+    assert {"clip_bulk_backlog_images", "clip_queue_oldest_age_seconds"} <= set().union(
+        *(deploy_check.scaled_metrics(docs) for docs in rendered.values()))
+    for query in queries:
+        for name, selector in re.findall(r"(clip_[a-z_]+)(?:\{([^}]*)\})?", query):
+            assert name in labels, (name, query)
+            wanted = set(re.findall(r"(\w+)\s*=~?", selector))
+            assert wanted <= labels[name], (query, wanted - labels[name])
