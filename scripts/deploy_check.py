@@ -130,8 +130,8 @@ def overlay_errors(docs: list[dict]) -> list[str]:
         c = _container(d)
         if c.get("command") != shlex.split(cmd):
             errors.append(f"{name} runs {c.get('command')}, project/processes.py says {shlex.split(cmd)}")
-        refs = {next(iter(r.values()))["name"].split("-")[1] for r in c.get("envFrom") or []}
-        if not {"config", "secrets"} <= refs:
+        refs = [next(iter(r.values()))["name"] for r in c.get("envFrom") or []]  # generated: "<name>-<hash>"
+        if not all(any(r.startswith(f"{want}-") for r in refs) for want in ("clip-config", "clip-secrets")):
             errors.append(f"{name} does not read both clip-config and clip-secrets (envFrom)")
         inits = d["spec"]["template"]["spec"].get("initContainers") or []
         if not any("migrate --check" in " ".join(i.get("command") or []) for i in inits):
@@ -181,6 +181,10 @@ def _worker_drain_errors(name: str, d: dict, cmd: str, drain_s: float) -> list[s
 #: Metric names a ScaledObject's query may read: ``clip_`` names (checked against the exported
 #: ones by tests/test_deploy.py, which can load Django).
 METRIC_NAME = re.compile(r"\bclip_[a-z_]+\b")
+#: Cluster-wide gauges (embeddings/metrics.py): every web pod exports the same value, so a query sums
+#: them over pods only after taking their max (else two web pods double the backlog).
+CLUSTER_WIDE = {"clip_bulk_backlog_images", "clip_queue_messages", "clip_queue_oldest_age_seconds", "clip_images",
+                "clip_broker_up"}
 
 
 def scaled_object_errors(so: dict, deployments: dict[str, dict]) -> list[str]:
@@ -214,8 +218,11 @@ def scaled_object_errors(so: dict, deployments: dict[str, dict]) -> list[str]:
                     float(meta[key])
                 except (TypeError, ValueError):
                     errors.append(f"{key} {meta[key]!r} is not a number")
-        if not METRIC_NAME.search(meta.get("query") or ""):
-            errors.append(f"query {meta.get('query')!r} reads none of the service's metrics")
+        query = meta.get("query") or ""
+        if not METRIC_NAME.search(query):
+            errors.append(f"query {query!r} reads none of the service's metrics")
+        if CLUSTER_WIDE & set(METRIC_NAME.findall(query)) and not re.search(r"\bmax\b", query):
+            errors.append(f"query {query!r}: every web pod exports the same cluster-wide gauge; take its max across pods")
     return errors
 
 

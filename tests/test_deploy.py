@@ -71,6 +71,8 @@ def _first(docs, kind, name):
     ("scaled_target_missing", "scaleTargetRef"),
     ("no_schema_wait", "does not wait for the schema"),
     ("secret_in_configmap", "in both the ConfigMap and the Secret"),
+    ("no_secrets", "does not read both clip-config and clip-secrets"),
+    ("summed_over_pods", "take its max across pods"),
 ])
 def test_each_assertion_catches_its_mistake(rendered, mistake, expected):
     docs = copy.deepcopy(rendered["gpu-edge"])
@@ -95,6 +97,11 @@ def test_each_assertion_catches_its_mistake(rendered, mistake, expected):
         deployments["worker-vectors"]["spec"]["replicas"] = 2
     elif mistake == "scaled_target_missing":
         _first(docs, "ScaledObject", "worker-bulk")["spec"]["scaleTargetRef"]["name"] = "worker-gpu"
+    elif mistake == "summed_over_pods":
+        _first(docs, "ScaledObject", "worker-bulk")["spec"]["triggers"][0]["metadata"]["query"] = \
+            "sum(clip_bulk_backlog_images)"
+    elif mistake == "no_secrets":
+        deploy_check._container(deployments["web"])["envFrom"].pop()
     elif mistake == "no_schema_wait":
         deployments["worker-fetch"]["spec"]["template"]["spec"]["initContainers"] = []
     elif mistake == "secret_in_configmap":
