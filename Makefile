@@ -174,6 +174,9 @@ bench-path: setup
 # validated offline against the Kubernetes schemas, linted (checkov) and checked against the declared
 # settings and processes (scripts/deploy_check.py; tests/test_deploy.py runs it in `make test`).
 $(DEPLOY_STAMP): requirements-deploy.txt
+	@command -v kubectl >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get install -y -qq kubectl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq kubectl; }); } \
+	  || echo "kubectl is not installed (apt-get install kubectl as root): the manifests' tests will be skipped"
 	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
 	$(DEPLOY_VENV)/bin/python -m pip install --quiet -r requirements-deploy.txt
 	touch $(DEPLOY_STAMP)
