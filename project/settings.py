@@ -407,7 +407,8 @@ CANARY_MAX_AGE_S = config["CANARY_MAX_AGE_S"]
 READY_LANES = config["READY_LANES"]
 _unknown_lanes = set(READY_LANES) - set(lanes.ALL_QUEUES)
 if _unknown_lanes:
-    raise ImproperlyConfigured(f"READY_LANES names no lane: {sorted(_unknown_lanes)} (lanes: {', '.join(lanes.ALL_QUEUES)})")
+    raise ImproperlyConfigured(f"READY_LANES names no lane: {sorted(_unknown_lanes)} "
+                               f"(lanes: {', '.join(lanes.ALL_QUEUES)})")
 
 # --- Recovery (embeddings/services/reconcile.py, docs/operations.md) ----------------------------
 #: Seconds between reconciler rounds, run by the vectors worker (0: off; `manage.py reconcile` runs one).

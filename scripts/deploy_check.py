@@ -81,7 +81,8 @@ def config_of(docs: list[dict]) -> dict[str, str]:
     cm = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("clip-config")]
     sec = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].startswith("clip-secrets")]
     if len(cm) != 1 or len(sec) != 1:
-        raise CheckFailed(f"expected one clip-config ConfigMap and one clip-secrets Secret, found {len(cm)} and {len(sec)}")
+        raise CheckFailed(f"expected one clip-config ConfigMap and one clip-secrets Secret, "
+                          f"found {len(cm)} and {len(sec)}")
     data = {k: base64.b64decode(v).decode() for k, v in (sec[0].get("data") or {}).items()}
     data.update(sec[0].get("stringData") or {})
     overlap = set(data) & set(cm[0].get("data") or {})
@@ -143,7 +144,8 @@ def overlay_errors(docs: list[dict]) -> list[str]:
     if config.get("VECTOR_STORE") == "edge":
         volumes = {v["name"]: v for v in spec.get("template", {}).get("spec", {}).get("volumes", [])}
         if spec.get("replicas") != 1 or spec.get("strategy", {}).get("type") != "Recreate":
-            errors.append("edge store: worker-vectors must be one replica replaced with Recreate (one owner of the folder)")
+            errors.append("edge store: worker-vectors must be one replica replaced with Recreate "
+                          "(one owner of the folder)")
         if "persistentVolumeClaim" not in volumes.get("data", {}):
             errors.append("edge store: worker-vectors' /data (QDRANT_PATH) must be a persistent volume")
     elif config.get("VECTOR_STORE") == "server" and not config.get("QDRANT_URL"):
@@ -222,7 +224,8 @@ def scaled_object_errors(so: dict, deployments: dict[str, dict]) -> list[str]:
         if not METRIC_NAME.search(query):
             errors.append(f"query {query!r} reads none of the service's metrics")
         if CLUSTER_WIDE & set(METRIC_NAME.findall(query)) and not re.search(r"\bmax\b", query):
-            errors.append(f"query {query!r}: every web pod exports the same cluster-wide gauge; take its max across pods")
+            errors.append(f"query {query!r}: every web pod exports the same cluster-wide gauge; "
+                          f"take its max across pods")
     return errors
 
 
@@ -249,7 +252,8 @@ def check(tools: Path, out_dir: Path, log=print) -> list[str]:
     validate, checkov = tools / "kubernetes-validate", tools / "checkov"
     for tool in (Path(kubectl or "kubectl"), validate, checkov):
         if not tool.exists():
-            raise CheckFailed(f"{tool} is not installed (kubectl: apt-get install kubectl; the others: make deploy-tools)")
+            raise CheckFailed(f"{tool} is not installed (kubectl: apt-get install kubectl; "
+                              f"the others: make deploy-tools)")
     problems = []
     if deploy_config.main(["--check"]):
         problems.append("deploy/kubernetes/base/config.env or secret.env is stale: make deploy-config")

@@ -125,7 +125,8 @@ def test_the_linter_and_the_validator_refuse_the_usual_mistakes(rendered, tmp_pa
     with pytest.raises(deploy_check.CheckFailed) as e:
         deploy_check.run_tool([str(TOOLS / "checkov"), "--config-file", str(deploy_check.CHECKOV_CONFIG),
                                "--directory", str(tmp_path)], "checkov")
-    for check_id in ("CKV_K8S_11", "CKV_K8S_13", "CKV_K8S_9", "CKV_K8S_16"):  # cpu / memory limits, readiness, privileged
+    # CPU and memory limits, the readiness probe, a privileged container
+    for check_id in ("CKV_K8S_11", "CKV_K8S_13", "CKV_K8S_9", "CKV_K8S_16"):
         assert check_id in str(e.value), check_id
 
     c["resources"]["limits"] = {"cpu": "2"}

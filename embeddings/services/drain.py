@@ -6,6 +6,9 @@ messages (Celery's ``cancel_consumer`` remote control, for every queue it consum
 waits, at most ``wait_s``, until it runs no task. SIGTERM then finds it idle and it exits at once;
 a task still running after the wait is left to SIGTERM's soft shutdown (``WORKER_DRAIN_S`` more,
 then handed back to its queue). Messages it never took stay in Redis for the other workers.
+
+The threads and prefork pools answer remote control while their tasks run; the solo pool (the
+vectors worker) only between tasks, which are short there (a write slice, a search).
 """
 from __future__ import annotations
 
