@@ -5,12 +5,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The manifests' checkers in their own virtual environment: checkov pins its own versions of packages
+# the service also uses (requirements-deploy.txt; make deploy-check).
+DEPLOY_VENV := .venv-deploy
+DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 # This machine cannot download weights: the demo selects seeded random weights explicitly unless
 # told otherwise, e.g. `make demo CLIP_PRETRAINED=laion2b_s34b_b79k` or a checkpoint file path.
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,7 +41,7 @@ browser:
 	  || echo "chromium could not be installed: the browser tests will be skipped"; \
 	else echo "chromium is not installed (apt-get install chromium as root): the browser tests will be skipped"; fi
 
-test: setup browser
+test: setup browser deploy-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The working loop: the suite without the end-to-end tests (tests/e2e, marker e2e) and the tests that
@@ -164,3 +168,23 @@ clean:
 # make bench-path BENCH_ARGS="--images 3000 --originals 168" for a short check.
 bench-path: setup
 	$(PY) -m benchmarks.bulk_path --postgres $(BENCH_ARGS)
+
+# Kubernetes (deploy/kubernetes, docs/deploy.md): the checkers' own environment; the ConfigMap and
+# Secret files generated from project/configuration.py; every overlay rendered (kubectl kustomize),
+# validated offline against the Kubernetes schemas, linted (checkov) and checked against the declared
+# settings and processes (scripts/deploy_check.py; tests/test_deploy.py runs it in `make test`).
+$(DEPLOY_STAMP): requirements-deploy.txt
+	@command -v kubectl >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && (apt-get install -y -qq kubectl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq kubectl; }); } \
+	  || echo "kubectl is not installed (apt-get install kubectl as root): the manifests' tests will be skipped"
+	test -x $(DEPLOY_VENV)/bin/python || $(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/python -m pip install --quiet -r requirements-deploy.txt
+	touch $(DEPLOY_STAMP)
+
+deploy-tools: $(DEPLOY_STAMP)
+
+deploy-config: setup
+	$(PY) -m scripts.deploy_config --write
+
+deploy-check: setup deploy-tools
+	$(PY) -m scripts.deploy_check --tools $(DEPLOY_VENV)/bin

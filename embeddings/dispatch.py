@@ -172,6 +172,14 @@ def send_job_done(*, job_id: str):
     return send("job_done", (job_id,), **vectors_options(interactive=False))
 
 
+def send_canary(*, lane: str, sent_at: float, expires_s: float):
+    """Queue a readiness canary (``canary``) on queue ``lane`` at priority 0 (kombu's highest step:
+    ahead of any bulk chunk), expiring ``expires_s`` after ``sent_at`` (Unix s) so it never waits
+    where no worker takes it; its result is written by the worker, not returned."""
+    return send("canary", (lane, sent_at), queue=lane, priority=lanes.PRIORITY_INTERACTIVE,
+                expires=expires_at(sent_at + expires_s), ignore_result=True)
+
+
 def send_webhook_delivery(*, delivery_id: int, attempt: int):
     """Queue attempt ``attempt`` of a webhook delivery (``send_webhook_delivery``) on the fetch queue
     (threads, network-bound, no model) at urgent bulk priority: a message someone waits for goes

@@ -30,6 +30,9 @@ Metrics (``lane`` is ``bulk`` or ``interactive``):
   ``unreadable`` (the original, a preview was expected: fallbacks), ``too_small`` (the original,
   the model's input exceeds the preview: by design).
 - ``clip_images{status}`` gauge: images per status in the database, read at scrape time.
+- ``clip_bulk_backlog_images{priority}`` gauge: images of queued or running bulk jobs not embedded
+  yet, per job priority, read at scrape time (web ``/metrics`` only): what the bulk lane's
+  autoscaler sizes it on (deploy/kubernetes/components/keda).
 - ``clip_cpu_percent``, ``clip_gpu_utilisation_percent``, ``clip_gpu_memory_bytes`` gauges: the
   latest utilisation sample of the embedding workers (``workers.utilisation``).
 - ``clip_queue_messages{lane,priority}`` and ``clip_queue_oldest_age_seconds{lane,priority}``
@@ -73,7 +76,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from embeddings import lane_control
 from embeddings.metric_files import LiveProcessCollector
-from embeddings.models import BatchStat, Image, ImageStatus, Job, Lane
+from embeddings.models import BatchStat, Image, ImageStatus, Job, JobPriority, JobStatus, Lane
 from embeddings.selectors import stage_summary
 from project import lanes
 from workers import screen
@@ -163,6 +166,28 @@ class _ImagesByStatus:
             counts[row["status"]] = row["n"]
         for status, n in counts.items():
             family.add_metric([status], n)
+        yield family
+
+
+class BulkBacklog:
+    """Collector: ``clip_bulk_backlog_images{priority}``, the images of bulk jobs that are queued or
+    running (not paused, not finished) and not embedded yet, per job priority (``urgent``,
+    ``background``), counted in the database at scrape time (web process). What an autoscaler sizes
+    the bulk lane on: a chunk message holds 64 images (a migration's 512), so messages are not
+    images. A paused job's images leave it, so a paused job never keeps workers up.
+    """
+
+    def collect(self):
+        family = GaugeMetricFamily("clip_bulk_backlog_images",
+                                   "Images of queued or running bulk jobs not embedded yet, per job priority",
+                                   labels=["priority"])
+        counts = dict.fromkeys(JobPriority.values, 0)
+        rows = (Image.objects.filter(status=ImageStatus.QUEUED, job__status__in=(JobStatus.QUEUED, JobStatus.RUNNING))
+                .values("job__priority").annotate(n=Count("id")))
+        for row in rows:
+            counts[row["job__priority"]] = row["n"]
+        for priority, n in counts.items():
+            family.add_metric([priority], n)
         yield family
 
 
@@ -270,9 +295,10 @@ def _host_registry() -> CollectorRegistry:
 
 def registry() -> CollectorRegistry:
     """What ``/metrics`` serves: this host's process metrics, plus the cluster-wide gauges (images
-    per status from the database, queue depth and age from Redis)."""
+    per status and the bulk backlog from the database, queue depth and age from Redis)."""
     reg = _host_registry()
     reg.register(_ImagesByStatus())
+    reg.register(BulkBacklog())
     reg.register(QueueGauges())
     return reg
 

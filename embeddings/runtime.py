@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.files.storage import FileSystemStorage
 from django.utils.module_loading import import_string
 
-from embeddings import lane_control, spaces
+from embeddings import lane_control, spaces, worker_health
 from embeddings.models import EmbeddingSpace, SpaceState
 from embeddings.objects import ObjectError, make_client, open_object
 from embeddings.storage import BlobStore
@@ -199,8 +199,15 @@ def _dynamic_batcher(model_id: str):
     holder = encoder_holder(model_id)
 
     def run_batch(pixels):
-        encoder = holder.get()
-        return encoder.encode_images(normalize(pixels, encoder.preprocess_config))
+        # every pass is judged: a streak of failures makes the worker leave the pool (worker_health)
+        try:
+            encoder = holder.get()
+            vectors = encoder.encode_images(normalize(pixels, encoder.preprocess_config))
+        except Exception as e:
+            worker_health.pass_failed(f"{type(e).__name__}: {e}")
+            raise
+        worker_health.judge_vectors(vectors)
+        return vectors
 
     cfg = settings.PIPELINE
     return DynamicBatcher(

@@ -37,6 +37,7 @@ from embeddings.dispatch import (  # noqa: F401
     vectors_options,
 )
 from embeddings.models import Job
+from embeddings.services import readiness
 from embeddings.services import reconcile as reconcile_services
 from embeddings.services.catalogue import fetching, reading
 from embeddings.services.catalogue.images import images_mark_failed
@@ -379,3 +380,11 @@ def duplicates_update(scan_id: int, point_ids: list[str]) -> dict:
     """Group points just written into a finished scan (vectors queue, background priority)."""
 
     return scan.scan_update(scan_id=scan_id, point_ids=point_ids)
+
+
+@shared_task(bind=True, ignore_result=True)
+def canary(self, lane: str, sent_at: float) -> dict:
+    """Answer ``/readyz``'s canary on ``lane`` (sent at ``sent_at``, Unix s): embed a tiny picture and
+    a text on the lane's own path (a store call on the vectors lane) and record the outcome under
+    this worker's name (``services.readiness.canary_answer``)."""
+    return readiness.canary_answer(lane=lane, worker=self.request.hostname or "", sent_at=sent_at)

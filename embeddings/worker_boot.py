@@ -6,7 +6,10 @@ the web process never receives these signals, and nothing here imports torch at 
   niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md).
 - ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
   space warmer thread (interactive worker), :func:`warn_configured_model_not_active` (every
-  worker), :func:`start_reconciler` (the vectors worker).
+  worker), :func:`start_reconciler` (the vectors worker), :func:`start_health` (every worker: its
+  presence for ``/readyz``, and leaving the pool after failed passes).
+- ``worker_process_init`` (each prefork child): :func:`child_health`.
+- ``worker_shutting_down``: :func:`end_presence`.
 """
 from __future__ import annotations
 
@@ -16,12 +19,12 @@ import os
 import threading
 import time
 
-from celery.signals import celeryd_init, worker_ready
+from celery.signals import celeryd_init, worker_process_init, worker_ready, worker_shutting_down
 from django.conf import settings
 
-from embeddings import runtime
+from embeddings import runtime, worker_health
 from embeddings.checks import EX_CONFIG
-from embeddings.services import reconcile
+from embeddings.services import readiness, reconcile
 from project import lanes
 from workers.config import emulated_precision_warning
 
@@ -190,3 +193,30 @@ def start_reconciler(sender, **kwargs) -> None:
     if lanes.VECTORS in _consumed(sender) and settings.RECONCILE_INTERVAL_S > 0:
 
         reconcile.reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)
+
+
+# --- health (worker_ready, worker_process_init, worker_shutting_down) ---------------------------------
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.start_health")
+def start_health(sender, **kwargs) -> None:
+    """In a worker's main process once it consumes: say which lanes it serves, every few seconds, for
+    ``/readyz`` (``services.readiness.presence_start``), and let failed passes stop it
+    (``worker_health.enable``: the threads and solo pools run tasks here)."""
+    worker_health.enable()
+    queues = _consumed(sender)
+    if queues:
+        readiness.presence_start(queues=queues, worker=sender.hostname)
+
+
+@worker_process_init.connect(dispatch_uid="embeddings.worker_boot.child_health")
+def child_health(**kwargs) -> None:
+    """In each prefork child: failed passes there stop the whole worker (its parent)."""
+    worker_health.enable()
+
+
+@worker_shutting_down.connect(dispatch_uid="embeddings.worker_boot.end_presence")
+def end_presence(sender=None, **kwargs) -> None:
+    """A stopping worker leaves ``/readyz``'s count of its lanes' workers at once (``sender``: its
+    hostname; the lanes: every queue, as the signal does not say which it consumed)."""
+    if sender:
+        readiness.presence_end(queues=set(lanes.ALL_QUEUES), worker=str(sender))

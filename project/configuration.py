@@ -228,6 +228,21 @@ VARS: tuple[Var, ...] = (
     _pipeline("TORCH_THREADS", "torch_threads", int, "workers",
               "torch intra-op threads per process: as `DECODE_THREADS` on the CPU, 1 on CUDA", shown="automatic"),
     Var("WORKER_NICE", int, 0, "workers", "CPU niceness a worker gives itself at start (`0`: unchanged)"),
+    Var("WORKER_DRAIN_S", float, 45.0, "workers",
+        "a stopping worker waits this long (s) for its tasks in flight, then hands them back to the queue: Celery's "
+        "soft shutdown on SIGTERM, and the wait of `manage.py worker_drain` (a pod's `preStop`; `docs/deploy.md`)"),
+    Var("WORKER_MAX_BATCH_FAILURES", int, 5, "workers",
+        "batches (or canaries) in a row that fail in the model before a worker leaves the pool and exits for a "
+        "restart (`0`: never)"),
+    Var("CANARY_INTERVAL_S", float, 30.0, "workers",
+        "`/readyz` sends each lane a canary (a tiny image and a text to embed) at most this often (s)"),
+    Var("CANARY_TIMEOUT_S", float, 10.0, "workers",
+        "a canary embedded slower than this (s) counts as failed"),
+    Var("CANARY_MAX_AGE_S", float, 120.0, "workers",
+        "`/readyz` counts a lane as working while one of its workers answered a canary within this many seconds"),
+    Var("READY_LANES", list, ["interactive", "bulk", "vectors", "fetch"], "workers",
+        "lanes `/readyz` requires a working worker for; a lane left out (bulk scaling to zero) fails only when it "
+        "has workers and none of them works"),
     # --- lanes -------------------------------------------------------------------------------------
     _pipeline("INTERACTIVE_MAX_BATCH_SIZE", "interactive_max_batch_size", int, "lanes",
               "largest interactive forward pass (dynamic batcher)"),
@@ -378,6 +393,9 @@ VARS: tuple[Var, ...] = (
 )
 
 BY_NAME: dict[str, Var] = {v.name: v for v in VARS}
+#: The variables whose values are credentials: a deployment keeps them in a secret store, never in
+#: plain configuration (``deploy/kubernetes``: the ``clip-secrets`` Secret, the rest a ConfigMap).
+SECRET_NAMES = ("DJANGO_SECRET_KEY", "DATABASE_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 #: The variables :func:`pipeline_config` reads.
 PIPELINE_NAMES = tuple(v.name for v in VARS if v.rules == "pipeline")
 

@@ -388,6 +388,27 @@ BULK_WORKER_NICE = config["BULK_WORKER_NICE"]
 BULK_WORKER_SCHED_IDLE = config["BULK_WORKER_SCHED_IDLE"]
 #: A bulk chunk must finish well inside the visibility timeout: hard limit at a third of it.
 CELERY_BULK_TIME_LIMIT_S = config["CELERY_BULK_TIME_LIMIT_S"]
+#: A stopping worker's bound (s) on its tasks in flight: SIGTERM with REMAP_SIGTERM=SIGQUIT (the
+#: Kubernetes manifests and docker-compose.yml set it) is Celery's soft shutdown: it stops consuming,
+#: waits this long for the tasks running, then hands back what still runs (acks_late: requeued at
+#: once, not after the visibility timeout). Celery's default SIGTERM is a warm shutdown with no bound,
+#: which a pod's grace period cuts with SIGKILL (docs/deploy.md, "Drain").
+WORKER_DRAIN_S = config["WORKER_DRAIN_S"]
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = WORKER_DRAIN_S
+#: Failed forward passes in a row (an exception, or every vector refused) after which a worker
+#: leaves the pool: it stops and exits for its supervisor to restart it (embeddings/worker_health.py).
+WORKER_MAX_BATCH_FAILURES = config["WORKER_MAX_BATCH_FAILURES"]
+#: Readiness (embeddings/services/readiness.py, /readyz): canaries sent at most every
+#: CANARY_INTERVAL_S per lane, failed when slower than CANARY_TIMEOUT_S, a lane working while one of
+#: its workers answered one within CANARY_MAX_AGE_S; READY_LANES must have a working worker.
+CANARY_INTERVAL_S = config["CANARY_INTERVAL_S"]
+CANARY_TIMEOUT_S = config["CANARY_TIMEOUT_S"]
+CANARY_MAX_AGE_S = config["CANARY_MAX_AGE_S"]
+READY_LANES = config["READY_LANES"]
+_unknown_lanes = set(READY_LANES) - set(lanes.ALL_QUEUES)
+if _unknown_lanes:
+    raise ImproperlyConfigured(f"READY_LANES names no lane: {sorted(_unknown_lanes)} "
+                               f"(lanes: {', '.join(lanes.ALL_QUEUES)})")
 
 # --- Recovery (embeddings/services/reconcile.py, docs/operations.md) ----------------------------
 #: Seconds between reconciler rounds, run by the vectors worker (0: off; `manage.py reconcile` runs one).
@@ -443,10 +464,10 @@ BULK_YIELD_MICRO_BATCH = config["BULK_YIELD_MICRO_BATCH"]
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1
 # turns on HTTPS redirects, secure cookies and HSTS; DJANGO_BEHIND_PROXY=1 trusts the proxy's
-# X-Forwarded-Proto. /healthz stays reachable over plain HTTP for probes.
+# X-Forwarded-Proto. /healthz and /readyz stay reachable over plain HTTP for probes.
 HTTPS = config["DJANGO_HTTPS"]
 SECURE_SSL_REDIRECT = HTTPS
-SECURE_REDIRECT_EXEMPT = [r"^healthz$"]
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_HSTS_SECONDS = config["DJANGO_HSTS_SECONDS"]

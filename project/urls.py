@@ -5,13 +5,14 @@ from django.views.generic import RedirectView
 
 from embeddings.admin import view_on_site as admin_view_on_site
 from embeddings.api.embeddings import OpenAIEmbeddingsView
-from embeddings.api.health import healthz
+from embeddings.api.health import healthz, readyz
 from embeddings.api.schema import DocsView, SchemaView
 from embeddings.metrics import metrics_view
 from embeddings.site.thumbnails import ThumbnailView
 
 urlpatterns = [
     path("healthz", healthz),
+    path("readyz", readyz),
     # browsers ask for /favicon.ico on pages that name none (the admin, the API docs)
     path("favicon.ico", RedirectView.as_view(url=static("site/favicon.svg"), permanent=True)),
     path("metrics", metrics_view),

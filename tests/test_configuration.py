@@ -49,8 +49,10 @@ def test_every_variable_is_declared_once_with_a_group_a_type_and_a_one_line_mean
 
 #: Variables the docs set that are not the service's: docker compose's own interpolation (one GPU
 #: worker per GPU, docs/scaling.md), glibc's, the browser test's screenshot folder (docs/ui.md),
-#: and benchmarks/gpu_check.sh's switch that leaves nvJPEG's wheel behind (docs/benchmarks-bulk.md).
-OTHER_DOCUMENTED = {"GPU_ID", "METRICS_HOST_PORT", "MALLOC_ARENA_MAX", "SITE_SCREENSHOTS", "GPU_CHECK_NO_NVJPEG"}
+#: benchmarks/gpu_check.sh's switch that leaves nvJPEG's wheel behind (docs/benchmarks-bulk.md), and
+#: Celery's own switch that makes SIGTERM its soft shutdown (docs/deploy.md).
+OTHER_DOCUMENTED = {"GPU_ID", "METRICS_HOST_PORT", "MALLOC_ARENA_MAX", "SITE_SCREENSHOTS", "GPU_CHECK_NO_NVJPEG",
+                    "REMAP_SIGTERM"}
 
 
 def test_every_variable_the_docs_set_or_tabulate_is_declared():

@@ -57,3 +57,18 @@ def test_every_compose_process_runs_under_one_deployment_name():
             or name == "web"}
     assert {"web", "worker-bulk", "worker-gpu"} <= set(apps)
     assert {name: svc["environment"].get("DEPLOYMENT_NAME") for name, svc in apps.items()} == dict.fromkeys(apps, wanted)
+
+
+def test_compose_workers_stop_softly_within_their_grace_period_and_the_web_health_is_readiness():
+    """SIGTERM is Celery's soft shutdown (``REMAP_SIGTERM=SIGQUIT``, bounded by ``WORKER_DRAIN_S``),
+    and docker's grace period outlasts it (its default 10 s would SIGKILL a chunk mid-way); the web's
+    health check is ``/readyz`` (docs/deploy.md)."""
+    from project import configuration
+
+    drain = configuration.BY_NAME["WORKER_DRAIN_S"].default
+    workers = {name: svc for name, svc in compose().items() if "celery" in str(svc.get("command", ""))}
+    assert {"worker-interactive", "worker-bulk", "worker-vectors", "worker-fetch", "worker-gpu"} <= set(workers)
+    for name, svc in workers.items():
+        assert svc["environment"]["REMAP_SIGTERM"] == "SIGQUIT", name
+        assert float(svc["stop_grace_period"].removesuffix("s")) >= 2 * drain + 10, name
+    assert "/readyz" in " ".join(compose()["web"]["healthcheck"]["test"])

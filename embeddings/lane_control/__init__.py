@@ -17,7 +17,15 @@ from embeddings.lane_control.bulk_yield import (
     migration_yield,
     migration_yielder,
 )
-from embeddings.lane_control.keys import key, queue_keys, redis_client, vectors_interactive_waiting
+from embeddings.lane_control.keys import (
+    CANARY_KEY,
+    CANARY_SENT_KEY,
+    PRESENCE_KEY,
+    key,
+    queue_keys,
+    redis_client,
+    vectors_interactive_waiting,
+)
 from embeddings.lane_control.reports import batch_records, interactive_in_flight, interactive_pass, interactive_report
 
 __all__ = [
@@ -45,4 +53,8 @@ __all__ = [
     "key",
     "queue_keys",
     "vectors_interactive_waiting",
+    # readiness (embeddings.services.readiness): workers' presence and canary answers
+    "PRESENCE_KEY",
+    "CANARY_KEY",
+    "CANARY_SENT_KEY",
 ]

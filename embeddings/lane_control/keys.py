@@ -93,6 +93,19 @@ BULK_RUNS_READ = 64
 #: Prefix of the migration slots of one worker host: ``{prefix}{hostname}:{n}`` (``bulk_yield.migration_slot``).
 MIGRATION_SLOT_KEY = f"{PREFIX}lanes:{lanes.BULK}:migration-slot:"
 
+# --- readiness (embeddings.services.readiness) ------------------------------------------------------
+
+#: Hash ``{"<lane>|<worker hostname>": "seen_unix_s"}``: each worker's main process says, every
+#: few seconds, which lanes it consumes (``readiness.presence_start``); a lane with no fresh entry has
+#: no worker.
+PRESENCE_KEY = f"{PREFIX}health:workers"
+#: Hash ``{"<lane>|<worker hostname>": JSON}``: each worker's latest canary answer (``ok``, ``at``,
+#: ``seconds``, ``reason``), written by ``readiness.canary_answer``, read by ``/readyz``.
+CANARY_KEY = f"{PREFIX}health:canary"
+#: Prefix of ``{prefix}{lane}``: set (with an expiry of ``CANARY_INTERVAL_S``) when a canary is sent
+#: to the lane, so every web process together sends one per interval whatever probes them.
+CANARY_SENT_KEY = f"{PREFIX}health:canary-sent:"
+
 
 @functools.cache
 def _client(url: str):

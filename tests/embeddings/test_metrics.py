@@ -122,3 +122,30 @@ def test_a_worker_host_serves_its_own_metrics_endpoint(settings):
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def test_bulk_backlog_counts_images_of_live_jobs_per_priority(client, django_user_model):
+    """``clip_bulk_backlog_images{priority}``: what the bulk autoscaler sizes the lane on
+    (deploy/kubernetes/components/keda): queued images of queued or running jobs only."""
+    from embeddings.models import Image, ImageStatus, Job, JobPriority, JobStatus
+
+    owner = django_user_model.objects.create(username="backlog")
+    n = 0
+
+    def job(status, priority, images, image_status=ImageStatus.QUEUED):
+        nonlocal n
+        j = Job.objects.create(owner=owner, status=status, priority=priority, model_id="m")
+        for _ in range(images):
+            n += 1
+            Image.objects.create(owner=owner, job=j, lane="bulk", status=image_status, sha256=f"{n:064x}",
+                                 size_bytes=1, storage_key=f"k{n}", model_id="m")
+
+    job(JobStatus.RUNNING, JobPriority.URGENT, 3)
+    job(JobStatus.QUEUED, JobPriority.BACKGROUND, 2)
+    job(JobStatus.RUNNING, JobPriority.BACKGROUND, 4, ImageStatus.EMBEDDED)  # done work
+    job(JobStatus.PAUSED, JobPriority.BACKGROUND, 5)  # a paused job keeps no worker up
+    job(JobStatus.CANCELLED, JobPriority.URGENT, 1)
+    text = client.get("/metrics").content.decode()
+    assert sample(text, "clip_bulk_backlog_images", priority="urgent") == 3
+    assert sample(text, "clip_bulk_backlog_images", priority="background") == 2
+    assert 'clip_bulk_backlog_images{priority="background"} 2.0' in text

@@ -2,11 +2,11 @@
 44, item 4): no answer is a 5xx, and each has its area's documented shape.
 
 Routes come from ``django.urls.get_resolver()`` walked recursively (the API under ``/api/`` and
-``/v1/``, the schema and docs, the site, the admin, ``/metrics``, ``/healthz``); each path converter
-is filled with the ids of real objects made here (an uploaded image, a job, a webhook and one of its
-deliveries, the active embedding space, a user, a group, a batch record) and with unknown and
-malformed ids. A route the walk cannot fill fails the test (:func:`route_template`), so a new
-route is swept or the sweep is told about it.
+``/v1/``, the schema and docs, the site, the admin, ``/metrics``, ``/healthz``, ``/readyz``); each
+path converter is filled with the ids of real objects made here (an uploaded image, a job, a webhook
+and one of its deliveries, the active embedding space, a user, a group, a batch record) and with
+unknown and malformed ids. A route the walk cannot fill fails the test (:func:`route_template`), so a
+new route is swept or the sweep is told about it.
 
 Users: ``anonymous``, ``user-token`` and ``user-session`` (one normal user, by token and by Django
 session), ``staff`` (a token for the API, a session for the site and the admin).
@@ -19,7 +19,8 @@ The shapes (:func:`judge`):
 - under ``/v1/``: every 4xx is OpenAI's ``{"error": {"message", "type", "param", "code"}}``;
 - the site and the admin: every 4xx is a page of theirs (``text/html``, a whole document with its
   stylesheet), never an empty, plain-text or bare server page;
-- ``/healthz``, ``/metrics``, ``/favicon.ico``: nothing more.
+- ``/healthz``, ``/readyz``, ``/metrics``, ``/favicon.ico``: nothing more (``/readyz`` answers 503 when
+  not ready, with the checks that failed: its answer, not a failure).
 
 The sweep is a deterministic product (no random draw): the same cases, in the same order, every run.
 Each part collects every failing case as one line ``METHOD URL [variant] as USER -> STATUS: what``
@@ -141,7 +142,7 @@ def area(path: str) -> str:
         return "api"
     if path.startswith("/v1/"):
         return "v1"
-    if path in ("/healthz", "/metrics", "/favicon.ico"):
+    if path in ("/healthz", "/readyz", "/metrics", "/favicon.ico"):
         return "ops"
     return "admin" if path.startswith("/admin/") else "site"
 
@@ -150,8 +151,8 @@ def primary_user(template: str) -> str:
     """The user a route is for: the one whose requests reach its view's work."""
     if template.startswith(("/admin/", "/api/stats/", "/api/migrations/")):
         return "staff"
-    if template.startswith(("/api/schema/", "/api/docs/", "/api/auth/token/", "/healthz", "/metrics", "/favicon.ico",
-                            "/login/")):
+    if template.startswith(("/api/schema/", "/api/docs/", "/api/auth/token/", "/healthz", "/readyz", "/metrics",
+                            "/favicon.ico", "/login/")):
         return "anonymous"
     if template.startswith(("/api/", "/v1/")):
         return "user-token"
@@ -513,6 +514,12 @@ def _page(text: str) -> bool:
 def judge(case: Case, status: int, ctype: str, body: bytes, exc: str | None = None) -> list[str]:
     """What is wrong with an answer (``status``, ``Content-Type``, ``body``; ``exc``: the exception
     the view raised, if any) to ``case``: empty when nothing."""
+    if status == 503 and urlsplit(case.url).path == "/readyz" and exc is None:
+        # not ready is /readyz's answer, not a failure of it: a body naming the checks that failed
+        if case.method == "HEAD":
+            return []
+        data = json.loads(body) if ctype.startswith("application/json") and body else {}
+        return [] if data.get("ready") is False and data.get("failed") else [f"a 503 without its checks: {body[:160]!r}"]
     if status >= 500:
         return [f"5xx ({exc or body[:160].decode(errors='replace')})"]
     out = []

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import dispatch, lane_control, metrics, runtime, sink
+from embeddings import dispatch, lane_control, metrics, runtime, sink, worker_health
 from embeddings.models import (
     BatchStat,
     Image,
@@ -39,6 +39,7 @@ from embeddings.services.queues.store_writes import (
 )
 from embeddings.services.queues.vectors import chunk_index
 from embeddings.spaces import ModelNotConfigured
+from workers import screen
 from workers.errors import Reason
 
 log = logging.getLogger(__name__)
@@ -173,9 +174,25 @@ def _compute(job: Job, runner, rows: dict[str, tuple[str, str, str]], ordered: l
             passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
                       "before_pass": lane_control.ingest_yielder(activity=activity)}
         chunk_started = time.time()
-        result = runner.run(ordered, originals_loader({k: v[:2] for k, v in rows.items()}),
-                            thumbnailer({k: v[1] for k, v in rows.items()}), previews=previews, **passes)
+        try:
+            result = runner.run(ordered, originals_loader({k: v[:2] for k, v in rows.items()}),
+                                thumbnailer({k: v[1] for k, v in rows.items()}), previews=previews, **passes)
+        except Exception as e:  # the model (or the store of its blobs) failed: the chunk is retried elsewhere
+            worker_health.pass_failed(f"bulk chunk of job {job.id}: {type(e).__name__}: {e}")
+            raise
+    _judge(result)
     return result, chunk_started - sampler.interval_s, previews
+
+
+def _judge(result) -> None:
+    """Report the chunk's passes to ``worker_health``: failed when the model gave vectors and every
+    one was refused (``workers.screen``), succeeded when one vector is usable; a chunk whose images
+    all failed before the model (undecodable files) says nothing about the model."""
+    refused = [f for f in result.failed if f.reason in {r.value for r in screen.REASONS}]
+    if len(result.metas):
+        worker_health.pass_succeeded()
+    elif refused:
+        worker_health.pass_failed(f"every vector of a bulk chunk refused ({refused[0].reason})")
 
 
 def _record(job_id: str, result, *, previews: Previews | None, ordered: list[str], skipped: int,
