@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api.embeddings import openai_errors, openai_exception_handler
+from embeddings.api.parsers import AnyAccept
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
 from embeddings.api.parsers import JSONParser
 from embeddings.api.request_body import check_parts, parsed
@@ -254,7 +255,10 @@ class FileDetailView(OpenAIView):
 
 
 class FileContentView(OpenAIView):
-    """``GET /v1/files/{file_id}/content``: the file's bytes, streamed."""
+    """``GET /v1/files/{file_id}/content``: the file's bytes, streamed, whatever ``Accept`` says
+    (OpenAI's client sends ``application/binary``)."""
+
+    content_negotiation_class = AnyAccept
 
     @extend_schema(operation_id="openai_files_content",
                    responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **openai_errors(401, 404)})
