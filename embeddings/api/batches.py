@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django.http import FileResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field
 from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -62,15 +62,29 @@ class FileDeletedSerializer(serializers.Serializer):
     deleted = serializers.BooleanField()
 
 
+@extend_schema_field({"type": "object", "nullable": True, "maxProperties": 16,
+                      "additionalProperties": {"type": "string", "maxLength": 512},
+                      "description": "at most 16 pairs of strings, keys of at most 64 characters (OpenAPI 3.0 "
+                                     "cannot say so of key names: a longer one is a 400 invalid_metadata)"})
+class MetadataField(serializers.Field):
+    """OpenAI's ``metadata`` (schema only: the service checks it, ``batches.metadata_check``)."""
+
+    def to_representation(self, value):
+        return value
+
+    def to_internal_value(self, data):
+        return data
+
+
 class BatchRequestSerializer(serializers.Serializer):
-    """``POST /v1/batches``."""
+    """``POST /v1/batches`` (schema: the view reads the body itself and the service checks it)."""
 
     input_file_id = serializers.CharField(max_length=64, help_text="a file of yours with purpose batch")
-    endpoint = serializers.CharField(max_length=64, help_text="/v1/embeddings (the only endpoint run here)")
-    completion_window = serializers.CharField(max_length=16, help_text="24h; any duration between BATCH_WINDOW_MIN_S "
-                                                                       "and BATCH_WINDOW_MAX_S (e.g. 90m)")
-    metadata = serializers.DictField(child=serializers.CharField(max_length=512), required=False, allow_null=True,
-                                     help_text="at most 16 pairs of strings")
+    endpoint = serializers.ChoiceField(choices=("/v1/embeddings",), help_text="the only endpoint run here")
+    completion_window = serializers.ChoiceField(
+        choices=("24h",), help_text="24h, OpenAI's window; any <n>s/m/h between BATCH_WINDOW_MIN_S and "
+                                    "BATCH_WINDOW_MAX_S is accepted too (e.g. 90m)")
+    metadata = MetadataField(required=False)
 
 
 class BatchErrorSerializer(serializers.Serializer):
@@ -188,10 +202,12 @@ class OpenAIView(APIView):
 
 # --- /v1/files ------------------------------------------------------------------------------------
 
-LIST_PARAMS = [
-    OpenApiParameter("after", str, description="the id of the last item of the previous page"),
-    OpenApiParameter("limit", int, description=f"1..{LIST_MAX}, default {LIST_DEFAULT}"),
-]
+def list_params(default: int, bound: int) -> list[OpenApiParameter]:
+    """A list's ``after`` and ``limit`` (1..``bound``, default ``default``) for the schema."""
+    return [OpenApiParameter("after", str, description="the id of the last item of the previous page (one of "
+                                                       "yours: else 404 not_found)"),
+            OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": bound},
+                             description=f"1..{bound}, default {default}")]
 
 
 class FileListView(OpenAIView):
@@ -220,7 +236,8 @@ class FileListView(OpenAIView):
         return Response(file_view(f))
 
     @extend_schema(operation_id="openai_files_list",
-                   parameters=[*LIST_PARAMS, OpenApiParameter("purpose", str, enum=FilePurpose.values),
+                   parameters=[*list_params(file_services.LIST_MAX, file_services.LIST_MAX),
+                               OpenApiParameter("purpose", str, enum=FilePurpose.values),
                                OpenApiParameter("order", str, enum=["asc", "desc"])],
                    responses={200: FileListSerializer, **openai_errors(400, 401, 404)})
     def get(self, request):
@@ -233,7 +250,8 @@ class FileListView(OpenAIView):
                                    extra={"param": "purpose"})
         items, more = file_services.files_list(owner=request.user, purpose=purpose,
                                                after=request.query_params.get("after"),
-                                               limit=_limit(request, 10_000, file_services.LIST_MAX), order=order)
+                                               limit=_limit(request, file_services.LIST_MAX, file_services.LIST_MAX),
+                                               order=order)
         return Response(_page(items, more, file_view))
 
 
@@ -295,7 +313,7 @@ class BatchListView(OpenAIView):
                                         metadata=data.get("metadata"))
         return Response(batch_view(b))
 
-    @extend_schema(operation_id="openai_batches_list", parameters=LIST_PARAMS,
+    @extend_schema(operation_id="openai_batches_list", parameters=list_params(LIST_DEFAULT, LIST_MAX),
                    responses={200: BatchListSerializer, **openai_errors(400, 401, 404)})
     def get(self, request):
         items, more = batch_services.batches_list(owner=request.user, after=request.query_params.get("after"),

@@ -20,7 +20,8 @@ Where the service's answer depends on what a request's bytes are, and no schema 
 check that valid data is accepted is told the statuses the schema documents for that case (see
 ``CONFIG``): an image file part that does not decode (400/413/415 by reason), a zip that is not
 one, a username and password that name no user, a metadata object whose key names, depth or size
-break the metadata rules (OpenAPI 3.0 cannot constrain an object's key names), an embeddings input
+break the metadata rules (OpenAPI 3.0 cannot constrain an object's key names; a batch's metadata
+too), a batch input file that is empty or over its line limit, an embeddings input
 whose text, base64, data URL or URL turns out not to be an image (or an empty text), a callback URL
 whose address is refused, a migration's model that open_clip does not know or no worker is
 configured for.
@@ -98,6 +99,13 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401",
 [[operations]]
 include-operation-id = "auth_token"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411"]
+[[operations]]
+include-operation-id = "openai_files_create"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "411", "401", "403", "404", "409", "413", "415", "429", "5xx"]
+[[operations]]
+include-operation-id = "openai_batches_create"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
 [[operations]]
 include-operation-id = "migrations_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]

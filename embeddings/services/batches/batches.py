@@ -219,16 +219,31 @@ def batch_finish_check(*, batch_id: str) -> bool:
     return True
 
 
+#: A finalisation claimed longer ago than this whose batch has not ended is taken to have lost its
+#: worker (a 200 MB input's files are written in minutes): the reconciler queues it again.
+FINALIZE_LEASE = dt.timedelta(minutes=30)
+
+
 def batches_expire(*, now: dt.datetime | None = None) -> int:
-    """Expire the queued parts of every batch past its window (the reconciler, each round) and
-    queue the finalisation of those with nothing left running. Returns the batches touched."""
+    """The reconciler's round over batches: expire the queued parts of every batch past its window
+    and queue the finalisation of those with nothing left running; queue again a finalisation
+    claimed more than :data:`FINALIZE_LEASE` ago that never ended (its claim released first).
+    Returns the batches touched."""
     now = now or timezone.now()
     late = list(Batch.objects.filter(status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING),
                                      expires_at__lte=now, finalizing_at__isnull=True).values_list("id", flat=True))
     for batch_id in late:
         BatchPart.objects.filter(batch_id=batch_id, state=PartState.PENDING).update(state=PartState.EXPIRED)
         batch_finish_check(batch_id=batch_id)
-    return len(late)
+    stale = now - FINALIZE_LEASE
+    lost = list(Batch.objects.filter(status__in=(BatchStatus.FINALIZING, BatchStatus.CANCELLING),
+                                     finalizing_at__lt=stale).values_list("id", "status"))
+    for batch_id, status in lost:
+        back = BatchStatus.IN_PROGRESS if status == BatchStatus.FINALIZING else BatchStatus.CANCELLING
+        if Batch.objects.filter(id=batch_id, status=status, finalizing_at__lt=stale).update(
+                status=back, finalizing_at=None):
+            batch_finish_check(batch_id=batch_id)
+    return len(late) + len(lost)
 
 
 # --- validation (fetch worker) ------------------------------------------------------------------------

@@ -308,3 +308,21 @@ def test_batch_events_are_openais_event_bodies_signed_the_standard_webhooks_way(
         parsed = client.webhooks.unwrap(body.decode(), headers)
         assert parsed.type == event and parsed.data.id == batch_id and parsed.id.startswith("evt_")
     assert Job.objects.filter(kind=JobKind.BATCH).count() == 2
+
+
+def test_a_finalisation_whose_worker_died_is_queued_again_by_the_reconciler(service, api, settings, held_parts,
+                                                                            monkeypatch):
+    batch_id, cids = _two_part_batch(api, settings, n_lines=2)
+    # its one part done; the finalisation claimed by a worker that died before writing the files
+    with monkeypatch.context() as lost:
+        lost.setattr(dispatch, "send_batch_finalize", lambda **kw: None)
+        batch_parts.part_run(batch_id=batch_id, index=0)
+    Batch.objects.filter(id=batch_id).update(status="finalizing", finalizing_at=timezone.now())
+    assert api.get(f"/v1/batches/{batch_id}").json()["status"] == "finalizing"
+    assert batch_services.batches_expire() == 0  # within the lease: left alone
+    Batch.objects.filter(id=batch_id).update(finalizing_at=timezone.now() - batch_services.FINALIZE_LEASE
+                                             - dt.timedelta(seconds=1))
+    assert batch_services.batches_expire() == 1
+    got = api.get(f"/v1/batches/{batch_id}").json()
+    assert got["status"] == "completed" and got["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    assert [x["custom_id"] for x in content(api, got["output_file_id"])] == cids
