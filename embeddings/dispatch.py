@@ -184,6 +184,12 @@ def send_batch_part(*, batch_id: str, index: int, priority: str):
     return send("batch_part", (batch_id, index), **bulk_options(priority), **UNREAD)
 
 
+def send_batch_part_fetch(*, batch_id: str, index: int, priority: str):
+    """Queue ``batch_part_fetch`` (fetch the image URLs of a batch part, then queue the part on the
+    bulk queue) on the fetch queue at the job's ``priority``, as a manifest job's ``fetch_chunk``."""
+    return send("batch_part_fetch", (batch_id, index), **fetch_options(priority), **UNREAD)
+
+
 def send_batch_finalize(*, batch_id: str):
     """Queue ``batch_finalize`` (join a batch's parts into its output and error files) on the fetch
     queue (blob reads and writes, no model) at background bulk priority."""

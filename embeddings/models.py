@@ -643,6 +643,9 @@ class BatchPart(models.Model):
     output_sha256 = models.CharField(max_length=64, blank=True, default="")
     error_key = models.CharField(max_length=1024, blank=True, default="")
     error_sha256 = models.CharField(max_length=64, blank=True, default="")
+    #: The part's image URLs fetched ahead by the fetch worker: ``{"<line>.<input>": {"key", "sha256"}
+    #: | {"reason", "detail"}}`` (blobs released once the part is done or the batch finalised).
+    staged = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ("batch", "index")

@@ -14,7 +14,7 @@ model warm-up, reconciler) is ``embeddings.worker_boot``.
 - ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``point_vectors``, ``forget_point``,
   ``collection_stats``, ``drop_collection``, ``job_done``, ``gate_check``, ``cutoff_compute``.
 - ``fetch`` queue (the fetch worker, threads, no model): ``job_read``, ``fetch_chunk``,
-  ``send_webhook_delivery``, ``batch_validate``, ``batch_finalize``.
+  ``send_webhook_delivery``, ``batch_validate``, ``batch_part_fetch``, ``batch_finalize``.
 """
 from __future__ import annotations
 
@@ -84,6 +84,13 @@ def batch_part(batch_id: str, index: int) -> dict:
     a job's chunk."""
     with lane_control.bulk_turn():
         return batch_parts.part_run(batch_id=batch_id, index=index)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def batch_part_fetch(batch_id: str, index: int) -> dict:
+    """Fetch the image URLs of one part of an OpenAI batch, then queue the part on the bulk queue
+    (``services.batches.parts``)."""
+    return batch_parts.part_fetch(batch_id=batch_id, index=index)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)

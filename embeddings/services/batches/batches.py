@@ -32,7 +32,6 @@ from embeddings import dispatch, runtime
 from embeddings.errors import ApplicationError
 from embeddings.models import (
     Batch,
-    BatchFile,
     BatchPart,
     BatchStatus,
     FilePurpose,
@@ -44,6 +43,7 @@ from embeddings.models import (
     WebhookEvent,
 )
 from embeddings.services.batches import files as file_services
+from embeddings.services.interactive import embed as embed_services
 from embeddings.services.webhooks import events as webhook_events
 
 #: The one endpoint whose requests a batch runs.
@@ -274,6 +274,15 @@ def line_inputs(body: dict) -> int:
     return max(1, len(value)) if isinstance(value, list) else 1
 
 
+def line_fetches(body: dict) -> bool:
+    """Whether a line's body names an image to fetch (an http(s) URL read as an image: the rule of
+    ``embed.openai_inputs``)."""
+    value = body.get("input")
+    strings = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+    return body.get("modality", "auto") != "text" and any(
+        isinstance(x, str) and embed_services.HTTP_URL.fullmatch(x) for x in strings)
+
+
 def _line_problem(line, endpoint: str) -> tuple[str, str, str | None] | None:
     """``(code, message, param)`` of a parsed line that the file may not hold, else None."""
     if not isinstance(line, dict):
@@ -372,10 +381,11 @@ def batch_validate(*, batch_id: str) -> dict:
                 if errors.count:  # counting problems only from here on
                     continue
                 if current is None:
-                    current = [total, 0, start, start, 0]
+                    current = [total, 0, start, start, 0, False]
                 current[1] += 1
                 current[3] = start + len(raw)
                 current[4] += line_inputs(line["body"])
+                current[5] = current[5] or line_fetches(line["body"])
                 total += 1
                 if current[4] >= size_goal:
                     parts.append(_part(batch, len(parts), current))
@@ -414,16 +424,22 @@ def batch_validate(*, batch_id: str) -> dict:
             batch_finish_check(batch_id=batch.id)
         else:
             priority = batch.job.priority
-            indexes = [p.index for p in parts]
-            transaction.on_commit(lambda: [dispatch.send_batch_part(batch_id=batch.id, index=i, priority=priority)
-                                           for i in indexes])
+            # a part with image URLs is fetched first on the fetch worker (as a manifest job's chunk),
+            # so that the bulk worker computes one part while the next one's images arrive
+            sends = [(dispatch.send_batch_part_fetch if p.fetches else dispatch.send_batch_part, p.index)
+                     for p in parts]
+            transaction.on_commit(lambda: [send(batch_id=batch.id, index=i, priority=priority) for send, i in sends])
     return {"status": BatchStatus.CANCELLING.value if cancelled else BatchStatus.IN_PROGRESS.value,
             "total": total, "parts": len(parts), "errors": 0}
 
 
 def _part(batch: Batch, index: int, current: list) -> BatchPart:
-    first, lines, offset, end, _ = current
-    return BatchPart(batch=batch, index=index, first_line=first, lines=lines, offset=offset, size=end - offset)
+    """A part of ``current`` = ``[first request, lines, offset, end, inputs, fetches]``; its
+    ``fetches`` (an attribute, not stored): whether a line names an image URL."""
+    first, lines, offset, end, _, fetches = current
+    part = BatchPart(batch=batch, index=index, first_line=first, lines=lines, offset=offset, size=end - offset)
+    part.fetches = fetches
+    return part
 
 
 # --- finalisation (fetch worker) -------------------------------------------------------------------
@@ -521,8 +537,8 @@ def batch_finalize(*, batch_id: str) -> dict:
         batch.refresh_from_db()
         batch_event_emit(batch=batch, event=event)
     keep = {k for k in (out.storage_key if out else "", err.storage_key if err else "") if k}
-    for p in parts:  # the parts' blobs are in the files now
-        for key in (p.output_key, p.error_key):
+    for p in parts:  # the parts' blobs are in the files now; images fetched ahead for parts that never ran
+        for key in (p.output_key, p.error_key, *staged_keys(p)):
             if key and key not in keep:
                 file_services.blob_release(key)
     return {"status": status.value, "completed": completed, "failed": failed}
@@ -544,6 +560,6 @@ def batch_event_emit(*, batch: Batch, event: str) -> int:
                                          endpoints=endpoints, body=body))
 
 
-def batch_files(batch: Batch) -> list[BatchFile]:
-    """The files a batch wrote (output, error), those that exist."""
-    return [f for f in (batch.output_file, batch.error_file) if f is not None]
+def staged_keys(part: BatchPart) -> list[str]:
+    """The blob keys of the images fetched ahead for a part (``BatchPart.staged``)."""
+    return [v["key"] for v in (part.staged or {}).values() if isinstance(v, dict) and v.get("key")]

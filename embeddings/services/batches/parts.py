@@ -1,8 +1,9 @@
 """A batch part on the bulk worker (``batch_part`` on the bulk queue): its input lines read from the
 input file's byte range, each line's body checked as ``POST /v1/embeddings`` checks it, its images
-decoded (base64, data URLs) or fetched (http(s) URLs, the catalogue fetcher's rules: address checks
-on every hop, size cap, retries) and embedded by the bulk runner, its texts by the text tower; its
-finished lines written as two blobs (successes, refusals) before the part is marked ``done``.
+decoded (base64, data URLs) or read as the fetch worker fetched them (http(s) URLs: ``batch_part_fetch``
+on the fetch queue first, the catalogue fetcher's rules: address checks on every hop, size cap,
+retries) and embedded by the bulk runner, its texts by the text tower; its finished lines written as
+two blobs (successes, refusals) before the part is marked ``done``.
 
 A line whose every input has a vector is an output line (``response.status_code`` 200, the body
 ``POST /v1/embeddings`` answers); any refused input makes the whole line an error line (400 or 404,
@@ -19,11 +20,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from embeddings import metrics, runtime
+from embeddings import dispatch, metrics, runtime
 from embeddings.errors import ApplicationError
 from embeddings.messages import encode_vector
 from embeddings.models import Batch, BatchPart, BatchStatus, Lane, PartState
 from embeddings.services.batches import batches as batch_services
+from embeddings.services.batches import files as file_services
 from embeddings.services.interactive import embed as embed_services
 from embeddings.spaces import ModelNotConfigured
 from workers import screen
@@ -67,9 +69,66 @@ def part_run(*, batch_id: str, index: int) -> dict:
             state=PartState.DONE, completed=len(outputs), failed=len(errors), output_key=out_key,
             output_sha256=out_sha, error_key=err_key, error_sha256=err_sha)
         batch_services.batch_finish_check(batch_id=batch_id)
+    for key in batch_services.staged_keys(part):  # read: the fetched images are no longer needed
+        file_services.blob_release(key)
     if not done:  # the batch was finalised meanwhile (cancelled or expired): these lines are counted unrun
         log.info("batch %s part %s finished after its batch ended; its lines are counted unrun", batch_id, index)
     return {"state": PartState.DONE.value if done else "late", "completed": len(outputs), "failed": len(errors)}
+
+
+def _fetched_inputs(lines) -> dict[str, object]:
+    """``{"<line>.<input>": input}`` of the image URLs to fetch among a part's lines (lines whose
+    body is refused are left to :func:`part_run`, which answers them)."""
+    out = {}
+    for n, (_, line) in enumerate(lines):
+        try:
+            if not isinstance(line, dict) or not isinstance(line.get("body"), dict):
+                continue
+            _, _, inputs = _request(line["body"])
+        except _LineError:
+            continue
+        for j, inp in enumerate(inputs):
+            if inp.image_url is not None and inp.image_url[:5].lower() != "data:":
+                out[f"{n}.{j}"] = inp
+    return out
+
+
+def part_fetch(*, batch_id: str, index: int) -> dict:
+    """Fetch the image URLs of a queued part (the fetch worker: threads, no model) into the blob
+    store, record them in ``BatchPart.staged``, and queue the part on the bulk queue, whose worker
+    then reads them instead of fetching. A part no longer queued, or already fetched (a
+    redelivery), is only queued on.
+
+    Returns:
+        ``{"fetched": n, "refused": n}``.
+    """
+    part = BatchPart.objects.select_related("batch", "batch__job").filter(batch_id=batch_id, index=index).first()
+    if part is None:
+        return {"fetched": 0, "refused": 0}
+    batch = part.batch
+    fetched = refused = 0
+    if part.state == PartState.PENDING and not part.staged and batch.status == BatchStatus.IN_PROGRESS:
+        wanted = _fetched_inputs(_read(batch, part))
+        staged: dict[str, dict] = {}
+        store, fetcher = runtime.blob_store(), runtime.fetcher()
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(settings.FETCH_THREADS, len(wanted) or 1)),
+                                                   thread_name_prefix="batch-fetch") as pool:
+            futures = {k: pool.submit(fetcher.fetch, inp.image_url) for k, inp in wanted.items()}
+            for k, fut in futures.items():
+                try:
+                    key, sha, _ = store.put(iter([fut.result().data]))
+                    staged[k] = {"key": key, "sha256": sha}
+                    fetched += 1
+                except ImageRejected as e:
+                    staged[k] = {"reason": e.reason.value, "detail": e.detail}
+                    refused += 1
+        kept = BatchPart.objects.filter(id=part.id, state=PartState.PENDING).update(staged=staged)
+        if not kept:  # cancelled or expired meanwhile: nothing will read them
+            for v in staged.values():
+                if "key" in v:
+                    file_services.blob_release(v["key"])
+    dispatch.send_batch_part(batch_id=batch_id, index=index, priority=batch.job.priority)
+    return {"fetched": fetched, "refused": refused}
 
 
 def _read(batch: Batch, part: BatchPart) -> list[tuple[str | None, dict | None]]:
@@ -130,13 +189,21 @@ def _request(body: dict):
     return space, encoding, inputs
 
 
-def _image_bytes(inp, fetcher) -> bytes:
-    """An image input's bytes: decoded (base64, data URL) or fetched (http(s) URL).
+def _image_bytes(inp, fetcher, staged: dict | None) -> bytes:
+    """An image input's bytes: decoded (base64, data URL), or for an http(s) URL what the fetch
+    worker staged (``staged``: its entry in ``BatchPart.staged``) or, when nothing was, fetched here.
 
     Raises:
         ImageRejected: ``invalid_base64``, ``not_an_image``, ``too_large``, a ``fetch_*`` reason.
     """
     if inp.image_url is not None and inp.image_url[:5].lower() != "data:":
+        if staged is not None and "key" in staged:
+            try:
+                return runtime.blob_store().read(staged["key"], staged["sha256"])
+            except ImageRejected:  # released by another part that staged the same bytes: fetched again
+                pass
+        elif staged is not None:
+            raise ImageRejected(Reason(staged["reason"]), staged["detail"])
         return fetcher.fetch(inp.image_url).data
     return embed_services.decode_image_string(inp.image if inp.image is not None else inp.image_url)
 
@@ -159,7 +226,8 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]
     fetcher = runtime.fetcher()
     threads = max(1, min(settings.FETCH_THREADS, len(images)))
     with concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="batch-input") as pool:
-        futures = {k: pool.submit(_image_bytes, inp, fetcher) for k, inp in images.items()}
+        futures = {k: pool.submit(_image_bytes, inp, fetcher, (part.staged or {}).get(f"{k[0]}.{k[1]}"))
+                   for k, inp in images.items()}
         for k, fut in futures.items():
             try:
                 data[k] = fut.result()

@@ -326,3 +326,42 @@ def test_a_finalisation_whose_worker_died_is_queued_again_by_the_reconciler(serv
     got = api.get(f"/v1/batches/{batch_id}").json()
     assert got["status"] == "completed" and got["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
     assert [x["custom_id"] for x in content(api, got["output_file_id"])] == cids
+
+
+@pytest.fixture
+def fetching(service, origin):
+    """The service allowed to fetch from the test server on 127.0.0.1 (refused by default)."""
+    from embeddings import runtime
+
+    service.FETCH_ALLOW_NETWORKS = ["127.0.0.1/32"]
+    service.FETCH_RETRIES = 0
+    runtime.fetcher.cache_clear()
+    yield service
+    runtime.fetcher.cache_clear()
+
+
+def test_image_urls_are_fetched_ahead_on_the_fetch_worker_and_read_by_the_part(fetching, api, origin, held_parts):
+    from embeddings import runtime
+
+    urls = [f"{origin.url}/pixels/{n}.jpg" for n in (5611, 5612)]
+    lines = [line("urls", urls), line("private", "http://169.254.169.254/latest/meta-data/"),
+             line("missing", f"{origin.url}/status/404"), line("text", "a cat")]
+    batch_id = create(api, upload(api, jsonl(lines)).json()["id"]).json()["id"]
+    (part,) = BatchPart.objects.filter(batch_id=batch_id)  # fetched (eager), then held for the bulk queue
+    assert held_parts == [(batch_id, 0)]
+    assert set(part.staged) == {"0.0", "0.1", "1.0", "2.0"}
+    assert part.staged["1.0"]["reason"] == "fetch_refused_address" and part.staged["2.0"]["reason"] == "fetch_status"
+    keys = [part.staged[k]["key"] for k in ("0.0", "0.1")]
+    assert all(runtime.blob_store().exists(k) for k in keys)
+    seen = origin.count()
+    assert batch_parts.part_run(batch_id=batch_id, index=0) == {"state": "done", "completed": 2, "failed": 2}
+    assert origin.count() == seen  # the bulk worker read what the fetch worker fetched
+    assert not any(runtime.blob_store().exists(k) for k in keys)  # released once read
+    got = api.get(f"/v1/batches/{batch_id}").json()
+    assert got["status"] == "completed"
+    (out_urls, _), err = content(api, got["output_file_id"]), content(api, got["error_file_id"])
+    ref = api.post("/v1/embeddings", {"model": "ViT-B-32", "input": urls}, format="json").json()
+    for mine, theirs in zip(out_urls["response"]["body"]["data"], ref["data"]):
+        assert float(vec(mine["embedding"]) @ vec(theirs["embedding"])) == pytest.approx(1.0, abs=1e-5)
+    assert {x["custom_id"]: x["response"]["body"]["error"]["code"] for x in err} == \
+        {"private": "fetch_refused_address", "missing": "fetch_status"}
