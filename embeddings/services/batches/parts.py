@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from embeddings import dispatch, metrics, runtime
+from embeddings import dispatch, lane_control, metrics, runtime
 from embeddings.errors import ApplicationError
 from embeddings.messages import encode_vector
 from embeddings.models import Batch, BatchPart, BatchStatus, Lane, PartState
@@ -79,12 +79,12 @@ def part_run(*, batch_id: str, index: int) -> dict:
 def _fetched_inputs(lines) -> dict[str, object]:
     """``{"<line>.<input>": input}`` of the image URLs to fetch among a part's lines (lines whose
     body is refused are left to :func:`part_run`, which answers them)."""
-    out = {}
+    out, known = {}, {}
     for n, (_, line) in enumerate(lines):
         try:
             if not isinstance(line, dict) or not isinstance(line.get("body"), dict):
                 continue
-            _, _, inputs = _request(line["body"])
+            _, _, inputs = _request(line["body"], known)
         except _LineError:
             continue
         for j, inp in enumerate(inputs):
@@ -158,9 +158,10 @@ class _LineError(Exception):
                                    "param": self.param, "code": self.code}}}
 
 
-def _request(body: dict):
+def _request(body: dict, known: dict):
     """A line's body as ``(space, encoding_format, inputs)``, checked as ``POST /v1/embeddings``
-    checks it.
+    checks it. ``known``: the spaces looked up for this part so far, by the name asked (one lookup
+    per name, not per line).
 
     Raises:
         _LineError: ``invalid_input``, ``no_inputs``, ``too_many_inputs``, ``model_not_found`` (404),
@@ -178,7 +179,9 @@ def _request(body: dict):
     if "input" not in body:
         raise _LineError(400, "invalid_input", "input is required", "input")
     try:
-        space = embed_services.space_for_model(model)
+        if model not in known:
+            known[model] = embed_services.space_for_model(model)
+        space = known[model]
         inputs = embed_services.openai_inputs(body["input"], modality)
     except ApplicationError as e:
         raise _LineError(e.status, e.code, e.message, e.extra.get("param", "model" if e.status == 404 else "input"))
@@ -213,11 +216,12 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]
     lines = _read(batch, part)
     requests: dict[int, tuple] = {}
     refused: dict[int, _LineError] = {}
+    known: dict = {}
     for n, (_, line) in enumerate(lines):
         try:
             if not isinstance(line, dict) or not isinstance(line.get("body"), dict):
                 raise _LineError(400, "invalid_line", "the line is not a request", None)
-            requests[n] = _request(line["body"])
+            requests[n] = _request(line["body"], known)
         except _LineError as e:
             refused[n] = e
     images = {(n, j): inp for n, (_, _, inputs) in requests.items() for j, inp in enumerate(inputs)
@@ -302,7 +306,14 @@ def _embed_space(model_id: str, lines: dict[int, list], data: dict, image_tokens
     image_tokens[model_id] = encoder.image_tokens
     if keys:
         named = {f"{n}.{j}": (n, j) for n, j in keys}
-        result = runner.run(list(named), lambda key: data[named[key]])
+        # as a background ingest chunk computes (services.queues.bulk): passes of
+        # BULK_YIELD_MICRO_BATCH images, the next decoded while the model runs, each giving way
+        # while the interactive lane is at capacity (a batch is bulk work, never ahead of a person)
+        yields = settings.BULK_YIELD_MAX_S > 0
+        with lane_control.bulk_computing(yields=yields) as activity:
+            passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,
+                      "before_pass": lane_control.ingest_yielder(activity=activity)} if yields else {}
+            result = runner.run(list(named), lambda key: data[named[key]], **passes)
         for f in result.failed:
             out[named[f.key]] = {"reason": f.reason, "detail": f.detail}
         for meta, vector in zip(result.metas, result.vectors):
