@@ -219,6 +219,9 @@ def batch_finish_check(*, batch_id: str) -> bool:
     return True
 
 
+#: A batch still validating this long after it was made, with no part yet, has lost its message
+#: (reading a 200 MB file's lines takes a minute or two): the reconciler queues it again.
+VALIDATE_LEASE = dt.timedelta(minutes=15)
 #: A finalisation claimed longer ago than this whose batch has not ended is taken to have lost its
 #: worker (a 200 MB input's files are written in minutes): the reconciler queues it again.
 FINALIZE_LEASE = dt.timedelta(minutes=30)
@@ -226,8 +229,9 @@ FINALIZE_LEASE = dt.timedelta(minutes=30)
 
 def batches_expire(*, now: dt.datetime | None = None) -> int:
     """The reconciler's round over batches: expire the queued parts of every batch past its window
-    and queue the finalisation of those with nothing left running; queue again a finalisation
-    claimed more than :data:`FINALIZE_LEASE` ago that never ended (its claim released first).
+    and queue the finalisation of those with nothing left running; queue again a validation not
+    done :data:`VALIDATE_LEASE` after the batch was made, and a finalisation claimed more than
+    :data:`FINALIZE_LEASE` ago that never ended (its claim released first).
     Returns the batches touched."""
     now = now or timezone.now()
     late = list(Batch.objects.filter(status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING),
@@ -235,6 +239,10 @@ def batches_expire(*, now: dt.datetime | None = None) -> int:
     for batch_id in late:
         BatchPart.objects.filter(batch_id=batch_id, state=PartState.PENDING).update(state=PartState.EXPIRED)
         batch_finish_check(batch_id=batch_id)
+    lost_validations = list(Batch.objects.filter(status=BatchStatus.VALIDATING, created_at__lt=now - VALIDATE_LEASE)
+                            .exclude(parts__isnull=False).values_list("id", flat=True))
+    for batch_id in lost_validations:  # its message lost (a broker restart): validation is idempotent
+        dispatch.send_batch_validate(batch_id=batch_id)
     stale = now - FINALIZE_LEASE
     lost = list(Batch.objects.filter(status__in=(BatchStatus.FINALIZING, BatchStatus.CANCELLING),
                                      finalizing_at__lt=stale).values_list("id", "status"))
@@ -243,7 +251,7 @@ def batches_expire(*, now: dt.datetime | None = None) -> int:
         if Batch.objects.filter(id=batch_id, status=status, finalizing_at__lt=stale).update(
                 status=back, finalizing_at=None):
             batch_finish_check(batch_id=batch_id)
-    return len(late) + len(lost)
+    return len(late) + len(lost_validations) + len(lost)
 
 
 # --- validation (fetch worker) ------------------------------------------------------------------------
@@ -255,7 +263,8 @@ class _Errors:
         self.listed: list[dict] = []
         self.count = 0
 
-    def add(self, line: int, code: str, message: str, param: str | None = None) -> None:
+    def add(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
+        """One problem of 1-based ``line`` (None: of the file as a whole)."""
         self.count += 1
         if len(self.listed) < ERRORS_LISTED:
             self.listed.append({"code": code, "message": message, "param": param, "line": line})
@@ -354,7 +363,7 @@ def batch_validate(*, batch_id: str) -> dict:
     try:
         f = runtime.blob_store().open(batch.input_key)
     except Exception as e:  # noqa: BLE001 - the file's blob is gone: the batch fails with the reason
-        errors.add(0, "file_missing", f"the input file cannot be read: {e}")
+        errors.add(None, "file_missing", f"the input file cannot be read: {e}")
         f = None
     if f is not None:
         with f:
@@ -393,10 +402,10 @@ def batch_validate(*, batch_id: str) -> dict:
         if current is not None and not errors.count:
             parts.append(_part(batch, len(parts), current))
     if len(models) > 1:
-        errors.add(0, "mismatched_model", f"the lines name {len(models)} models ({', '.join(sorted(models)[:5])}): "
+        errors.add(None, "mismatched_model", f"the lines name {len(models)} models ({', '.join(sorted(models)[:5])}): "
                                           f"one batch runs one model", "body.model")
     if not errors.count and not total:
-        errors.add(0, "empty_file", "the input file has no request")
+        errors.add(None, "empty_file", "the input file has no request")
     now = timezone.now()
     if errors.count:
         with transaction.atomic():

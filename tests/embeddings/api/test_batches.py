@@ -199,7 +199,7 @@ def test_every_line_failing_gives_only_an_error_file(service, api):
     ([{**line("a", "x"), "method": "GET"}], "invalid_method", 1),
     ([{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": "x"}], "invalid_body", 1),
     ([{**line("a", "x"), "custom_id": 7}], "missing_custom_id", 1),
-    ([line("a", "x"), line("b", "y", model="ViT-B-16")], "mismatched_model", 0),
+    ([line("a", "x"), line("b", "y", model="ViT-B-16")], "mismatched_model", None),
 ])
 def test_a_file_failing_validation_fails_the_batch_with_errors(service, api, lines, code, number):
     f = upload(api, jsonl(lines)).json()
@@ -365,3 +365,17 @@ def test_image_urls_are_fetched_ahead_on_the_fetch_worker_and_read_by_the_part(f
         assert float(vec(mine["embedding"]) @ vec(theirs["embedding"])) == pytest.approx(1.0, abs=1e-5)
     assert {x["custom_id"]: x["response"]["body"]["error"]["code"] for x in err} == \
         {"private": "fetch_refused_address", "missing": "fetch_status"}
+
+
+def test_a_lost_validation_is_queued_again_by_the_reconciler(service, api, monkeypatch):
+    f = upload(api, jsonl([line("a", "a cat")])).json()
+    with monkeypatch.context() as lost:
+        lost.setattr(dispatch, "send_batch_validate", lambda **kw: None)
+        batch_id = create(api, f["id"]).json()["id"]
+    assert batch_services.batches_expire() == 0  # within the lease
+    assert api.get(f"/v1/batches/{batch_id}").json()["status"] == "validating"
+    Batch.objects.filter(id=batch_id).update(created_at=timezone.now() - batch_services.VALIDATE_LEASE
+                                             - dt.timedelta(seconds=1))
+    assert batch_services.batches_expire() == 1
+    got = api.get(f"/v1/batches/{batch_id}").json()
+    assert got["status"] == "completed" and got["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
