@@ -62,7 +62,8 @@ def sweep_world(stack, api) -> tuple[World, dict[str, dict]]:
     assert r.status_code == 201, r.text[:300]
     webhook = r.json()["id"]
     line = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ViT-B-32", "input": "a"}}'
-    r = user.post("/v1/files", files={"file": ("in.jsonl", line + b"\n", "application/jsonl")}, data={"purpose": "batch"})
+    r = user.post("/v1/files", files={"file": ("in.jsonl", line + b"\n", "application/jsonl")},
+                  data={"purpose": "batch"})
     assert r.status_code == 200, r.text[:300]
     batch_file = r.json()["id"]
     r = user.post("/v1/batches", json={"input_file_id": batch_file, "endpoint": "/v1/embeddings",

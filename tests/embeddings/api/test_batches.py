@@ -216,8 +216,9 @@ def test_batch_create_refusals(service, api):
     openai_error(create(api, f["id"], window="1h1m"), 400, "invalid_completion_window")
     openai_error(create(api, f["id"], window="1s"), 400, "invalid_completion_window")
     openai_error(create(api, f["id"], window="365d"), 400, "invalid_completion_window")
-    err = openai_error(api.post("/v1/batches", {"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
-                                                "completion_window": "24h"}, format="json"), 400, "unsupported_endpoint")
+    r = api.post("/v1/batches", {"input_file_id": f["id"], "endpoint": "/v1/chat/completions",
+                                 "completion_window": "24h"}, format="json")
+    err = openai_error(r, 400, "unsupported_endpoint")
     assert err["param"] == "endpoint"
     assert openai_error(create(api, "file-nope"), 404, "not_found")["param"] == "input_file_id"
     openai_error(create(api, f["id"], metadata={"k": 1}), 400, "invalid_metadata")
@@ -234,7 +235,8 @@ def test_batch_create_refusals(service, api):
 def held_parts(monkeypatch):
     """Parts queued but not run (the test runs them with ``parts.part_run``): ``[(batch id, index)]``."""
     sent = []
-    monkeypatch.setattr(dispatch, "send_batch_part", lambda *, batch_id, index, priority: sent.append((batch_id, index)))
+    monkeypatch.setattr(dispatch, "send_batch_part",
+                        lambda *, batch_id, index, priority: sent.append((batch_id, index)))
     return sent
 
 
