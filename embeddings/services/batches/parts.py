@@ -73,6 +73,9 @@ def part_run(*, batch_id: str, index: int) -> dict:
         file_services.blob_release(key)
     if not done:  # the batch was finalised meanwhile (cancelled or expired): these lines are counted unrun
         log.info("batch %s part %s finished after its batch ended; its lines are counted unrun", batch_id, index)
+        for key in (out_key, err_key):
+            if key:
+                file_services.blob_release(key)
     return {"state": PartState.DONE.value if done else "late", "completed": len(outputs), "failed": len(errors)}
 
 
