@@ -14,7 +14,7 @@ DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -115,6 +115,10 @@ bench-db: setup
 # moto takes a third); make bench-ingest BENCH_ARGS="--quick" for 5,000 of each (~5 min).
 bench-ingest: setup
 	$(PY) -m benchmarks.ingest $(BENCH_ARGS)
+
+# Issue 56 (docs/batch-api.md): a batch of image URLs against a manifest job of the same inputs
+bench-batch: setup
+	$(PY) -m benchmarks.batch_api $(BENCH_ARGS)
 
 # Issue 42 (docs/benchmarks-export.md): 10,000 and 100,000 stored vectors exported through the real
 # view in each format (Parquet, JSON Lines, .npz): MB/s and the process's peak RSS, ~5 min;

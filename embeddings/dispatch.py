@@ -180,6 +180,30 @@ def send_canary(*, lane: str, sent_at: float, expires_s: float):
                 expires=expires_at(sent_at + expires_s), ignore_result=True)
 
 
+def send_batch_validate(*, batch_id: str):
+    """Queue ``batch_validate`` (check an OpenAI batch's input file and cut it into parts:
+    ``services.batches``) on the fetch queue (reads a file, no model) at background bulk priority."""
+    return send("batch_validate", (batch_id,), **fetch_options("background"), **UNREAD)
+
+
+def send_batch_part(*, batch_id: str, index: int, priority: str):
+    """Queue one part of a batch (``batch_part``) on the bulk queue at its job's ``priority``: a
+    batch's lines run on the bulk lane only, never the interactive one."""
+    return send("batch_part", (batch_id, index), **bulk_options(priority), **UNREAD)
+
+
+def send_batch_part_fetch(*, batch_id: str, index: int, priority: str):
+    """Queue ``batch_part_fetch`` (fetch the image URLs of a batch part, then queue the part on the
+    bulk queue) on the fetch queue at the job's ``priority``, as a manifest job's ``fetch_chunk``."""
+    return send("batch_part_fetch", (batch_id, index), **fetch_options(priority), **UNREAD)
+
+
+def send_batch_finalize(*, batch_id: str):
+    """Queue ``batch_finalize`` (join a batch's parts into its output and error files) on the fetch
+    queue (blob reads and writes, no model) at background bulk priority."""
+    return send("batch_finalize", (batch_id,), **fetch_options("background"), **UNREAD)
+
+
 def send_webhook_delivery(*, delivery_id: int, attempt: int):
     """Queue attempt ``attempt`` of a webhook delivery (``send_webhook_delivery``) on the fetch queue
     (threads, network-bound, no model) at urgent bulk priority: a message someone waits for goes

@@ -22,8 +22,10 @@ def images_visible_to(user) -> QuerySet[Image]:
 
 def jobs_visible_to(user) -> QuerySet[Job]:
     """Jobs ``user`` may see: their own, or all for staff. Migration jobs (re-embedding for another
-    model, and the dual-embedding jobs of new uploads) are staff-only."""
-    qs = Job.objects.all()
+    model, and the dual-embedding jobs of new uploads) are staff-only. A batch's job is read and
+    driven through ``/v1/batches`` only (its lines are not images: ``/api/jobs/`` would show it
+    empty, and its actions would bypass the batch's own state machine)."""
+    qs = Job.objects.exclude(kind=JobKind.BATCH)
     return qs if user.is_staff else qs.filter(owner=user).exclude(kind=JobKind.MIGRATION)
 
 

@@ -198,6 +198,21 @@ class BlobStore:
             raise ImageRejected(Reason.SOURCE_CHANGED, f"{key} no longer has sha256 {sha256}")
         return data
 
+    def open(self, key: str) -> BinaryIO:
+        """A ``blob/`` key's bytes as an open binary file (the caller closes it): read a part of a
+        large blob (a batch's input lines) without holding the rest in memory. Not checked against
+        a sha256: the caller that needs it hashes what it reads.
+
+        Raises:
+            ImageRejected: ``source_missing`` (gone, or not a ``blob/`` key).
+        """
+        try:
+            if not key.startswith(_BLOB_PREFIX):
+                raise ValueError(f"{key!r} is not a blob key")
+            return self.storage.open(self._name(key), "rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, ValueError) as e:
+            raise ImageRejected(Reason.SOURCE_MISSING, f"{key}: {e}") from e
+
     def delete(self, key: str) -> None:
         """Remove a blob or a temporary file (in-place files are never deleted). Missing ones are
         ignored. Raises ``ValueError`` for a malformed blob or temporary key."""

@@ -9,12 +9,12 @@ model warm-up, reconciler) is ``embeddings.worker_boot``.
 
 - ``interactive`` queue (interactive worker, threads pool + dynamic batcher): ``embed_interactive``,
   ``embed_query``, ``encode_text``, ``embed_inputs``; ``embed_index_interactive`` with a Qdrant server.
-- ``bulk`` queue (bulk worker, one chunk at a time): ``embed_chunk``, ``migration_fill``,
+- ``bulk`` queue (bulk worker, one chunk at a time): ``embed_chunk``, ``batch_part``, ``migration_fill``,
   ``gate_embed``, ``cutoff_encode_texts``.
 - ``vectors`` queue (the vector store's owner): ``index_*``, ``search_*``, ``point_vectors``, ``forget_point``,
   ``collection_stats``, ``drop_collection``, ``job_done``, ``gate_check``, ``cutoff_compute``.
 - ``fetch`` queue (the fetch worker, threads, no model): ``job_read``, ``fetch_chunk``,
-  ``send_webhook_delivery``.
+  ``send_webhook_delivery``, ``batch_validate``, ``batch_part_fetch``, ``batch_finalize``.
 """
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ from embeddings.dispatch import (  # noqa: F401
 from embeddings.models import Job
 from embeddings.services import readiness
 from embeddings.services import reconcile as reconcile_services
+from embeddings.services.batches import batches as batch_services
+from embeddings.services.batches import parts as batch_parts
 from embeddings.services.catalogue import fetching, reading
 from embeddings.services.catalogue.images import images_mark_failed
 from embeddings.services.duplicates import calibration, scan
@@ -74,6 +76,34 @@ def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
     with lane_control.bulk_turn() as turn:
         out = bulk_queue.chunk_embed(job_id=job_id, image_ids=image_ids)
     return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S,
+             ignore_result=True)
+def batch_part(batch_id: str, index: int) -> dict:
+    """Run one part of an OpenAI batch (``services.batches.parts``) in this process's bulk turn, as
+    a job's chunk."""
+    with lane_control.bulk_turn():
+        return batch_parts.part_run(batch_id=batch_id, index=index)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def batch_part_fetch(batch_id: str, index: int) -> dict:
+    """Fetch the image URLs of one part of an OpenAI batch, then queue the part on the bulk queue
+    (``services.batches.parts``)."""
+    return batch_parts.part_fetch(batch_id=batch_id, index=index)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def batch_validate(batch_id: str) -> dict:
+    """Check a batch's input file and queue its parts (``services.batches.batches``)."""
+    return batch_services.batch_validate(batch_id=batch_id)
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
+def batch_finalize(batch_id: str) -> dict:
+    """Write a batch's output and error files and end it (``services.batches.batches``)."""
+    return batch_services.batch_finalize(batch_id=batch_id)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)

@@ -256,6 +256,14 @@ VARS: tuple[Var, ...] = (
     Var("EMBEDDINGS_MAX_INPUTS", int, 256, "lanes",
         "inputs (texts and images) of one `POST /api/embeddings/` or `POST /v1/embeddings` request; more is a 400 "
         "`too_many_inputs` (`docs/embeddings-api.md`)"),
+    Var("BATCH_MAX_FILE_BYTES", int, 200 * _MiB, "limits",
+        "bytes of one `POST /v1/files` file (OpenAI's Batch API input; `docs/batch-api.md`); more is a 413 "
+        "`file_too_large`"),
+    Var("BATCH_MAX_LINES", int, 50_000, "limits",
+        "requests (non-blank lines) of one batch input file; more is a 400 `too_many_lines`"),
+    Var("BATCH_WINDOW_MIN_S", float, 3600.0, "limits",
+        "shortest `completion_window` of `POST /v1/batches` (s; OpenAI accepts only `24h`)"),
+    Var("BATCH_WINDOW_MAX_S", float, 7 * 86400.0, "limits", "longest `completion_window` of `POST /v1/batches` (s)"),
     Var("ADMISSION_CONTROL", bool, True, "lanes",
         "refuse interactive work with 429 + `Retry-After` when its predicted wait exceeds its deadline"),
     Var("ADMISSION_MARGIN_QUANTILE", float, wait_model.MARGIN_QUANTILE, "lanes",

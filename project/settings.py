@@ -217,7 +217,12 @@ SPECTACULAR_SETTINGS = {
                             # vector is encoded (float | base64)
                             "KindEnum": "embeddings.models.JobKind",
                             "EmbeddingKindEnum": [("image", "image"), ("text", "text")],
-                            "EncodingFormatEnum": [("float", "float"), ("base64", "base64")]},
+                            "EncodingFormatEnum": [("float", "float"), ("base64", "base64")],
+                            # OpenAI's object names (/v1): a list, a file, a batch; a file's purpose
+                            "OpenAIListObjectEnum": [("list", "list")],
+                            "FileObjectEnum": [("file", "file")],
+                            "BatchObjectEnum": [("batch", "batch")],
+                            "FilePurposeEnum": "embeddings.models.FilePurpose"},
     # 401 on every secured operation and 404 on every one with a path parameter (embeddings/api/schema.py)
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "embeddings.api.schema.postprocess", "embeddings.api.schema_rules.postprocess"],
@@ -302,6 +307,11 @@ INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
 #: Inputs of one embeddings request (POST /api/embeddings/, POST /v1/embeddings): every one is an
 #: interactive request's work within its deadline; a catalogue goes to POST /api/jobs/.
 EMBEDDINGS_MAX_INPUTS = config["EMBEDDINGS_MAX_INPUTS"]
+#: OpenAI's Batch API (docs/batch-api.md): an input file's bytes and lines, the completion windows accepted.
+BATCH_MAX_FILE_BYTES = config["BATCH_MAX_FILE_BYTES"]
+BATCH_MAX_LINES = config["BATCH_MAX_LINES"]
+BATCH_WINDOW_MIN_S = config["BATCH_WINDOW_MIN_S"]
+BATCH_WINDOW_MAX_S = config["BATCH_WINDOW_MAX_S"]
 #: Refuse interactive work with 429 + Retry-After when its predicted wait exceeds its deadline
 #: (embeddings/lane_control/admission.py).
 ADMISSION_CONTROL = config["ADMISSION_CONTROL"]

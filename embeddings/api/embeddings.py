@@ -4,8 +4,6 @@ call ``services.interactive.embed.embeddings_create`` and serialise (docs/embedd
 """
 from __future__ import annotations
 
-import re
-
 from django.conf import settings
 from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers
@@ -197,15 +195,7 @@ class OpenAIErrorSerializer(serializers.Serializer):
 
 # --- helpers --------------------------------------------------------------------------------------
 
-def _count_check(n: int) -> None:
-    """Raises ApplicationError ``no_inputs`` (400) or ``too_many_inputs`` (400, naming the limit)."""
-    if n == 0:
-        raise ApplicationError("send one or more inputs", code="no_inputs")
-    limit = settings.EMBEDDINGS_MAX_INPUTS
-    if n > limit:
-        raise ApplicationError(f"{n} inputs; a request takes at most EMBEDDINGS_MAX_INPUTS ({limit}); "
-                               f"use POST /api/jobs/ for a catalogue", code="too_many_inputs",
-                               extra={"limit": "EMBEDDINGS_MAX_INPUTS", "value": limit, "inputs": n})
+_count_check = embed_services.inputs_count_check
 
 
 def _embedding(vector_b64: str, encoding: str):
@@ -347,13 +337,6 @@ OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 409: "invalid_request_error", 413: "invalid_request_error",
                 415: "invalid_request_error", 429: "rate_limit_error"}
 
-#: A data URL: ``data:`` and a media type (RFC 2397), whatever the type: one of another type is
-#: then refused as ``not_an_image`` rather than embedded as a text that happens to start so.
-DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+[;,]", re.IGNORECASE)
-#: An http(s) URL alone (no whitespace): a sentence that mentions a URL stays a text.
-HTTP_URL = re.compile(r"https?://\S+", re.IGNORECASE)
-
-
 def openai_exception_handler(exc, context):
     """The API's errors (``embeddings.api.errors``) in OpenAI's shape ``{"error": {"message",
     "type", "param", "code"}}``, status and headers (``Retry-After``) kept."""
@@ -380,31 +363,7 @@ def openai_errors(*statuses: int) -> dict[int, OpenApiResponse]:
     return {s: OpenApiResponse(OpenAIErrorSerializer, description=ERROR_STATUS.get(s, "")) for s in statuses}
 
 
-def _openai_inputs(value, modality: str) -> list[embed_services.EmbedInput]:
-    """``input`` (a string or a list of strings) as inputs: by ``modality``, or (``auto``) a data
-    URL → an image, an http(s) URL alone → an image to fetch, anything else → a text.
-
-    Raises:
-        ApplicationError: ``invalid_input`` (400; token arrays are not read), ``no_inputs``,
-            ``too_many_inputs``.
-    """
-    strings = [value] if isinstance(value, str) else value
-    if not isinstance(strings, list):
-        raise ApplicationError("input must be a string or an array of strings", code="invalid_input",
-                               extra={"param": "input"})
-    _count_check(len(strings))
-    out = []
-    for i, s in enumerate(strings):
-        if not isinstance(s, str):
-            raise ApplicationError(f"input[{i}] is not a string (token arrays are not read: send the text)",
-                                   code="invalid_input", extra={"param": f"input[{i}]"})
-        if modality == "text" or (modality == "auto" and not DATA_URL.match(s) and not HTTP_URL.fullmatch(s)):
-            out.append(embed_services.EmbedInput(text=s))
-        elif HTTP_URL.fullmatch(s):
-            out.append(embed_services.EmbedInput(image_url=s))
-        else:
-            out.append(embed_services.EmbedInput(image=s))
-    return out
+_openai_inputs = embed_services.openai_inputs
 
 
 class OpenAIEmbeddingsView(APIView):

@@ -83,8 +83,9 @@ def errors(*statuses: int) -> dict[int, OpenApiResponse]:
     return {s: OpenApiResponse(ErrorSerializer, description=ERROR_STATUS[s]) for s in statuses}
 
 
-#: A query string's text holds no control character other than tab, LF and CR: the service refuses
-#: one before any view (``embeddings.transport.CONTROL``, 400 ``invalid_characters``).
+#: A query string's or a path parameter's text holds no control character other than tab, LF and
+#: CR: the service refuses one before any view (``embeddings.transport.CONTROL``, 400
+#: ``invalid_characters``).
 NO_CONTROL_CHARACTERS = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f]*$"
 #: Methods whose request body a view reads (``embeddings.transport``: 411 without a length).
 _BODY_METHODS = frozenset({"post", "put", "patch", "delete"})
@@ -119,7 +120,7 @@ def postprocess(result: dict, generator, request, public) -> dict:
             # URL (400), a body without a length (411); content negotiation, an Accept it cannot meet (406)
             for parameter in op.get("parameters", []):
                 schema = parameter.get("schema", {})
-                if parameter.get("in") == "query" and schema.get("type") == "string" \
+                if parameter.get("in") in ("query", "path") and schema.get("type") == "string" \
                         and not ({"pattern", "format", "enum"} & set(schema)):
                     schema["pattern"] = NO_CONTROL_CHARACTERS
             shape = _openai_error_ref() if path.startswith("/v1/") else _error_ref()

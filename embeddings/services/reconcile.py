@@ -74,6 +74,7 @@ from django.utils import timezone
 from embeddings import dispatch, lane_control, runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue.images import images_mark_failed
+from embeddings.services.batches.batches import batches_expire
 from embeddings.services.catalogue.jobs import job_refresh, jobs_at_risk_notify
 from embeddings.services.lifecycle import cutoff
 from embeddings.services.webhooks import delivery as webhook_delivery
@@ -312,6 +313,17 @@ def webhooks_round() -> tuple[int, int]:
         return 0, 0
 
 
+def batches_round() -> int:
+    """Expire the OpenAI batches past their completion window (``batches.batches_expire``). A failure
+    is logged, never fails the round. Returns the batches touched."""
+
+    try:
+        return batches_expire()
+    except Exception:
+        log.exception("reconcile: expiring batches failed; the next round tries again")
+        return 0
+
+
 def temporaries_round(*, grace_s: float, now: dt.datetime | None = None) -> int:
     """Delete the temporary files (query images, embeddings requests' images) of requests whose
     process died before deleting them: older than the longest a request may keep one (its deadline:
@@ -358,6 +370,7 @@ def reconcile_once(*, client=None, grace_s: float | None = None) -> ReconcileRep
         report = dataclasses.replace(report, orphaned_messages=len(orphans or ()),
                                      temporaries_deleted=temporaries_round(grace_s=grace))
         webhooks_round()
+        batches_round()
     finally:
         try:
             lock.release()

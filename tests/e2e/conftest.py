@@ -24,7 +24,8 @@ from scripts.stack import Stack
 #: Environment of the shared stack: seeded random weights, a 30 s interactive deadline (the photos'
 #: first interactive batch may wait for the model on a loaded 2-core machine).
 SHARED_ENV = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0", "INTERACTIVE_DEADLINE_S": "30",
-              "FETCH_ALLOW_NETWORKS": "127.0.0.1/32"}  # the catalogue tests' own HTTP server (test_catalogue.py)
+              "FETCH_ALLOW_NETWORKS": "127.0.0.1/32",  # the catalogue tests' own HTTP server (test_catalogue.py)
+              "BATCH_WINDOW_MIN_S": "1"}  # a batch's window of seconds: expiry (test_openai_batches.py)
 
 
 @contextlib.contextmanager

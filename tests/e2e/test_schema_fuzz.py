@@ -17,7 +17,8 @@ work, nothing switched). The staff run asserts afterwards that the active space 
 found and that no other space exists.
 
 Where the service's answer depends on what no OpenAPI 3.0 schema can say (what a file's bytes are,
-metadata key names, server state, a URL's address; the list and the codes are in
+metadata key names (a batch's metadata too), a batch input file that is empty or over its line
+limit, server state, a URL's address; the list and the codes are in
 docs/embeddings-api.md "What the schema cannot say"), the check that valid data is accepted is told
 the statuses the schema documents for that case (see ``CONFIG``); which codes come with them is
 checked in-process, request by request (tests/embeddings/api/test_schema_positive.py).
@@ -96,6 +97,13 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401",
 [[operations]]
 include-operation-id = "auth_token"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411"]
+[[operations]]
+include-operation-id = "openai_files_create"
+checks.positive_data_acceptance.expected-statuses = [
+    "2xx", "400", "411", "401", "403", "404", "409", "413", "415", "429", "5xx"]
+[[operations]]
+include-operation-id = "openai_batches_create"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
 [[operations]]
 include-operation-id = "migrations_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "411", "401", "403", "404", "409", "429", "5xx"]

@@ -66,7 +66,8 @@ def test_a_result_someone_waits_for_names_its_deadline_and_unread_results_are_no
                                tasks.fetch_chunk, tasks.send_webhook_delivery, tasks.migration_fill, tasks.job_done,
                                tasks.reconcile, tasks.gate_embed, tasks.gate_check, tasks.cutoff_encode_texts,
                                tasks.cutoff_compute, tasks.duplicates_calibration_embed, tasks.duplicates_calibrate,
-                               tasks.duplicates_scan_slice, tasks.duplicates_update, tasks.canary)}
+                               tasks.duplicates_scan_slice, tasks.duplicates_update, tasks.canary,
+                               tasks.batch_validate, tasks.batch_part_fetch, tasks.batch_part, tasks.batch_finalize)}
     from project.celery import app
 
     assert {name for name, t in app.tasks.items() if name.startswith("embeddings.") and t.ignore_result} == unread

@@ -4,9 +4,9 @@
 Routes come from ``django.urls.get_resolver()`` walked recursively (the API under ``/api/`` and
 ``/v1/``, the schema and docs, the site, the admin, ``/metrics``, ``/healthz``, ``/readyz``); each
 path converter is filled with the ids of real objects made here (an uploaded image, a job, a webhook
-and one of its deliveries, the active embedding space, a user, a group, a batch record) and with
-unknown and malformed ids. A route the walk cannot fill fails the test (:func:`route_template`), so a
-new route is swept or the sweep is told about it.
+and one of its deliveries, the active embedding space, a user, a group, a batch record, an OpenAI
+batch input file and batch) and with unknown and malformed ids. A route the walk cannot fill fails
+the test (:func:`route_template`), so a new route is swept or the sweep is told about it.
 
 Users: ``anonymous``, ``user-token`` and ``user-session`` (one normal user, by token and by Django
 session), ``staff`` (a token for the API, a session for the site and the admin).
@@ -46,6 +46,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.signals import got_request_exception
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
@@ -198,7 +199,7 @@ def _client(**defaults) -> Client:
 def make_world(user, staff) -> World:
     """An embedded image and a finished job of ``user``, a webhook endpoint of theirs with a
     delivery, the active space, a group and a batch record, a duplicate scan, group and "not
-    duplicates" pair of theirs; the four clients."""
+    duplicates" pair of theirs, a batch input file and a batch of it (``/v1``); the four clients."""
     from django.contrib.auth.models import Group
     from django.contrib.contenttypes.models import ContentType
     from rest_framework.authtoken.models import Token
@@ -234,8 +235,19 @@ def make_world(user, staff) -> World:
     for im in (image["id"], second.id):
         DuplicateMember.objects.create(group=dup, image_id=im, score=1.0, representative=im == image["id"])
     pair = NotDuplicate.objects.create(owner=user, sha_a="a" * 64, sha_b="b" * 64)
+    # OpenAI's Batch API (/v1/files, /v1/batches): an input file and a batch of it (run to its end
+    # by eager Celery)
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ViT-B-32", "input": "a"}}
+    r = api.post("/v1/files", {"file": SimpleUploadedFile("in.jsonl", json.dumps(line).encode() + b"\n"),
+                               "purpose": "batch"})
+    assert r.status_code == 200, r.content
+    batch_file = json.loads(r.content)["id"]
+    r = api.post("/v1/batches", {"input_file_id": batch_file, "endpoint": "/v1/embeddings",
+                                 "completion_window": "24h"}, content_type="application/json")
+    assert r.status_code == 200, r.content
     ids = {"image_id": image["id"], "job_id": job, "webhook_id": str(endpoint.id), "delivery_id": str(delivery.id),
-           "space_id": str(space.pk), "id": str(user.pk), "group_id": str(dup.id)}
+           "space_id": str(space.pk), "id": str(user.pk), "group_id": str(dup.id), "file_id": batch_file,
+           "batch_id": json.loads(r.content)["id"]}
     admin_pks = {"embeddings.image": image["id"], "embeddings.job": job, "embeddings.batchstat": str(stat.pk),
                  "embeddings.embeddingspace": str(space.pk), "embeddings.webhookendpoint": str(endpoint.id),
                  "embeddings.webhookdelivery": str(delivery.id), "auth.user": str(user.pk),

@@ -15,6 +15,7 @@ import base64
 import binascii
 import concurrent.futures
 import dataclasses
+import re
 import tempfile
 import time
 
@@ -77,6 +78,52 @@ class EmbedOutcome:
     space: EmbeddingSpace
     image_tokens: int
     deadline_s: float
+
+
+#: A data URL: ``data:`` and a media type (RFC 2397), whatever the type: one of another type is
+#: then refused as ``not_an_image`` rather than embedded as a text that happens to start so.
+DATA_URL = re.compile(r"data:[\w.+-]+/[\w.+-]+[;,]", re.IGNORECASE)
+#: An http(s) URL alone (no whitespace): a sentence that mentions a URL stays a text.
+HTTP_URL = re.compile(r"https?://\S+", re.IGNORECASE)
+
+
+def inputs_count_check(n: int) -> None:
+    """Raises ApplicationError ``no_inputs`` (400) or ``too_many_inputs`` (400, naming the limit)."""
+    if n == 0:
+        raise ApplicationError("send one or more inputs", code="no_inputs")
+    limit = settings.EMBEDDINGS_MAX_INPUTS
+    if n > limit:
+        raise ApplicationError(f"{n} inputs; a request takes at most EMBEDDINGS_MAX_INPUTS ({limit}); "
+                               f"use POST /api/jobs/ for a catalogue", code="too_many_inputs",
+                               extra={"limit": "EMBEDDINGS_MAX_INPUTS", "value": limit, "inputs": n})
+
+
+def openai_inputs(value, modality: str) -> list[EmbedInput]:
+    """OpenAI's ``input`` (a string or a list of strings) as inputs: by ``modality``, or (``auto``)
+    a data URL → an image, an http(s) URL alone → an image to fetch, anything else → a text. The
+    rule of ``POST /v1/embeddings`` and of a batch line's body (``services.batches``).
+
+    Raises:
+        ApplicationError: ``invalid_input`` (400, ``extra.param``; token arrays are not read),
+            ``no_inputs``, ``too_many_inputs``.
+    """
+    strings = [value] if isinstance(value, str) else value
+    if not isinstance(strings, list):
+        raise ApplicationError("input must be a string or an array of strings", code="invalid_input",
+                               extra={"param": "input"})
+    inputs_count_check(len(strings))
+    out = []
+    for i, s in enumerate(strings):
+        if not isinstance(s, str):
+            raise ApplicationError(f"input[{i}] is not a string (token arrays are not read: send the text)",
+                                   code="invalid_input", extra={"param": f"input[{i}]"})
+        if modality == "text" or (modality == "auto" and not DATA_URL.match(s) and not HTTP_URL.fullmatch(s)):
+            out.append(EmbedInput(text=s))
+        elif HTTP_URL.fullmatch(s):
+            out.append(EmbedInput(image_url=s))
+        else:
+            out.append(EmbedInput(image=s))
+    return out
 
 
 def space_view(space: EmbeddingSpace) -> dict:

@@ -42,7 +42,7 @@ def staff_recipients() -> list[WebhookEndpoint]:
 
 
 def event_emit(*, event: str, key: str, data: dict, endpoints: Iterable[WebhookEndpoint],
-               at: dt.datetime | None = None) -> list[WebhookDelivery]:
+               at: dt.datetime | None = None, body: dict | None = None) -> list[WebhookDelivery]:
     """Make one message of ``event`` for each endpoint subscribed to it, unless that endpoint
     already has one with ``key``; queue each new one's first attempt when the transaction commits.
 
@@ -52,13 +52,15 @@ def event_emit(*, event: str, key: str, data: dict, endpoints: Iterable[WebhookE
         data: the message's ``data`` (JSON-serialisable).
         endpoints: candidates (e.g. :func:`job_recipients`); those not subscribed are skipped.
         at: the event's time (``timestamp``), default now.
+        body: the whole message instead of ``{"type", "timestamp", "data"}`` (a ``batch.*`` event
+            carries OpenAI's event object: ``services.batches``); signed and sent the same way.
 
     Returns:
         The deliveries made now (none for an occurrence already emitted).
     """
     WebhookEvent(event)
     now = timezone.now()
-    payload = {"type": event, "timestamp": (at or now).isoformat(), "data": data}
+    payload = body if body is not None else {"type": event, "timestamp": (at or now).isoformat(), "data": data}
     rows = [WebhookDelivery(endpoint=e, event=event, key=key[:200], message_id=message_id_new(), payload=payload,
                             next_attempt_at=now + DISPATCH_LEASE)
             for e in endpoints if not e.events or event in e.events]

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from embeddings import dispatch, runtime, spaces
 from embeddings.models import (
+    Batch,
     DeliveryStatus,
     EmbeddingSpace,
     Job,
@@ -20,6 +21,8 @@ from embeddings.models import (
     WebhookDelivery,
     WebhookEvent,
 )
+from embeddings.services.batches import batches as batch_services
+from embeddings.services.batches import files as batch_files
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.sources import SourceFile
 from embeddings.services.lifecycle import cutoff, gate, model_migrations
@@ -80,6 +83,27 @@ def test_each_event_is_delivered_once_after_failed_attempts(migrating, receiver,
     # a redelivered emitter makes no second message
     job_services.job_event_emit(job=Job.objects.get(id=done.id), event=None)
 
+    # batch.completed, batch.failed (a file failing validation), batch.cancelled, batch.expired:
+    # OpenAI batches of the same owner, run eagerly; the last two with parts no worker takes
+    def batch_of(content: bytes):
+        f = batch_files.file_upload(owner=staff, filename="in.jsonl", size=len(content), stream=io.BytesIO(content),
+                                    purpose="batch")
+        return batch_services.batch_create(owner=staff, input_file_id=f.id, endpoint="/v1/embeddings",
+                                           completion_window="24h")
+
+    request = b'{"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ViT-B-32", ' \
+              b'"input": "a cat"}}\n'
+    batches = {"batch.completed": batch_of(request).id, "batch.failed": batch_of(b"not json\n").id}
+    with pytest.MonkeyPatch.context() as no_workers:
+        no_workers.setattr(dispatch, "send_batch_part", lambda **kw: None)
+        batches["batch.cancelled"] = batch_of(request).id
+        batches["batch.expired"] = batch_of(request).id
+    batch_services.batch_cancel(batch=Batch.objects.get(id=batches["batch.cancelled"]))
+    Batch.objects.filter(id=batches["batch.expired"]).update(expires_at=timezone.now() - dt.timedelta(seconds=1))
+    assert batch_services.batches_expire() == 1
+    assert {Batch.objects.get(id=b).status for b in batches.values()} == {"completed", "failed", "cancelled",
+                                                                         "expired"}
+
     # the model lifecycle: migrate (its gate makes migration.ready), promote, roll back
     r = admin.post("/api/migrations/", {"model": "ViT-S-32", "pretrained": "random"}, format="json")
     assert r.status_code == 202, r.content
@@ -114,8 +138,13 @@ def test_each_event_is_delivered_once_after_failed_attempts(migrating, receiver,
     assert by_type["migration.ready"]["data"]["model_id"] == S
     assert by_type["migration.promoted"]["data"]["state"] == "active"
     assert by_type["migration.rolled_back"]["data"]["previous_model_id"] == S
+    for event, batch_id in batches.items():  # OpenAI's event object, as its client's webhooks.unwrap reads it
+        p = by_type[event]
+        assert set(p) == {"id", "object", "created_at", "type", "data"} and p["object"] == "event"
+        assert p["id"].startswith("evt_") and isinstance(p["created_at"], int) and p["data"] == {"id": batch_id}
     for p in by_type.values():
-        assert dt.datetime.fromisoformat(p["timestamp"]).tzinfo is not None
+        if not p["type"].startswith("batch."):
+            assert dt.datetime.fromisoformat(p["timestamp"]).tzinfo is not None
     assert hook.deliveries.count() == len(WebhookEvent.values)
 
 

@@ -1,0 +1,167 @@
+"""Files of ``/v1/files`` (OpenAI's Files API, docs/batch-api.md): uploaded batch inputs and the
+output and error files batches write, JSON Lines in the blob store, each visible to its owner only.
+
+A file's bytes are a content-addressed blob (``storage.BlobStore.put``): the same bytes uploaded twice
+are stored once, and a blob is deleted with the last file (and the last unfinished batch) naming it.
+"""
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+
+from django.conf import settings
+from django.db.models import Q
+
+from embeddings import runtime
+from embeddings.errors import ApplicationError
+from embeddings.models import Batch, BatchFile, BatchStatus, FilePurpose, Image
+from embeddings.services.catalogue.sources import iter_blocks
+
+#: Batch states whose input blob is still read.
+UNFINISHED = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
+#: The most files one list answers (OpenAI's ``limit`` bound for files is 10,000; lists here are pages).
+LIST_MAX = 10_000
+
+
+def file_id_new() -> str:
+    """``file-`` + 32 hex digits."""
+    return f"file-{uuid.uuid4().hex}"
+
+
+class _LineCounter:
+    """Counts the non-blank lines of a stream of bytes as it passes, refusing it past a limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lines = 0
+        self.open_line = False  # the current line has a character other than whitespace
+
+    def count(self, blocks: Iterable[bytes]) -> Iterator[bytes]:
+        """``blocks`` unchanged, counted.
+
+        Raises:
+            ApplicationError: ``too_many_lines`` (400) past ``limit``.
+        """
+        for block in blocks:
+            for piece in block.split(b"\n")[:-1]:
+                if self.open_line or piece.strip():
+                    self._one()
+                self.open_line = False
+            tail = block.rsplit(b"\n", 1)[-1]
+            self.open_line = self.open_line or bool(tail.strip())
+            yield block
+        if self.open_line:
+            self._one()
+
+    def _one(self) -> None:
+        self.lines += 1
+        if self.lines > self.limit:
+            raise ApplicationError(f"more than BATCH_MAX_LINES ({self.limit}) lines in one batch input file",
+                                   code="too_many_lines", extra={"param": "file", "limit": "BATCH_MAX_LINES",
+                                                                 "value": self.limit})
+
+
+def file_upload(*, owner, filename: str, size: int, stream, purpose: str) -> BatchFile:
+    """Store an uploaded batch input file (JSON Lines) and its row.
+
+    Only the size and the line count are checked here; the lines themselves are checked when a batch
+    reads the file (``batches.batch_validate``), as OpenAI does.
+
+    Args:
+        size: its size in bytes as received; ``stream``: an open binary file of it.
+        purpose: ``batch`` (the only purpose this service reads).
+
+    Raises:
+        ApplicationError: ``invalid_purpose`` (400, ``param`` purpose), ``file_too_large`` (413, over
+            ``BATCH_MAX_FILE_BYTES``), ``too_many_lines`` (400, over ``BATCH_MAX_LINES``), ``empty_file``
+            (400, no line).
+    """
+    if purpose != FilePurpose.BATCH:
+        raise ApplicationError(f"purpose {str(purpose)[:40]!r}: this service takes files for purpose 'batch' only",
+                               code="invalid_purpose", extra={"param": "purpose"})
+    file_size_check(size)
+    counter = _LineCounter(settings.BATCH_MAX_LINES)
+    key, sha, stored = runtime.blob_store().put(counter.count(iter_blocks(stream)))
+    if not counter.lines:
+        blob_release(key)
+        raise ApplicationError("the file has no line: a batch input is one JSON request per line",
+                               code="empty_file", extra={"param": "file"})
+    return BatchFile.objects.create(id=file_id_new(), owner=owner, purpose=FilePurpose.BATCH,
+                                    filename=(filename or "upload.jsonl")[:255], bytes=stored, lines=counter.lines,
+                                    storage_key=key, sha256=sha)
+
+
+def file_size_check(size: int) -> None:
+    """Raises ApplicationError ``file_too_large`` (413) when ``size`` exceeds ``BATCH_MAX_FILE_BYTES``."""
+    limit = settings.BATCH_MAX_FILE_BYTES
+    if size > limit:
+        raise ApplicationError(f"the file has {size} bytes; at most BATCH_MAX_FILE_BYTES ({limit})",
+                               code="file_too_large", status=413,
+                               extra={"param": "file", "limit": "BATCH_MAX_FILE_BYTES", "value": limit})
+
+
+def file_write(*, owner, filename: str, chunks: Iterable[bytes], lines: int) -> BatchFile:
+    """Store a file a batch made (purpose ``batch_output``) from a stream of bytes (spooled, never
+    whole in memory: ``BlobStore.put``)."""
+    key, sha, size = runtime.blob_store().put(chunks)
+    return BatchFile.objects.create(id=file_id_new(), owner=owner, purpose=FilePurpose.BATCH_OUTPUT,
+                                    filename=filename[:255], bytes=size, lines=lines, storage_key=key, sha256=sha)
+
+
+def file_get(*, owner, file_id: str) -> BatchFile:
+    """The owner's file ``file_id``.
+
+    Raises:
+        ApplicationError: ``not_found`` (404): no such file, or another owner's.
+    """
+    f = BatchFile.objects.filter(id=str(file_id)[:40], owner=owner).first()
+    if f is None:
+        raise ApplicationError(f"no file {str(file_id)[:64]!r}", code="not_found", status=404,
+                               extra={"param": "file_id"})
+    return f
+
+
+def files_list(*, owner, purpose: str | None = None, after: str | None = None, limit: int = 20,
+               order: str = "desc") -> tuple[list[BatchFile], bool]:
+    """The owner's files by creation time (``order`` ``desc``: newest first), those after the file
+    ``after`` (its id) only, at most ``limit``. Returns ``(files, has_more)``.
+
+    Raises:
+        ApplicationError: ``not_found`` (404, ``param`` after): ``after`` names no file of the owner.
+    """
+    rows = BatchFile.objects.filter(owner=owner)
+    if purpose:
+        rows = rows.filter(purpose=purpose)
+    if after:
+        mark = BatchFile.objects.filter(owner=owner, id=str(after)[:40]).first()
+        if mark is None:
+            raise ApplicationError(f"after: no file {str(after)[:64]!r}", code="not_found", status=404,
+                                   extra={"param": "after"})
+        newer = Q(created_at__gt=mark.created_at) | Q(created_at=mark.created_at, id__gt=mark.id)
+        older = Q(created_at__lt=mark.created_at) | Q(created_at=mark.created_at, id__lt=mark.id)
+        rows = rows.filter(older if order == "desc" else newer)
+    rows = rows.order_by(*(("-created_at", "-id") if order == "desc" else ("created_at", "id")))
+    page = list(rows[:limit + 1])
+    return page[:limit], len(page) > limit
+
+
+def file_open(f: BatchFile):
+    """The file's bytes as an open binary file (the caller closes it)."""
+    return runtime.blob_store().open(f.storage_key)
+
+
+def file_delete(*, file: BatchFile) -> None:
+    """Delete a file's row, and its blob when nothing else names it."""
+    key = file.storage_key
+    file.delete()
+    blob_release(key)
+
+
+def blob_release(key: str) -> None:
+    """Delete blob ``key`` unless a file, an unfinished batch's input or an image names it."""
+    if BatchFile.objects.filter(storage_key=key).exists() or \
+            Batch.objects.filter(input_key=key, status__in=UNFINISHED).exists() or \
+            Image.objects.filter(storage_key=key).exists():
+        return
+    runtime.blob_store().delete(key)
+
