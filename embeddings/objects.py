@@ -87,6 +87,16 @@ def key_problem(key: str, *, prefix: bool = False) -> str | None:
     return None
 
 
+#: ``s3://bucket[/prefix]`` as :func:`parse_s3_uri` takes it, for the OpenAPI schema
+#: (``embeddings.api.schema_rules``): a :data:`BUCKET` name, then a prefix of at most
+#: :data:`MAX_KEY_BYTES` characters with no control character, no leading ``/``, no ``.`` or ``..``
+#: segment before its last and no ``..`` last (:func:`key_problem`). A prefix of non-ASCII
+#: characters can pass the pattern and be over the limit in UTF-8 bytes: that one is refused by
+#: :func:`parse_s3_uri` alone.
+S3_URI_PATTERN = ("^[Ss]3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]"
+                  "(/(?!/)(?!([^/]*/)*(\\.\\.?/|\\.\\.$))[^\\x00-\\x1f\\x7f]{0,%d})?$" % MAX_KEY_BYTES)
+
+
 def parse_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket[/prefix]`` as ``(bucket, prefix)``; the prefix is ``""`` for the whole bucket
     and is kept exactly as written after the bucket's slash (``s3://b/photos/`` → ``("b",

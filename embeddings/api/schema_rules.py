@@ -16,6 +16,7 @@ from django.conf import settings
 from embeddings import spaces
 from embeddings.api.vector_fields import INCLUDE_CHOICES
 from embeddings.models import WebhookEvent
+from embeddings.objects import S3_URI_PATTERN
 from embeddings.services.webhooks.endpoints import CALLBACK_URL_PATTERN, MAX_JOB_CALLBACKS
 
 #: No NUL character: DRF's ``CharField`` refuses one (``ProhibitNullCharactersValidator``: 400
@@ -94,7 +95,7 @@ def _form_only_components(result: dict) -> set[str]:
 
 def _callback_urls(schemas: dict) -> None:
     """Webhook URLs and job callback URLs: :data:`CALLBACK_URL_PATTERN` (``callback_url_check``);
-    a job's callback events: :data:`JOB_EVENTS`."""
+    a job's callback events: :data:`JOB_EVENTS`; its object-storage URIs: ``S3_URI_PATTERN``."""
     url = {"type": "string", "pattern": CALLBACK_URL_PATTERN, "maxLength": 2048}
     for name in ("WebhookCreateRequest", "PatchedWebhookUpdateRequest"):
         if name in schemas:
@@ -105,6 +106,9 @@ def _callback_urls(schemas: dict) -> None:
             props["callback_url"]["oneOf"] = [url, {"type": "array", "items": url, "maxItems": MAX_JOB_CALLBACKS}]
         if "callback_events" in props:
             props["callback_events"]["items"] = {"type": "string", "enum": JOB_EVENTS}
+        for field in ("manifest_key", "prefix", "bucket"):  # objects.parse_s3_uri: 400 source_uri_invalid
+            if field in props:
+                props[field]["pattern"] = S3_URI_PATTERN
 
 
 def _embeddings(schemas: dict) -> None:

@@ -4,9 +4,13 @@ over HTTP by the client :func:`make_client` builds. No client is mocked."""
 from __future__ import annotations
 
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from embeddings import objects
 
 from embeddings.objects import (
     Allowed,
@@ -141,4 +145,20 @@ def test_allowed_buckets_and_prefixes():
         Allowed().check("bucket-b", "x.jpg")  # no rules: nothing is allowed
     with pytest.raises(ObjectError) as e:
         Allowed.parse("bucket-a/../x")
+    assert e.value.code == "source_uri_invalid"
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, suppress_health_check=list(HealthCheck))
+@given(uri=st.from_regex(objects.S3_URI_PATTERN, fullmatch=True).filter(
+    lambda u: len(u.partition("//")[2].partition("/")[2].encode()) <= objects.MAX_KEY_BYTES))
+def test_every_uri_the_schema_pattern_allows_parses(uri):
+    objects.parse_s3_uri(uri)  # the schema states what parse_s3_uri takes (embeddings.api.schema_rules)
+
+
+@pytest.mark.parametrize("uri", ["data", "s3://", "s3://A-bucket/x", "s3://bucket//x", "s3://bucket/a/../b",
+                                 "s3://bucket/..", "s3://bucket/./x", "s3://bucket/a\x01", "gs://bucket/x"])
+def test_a_uri_the_schema_pattern_refuses_is_refused(uri):
+    assert not re.fullmatch(objects.S3_URI_PATTERN, uri)
+    with pytest.raises(objects.ObjectError) as e:
+        objects.parse_s3_uri(uri)
     assert e.value.code == "source_uri_invalid"

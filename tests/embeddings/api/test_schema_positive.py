@@ -47,6 +47,8 @@ CANNOT_SAY: dict[str, set[str]] = {
     # a multipart body: an image or examples, positive ones among them (no oneOf over file parts),
     # examples as JSON text; no body at all (optional in the schema)
     "search": BYTES | {"invalid_query", "positive_required", "invalid:positive", "invalid:negative"},
+    # a batch input file's lines (JSON requests) and its line count are its content
+    "openai_files_create": {"empty_file", "too_many_lines"},
     "webhooks_create": ADDRESS | {"invalid_events"},  # migration.* events: staff accounts only
     "webhooks_partial_update": ADDRESS | {"invalid_events"},
 }
