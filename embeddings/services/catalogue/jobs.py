@@ -249,6 +249,8 @@ def job_transition(*, job: Job, to: str) -> Job:
             parked.update(reason="", reason_detail="")
             if ids:
                 transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=ids))
+            else:  # the fair scheduler's unsent chunks wait in the database: the window takes them again
+                transaction.on_commit(dispatch.bulk_pump)
     job.refresh_from_db()
     return job
 
