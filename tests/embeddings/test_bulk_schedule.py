@@ -203,3 +203,33 @@ def test_a_fair_job_runs_to_the_end_through_the_real_chunk_task(fair, service, u
     assert job.status == JobStatus.DONE
     assert Image.objects.filter(job=job, status=ImageStatus.EMBEDDED).count() == 7
     assert set(BulkChunk.objects.filter(job=job).values_list("state", flat=True)) == {ChunkState.DONE}
+
+
+def test_a_jobs_eta_position_and_risk_come_from_the_lanes_order(fair, sent, user, other_user):
+    """Lane at 10 images/s (the last minute's chunks). a: 8 images, b: 2 due in 0.3 s. Fair halves
+    would end b at 0.4 s, past its deadline; earliest deadline first ends it at 0.2 s: so b goes
+    first, is not at risk, and a ends at 1.0 s."""
+    from embeddings.models import BatchStat
+    from embeddings.services.catalogue.jobs import job_progress
+
+    a, a_ids = make_job(user, 8)
+    dispatch.send_job_chunks(job=a, image_ids=a_ids)
+    b, b_ids = make_job(other_user, 2, deadline=timezone.now() + dt.timedelta(seconds=0.3))
+    dispatch.send_job_chunks(job=b, image_ids=b_ids)
+    BatchStat.objects.create(job=a, lane=Lane.BULK, images=10)
+    t0 = timezone.now()
+    lane_a, lane_b = job_progress(Job.objects.get(id=a.id))["lane"], job_progress(Job.objects.get(id=b.id))
+    assert (lane_b["lane"]["position"], lane_a["position"], lane_b["lane"]["jobs"]) == (0, 1, 2)
+    assert (lane_b["lane"]["share"], lane_a["share"]) == (1.0, 0.0)
+    assert not lane_b["at_risk"] and not lane_b["lane"]["infeasible"] and lane_b["eta"] == lane_b["lane"]["eta"]
+    assert abs((lane_b["eta"] - t0).total_seconds() - 0.2) < 0.1
+    assert abs((lane_a["eta"] - t0).total_seconds() - 1.0) < 0.1
+    assert lane_a["rate_images_per_s"] == 10.0
+
+
+def test_without_the_fair_scheduler_a_job_has_no_lane_block(settings, user):
+    from embeddings.services.catalogue.jobs import job_progress
+
+    settings.BULK_SCHEDULER = "fifo"
+    job, _ = make_job(user, 2)
+    assert job_progress(job)["lane"] is None
