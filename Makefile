@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
+.PHONY: setup browser demo test test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-export bench-previews bench-decode bench-model bench-path bench-duplicates bench-fairness
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -164,3 +164,9 @@ clean:
 # make bench-path BENCH_ARGS="--images 3000 --originals 168" for a short check.
 bench-path: setup
 	$(PY) -m benchmarks.bulk_path --postgres $(BENCH_ARGS)
+
+# Issue 54 (docs/lanes.md, "The bulk lane's order"): the bulk lane under BULK_SCHEDULER=fifo and fair,
+# a real stack each: a small job behind a big one, three owners (equal weights, 2:1:1), deadlines,
+# throughput; a table, PASS/FAIL lines and a plot under var/bench-fairness. ~8 min on 2 cores.
+bench-fairness: setup
+	$(PY) -m benchmarks.fairness $(BENCH_ARGS)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import io
+import threading
 import uuid
 
 import pytest
@@ -233,3 +234,28 @@ def test_without_the_fair_scheduler_a_job_has_no_lane_block(settings, user):
     settings.BULK_SCHEDULER = "fifo"
     job, _ = make_job(user, 2)
     assert job_progress(job)["lane"] is None
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="threads need a database server (SQLite in tests is "
+                    "one in-memory connection); SQLite serialises writers anyway")
+def test_workers_claiming_at_once_never_take_one_chunk_twice(fair, user):
+    import concurrent.futures
+
+    job, ids = make_job(user, 40)
+    bulk_schedule.chunks_add(job_id=job.id, chunks=[ids[i:i + 2] for i in range(0, 40, 2)])
+    barrier = threading.Barrier(8)
+
+    def claims() -> list[int]:
+        got = []
+        barrier.wait()
+        try:
+            while (c := bulk_schedule.chunk_claim(job_id=str(job.id), own=None)[0]) is not None:
+                got.append(c.chunk_id)
+        finally:
+            connection.close()  # this thread's own connection
+        return got
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        got = [i for f in [pool.submit(claims) for _ in range(8)] for i in f.result()]
+    assert len(got) == len(set(got)) == 20
+    assert BulkChunk.objects.filter(state=ChunkState.SENT).count() == 20
