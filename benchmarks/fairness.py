@@ -222,6 +222,8 @@ def verdicts(res: dict) -> list[tuple[bool, str]]:
     w = fair["weighted"]["shares"]
     want = {u: WEIGHTS[u] / sum(WEIGHTS.values()) for u in WEIGHTED}
     ratio = fair["equal"]["images_per_s"] / fifo["equal"]["images_per_s"] if fifo["equal"]["images_per_s"] else 0.0
+    fair_w = ", ".join(f"{100 * w[u]:.1f} %" for u in WEIGHTED)
+    fifo_w = ", ".join(f"{100 * fifo['weighted']['shares'][u]:.1f} %" for u in WEIGHTED)
     return [
         (fair["small"]["ratio"] <= SMALL_RATIO_MAX,
          f"small job behind a big one: {fair['small']['ratio']}x its standalone time under fair (target <= "
@@ -230,8 +232,7 @@ def verdicts(res: dict) -> list[tuple[bool, str]]:
          f"three owners, equal weights: Jain's index {fair['equal']['jain']} under fair (target >= {JAIN_MIN}; "
          f"fifo {fifo['equal']['jain']})"),
         (all(abs(w[u] - want[u]) <= SHARE_TOLERANCE * want[u] for u in WEIGHTED),
-         f"weights 2:1:1: shares {', '.join(f'{100 * w[u]:.1f} %' for u in WEIGHTED)} under fair (target 50/25/25 "
-         f"± 10 %; fifo {', '.join(f'{100 * fifo['weighted']['shares'][u]:.1f} %' for u in WEIGHTED)})"),
+         f"weights 2:1:1: shares {fair_w} under fair (target 50/25/25 ± 10 %; fifo {fifo_w})"),
         (fair["deadlines"]["missed"] == 0,
          f"deadlines feasible together: {fair['deadlines']['missed']} of {fair['deadlines']['jobs']} missed under "
          f"fair (fifo misses {fifo['deadlines']['missed']})"),
