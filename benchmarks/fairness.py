@@ -216,6 +216,8 @@ def run_policy(policy: str, args, out: Path) -> dict:
         lane.wait({warm: "warm"})
         res["small"] = small_behind_big(lane, args.big)
         print(f"[{policy}] small behind big: {res['small']}", flush=True)
+        if args.only:
+            return res
         res["equal"] = continuous(lane, EQUAL, args.busy_s)
         print(f"[{policy}] equal weights: jain {res['equal']['jain']}, {res['equal']['images_per_s']} images/s",
               flush=True)
@@ -291,6 +293,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--window", type=int, default=2, help="BULK_SCHEDULER_WINDOW (fair): chunks in flight")
     ap.add_argument("--big", type=int, default=256, help="images of the big jobs (scenarios 1 and 4)")
     ap.add_argument("--busy-s", type=float, default=60.0, help="seconds of continuous submission (scenarios 2, 3)")
+    ap.add_argument("--only", choices=("small",), help="scenario 1 alone (a quick look)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-fairness"))
     return ap.parse_args(argv)
 
@@ -305,6 +308,8 @@ def main(argv=None) -> int:
     res: dict = {"machine": hardware, "config": vars(args)}
     for policy in POLICIES:
         res[policy] = run_policy(policy, args, out)
+    if args.only:
+        return 0
     res["load_average_end"] = round(os.getloadavg()[0], 2)
     res["wall_s"] = round(time.monotonic() - t0, 1)
     checks = verdicts(res)

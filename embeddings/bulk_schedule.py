@@ -262,6 +262,8 @@ def _pump_once(*, send, own: int | None, rate: float | None, on_pick, on_done, d
     own = own if snap.own_sent else None
     free = settings.BULK_SCHEDULER_WINDOW - snap.in_flight + (1 if own is not None else 0)
     views = {v.job_id: v for v in snap.views}
+    log.debug("bulk scheduler: %d in flight, %d free, own %s, pending %s", snap.in_flight, free, own,
+              {k[:8]: (v.pending, v.in_flight) for k, v in views.items()})
     n = 0
     tags: dict[str, float] | None = None
     while free > 0 and any(v.pending > 0 for v in views.values()):
@@ -289,6 +291,7 @@ def _pump_once(*, send, own: int | None, rate: float | None, on_pick, on_done, d
         if on_pick is not None:
             on_pick(view, pick.rule)
         send(dataclasses.replace(claimed, priority=snap.priority[pick.job_id]))
+        log.debug("bulk scheduler: sent chunk %s of job %s (%s)", claimed.chunk_id, pick.job_id, pick.rule)
         free -= 1
         n += 1
     if own is not None:

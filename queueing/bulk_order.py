@@ -18,7 +18,8 @@ API's ETA, share and queue position replay the same rules (:func:`outlook`). The
    owners by weight, then across one owner's jobs equally. Each owner carries a finish tag; an owner
    that was idle starts at the lane's virtual time ``v`` (the start tag of the last pick), so it
    neither collects credit while idle nor waits behind everyone's history. The lowest start tag
-   goes next. The tags are soft state: losing them (a Redis restart) restarts fairness from equal
+   goes next; on equal tags the owner (job) with the fewest images left, which finishes a short job
+   sooner and changes no one's share over time. The tags are soft state: losing them (a Redis restart) restarts fairness from equal
    footing, never loses work.
 
 Units: images, seconds, images/s. A tag is images divided by weight.
@@ -205,10 +206,15 @@ def choose(jobs: Sequence[JobView], *, now: float, rate: float | None, tags: Map
                 chosen = next((j for j in feasible if j.pending > 0), None)
                 rule = DEADLINE if chosen is not None else rule
     owner_tags, job_tags = _sfq_start(cls, tags)
-    if chosen is None:
-        owner = min({j.owner for j in cls}, key=lambda o: (owner_tags[o], _oldest(cls, o), o))
-        chosen = min((j for j in cls if j.owner == owner), key=lambda j: (job_tags[j.job_id], j.created, j.job_id))
+    if chosen is None:  # equal start tags: the owner (job) with the fewest images left first, then the oldest
+        owner = min({j.owner for j in cls}, key=lambda o: (owner_tags[o], _left(cls, o), _oldest(cls, o), o))
+        chosen = min((j for j in cls if j.owner == owner),
+                     key=lambda j: (job_tags[j.job_id], j.remaining, j.created, j.job_id))
     return Pick(job_id=chosen.job_id, rule=rule, tags=_advance(chosen, owner_tags, job_tags), infeasible=infeasible)
+
+
+def _left(jobs: Iterable[JobView], owner: str) -> int:
+    return sum(j.remaining for j in jobs if j.owner == owner)
 
 
 def _oldest(jobs: Iterable[JobView], owner: str) -> float:

@@ -95,6 +95,18 @@ def test_a_small_job_of_another_owner_goes_next_instead_of_after_the_big_one():
     assert lane.finished["big"] == 11.0
 
 
+def test_equal_tags_go_to_the_owner_with_the_fewest_images_left():
+    lane = FakeLane(window=2)
+    lane.add(0.0, "big", "a", 64 * 10)
+    lane.add(2.5, "small", "b", 64 * 3)
+    lane.run()
+    # after its first chunk the small job ties with the big one and goes again; then they alternate
+    assert lane.picks == ["big"] * 4 + ["small", "small", "big", "small"] + ["big"] * 5
+    assert lane.finished == {"small": 8.0, "big": 13.0}
+    tie = [JobView("x", "a", pending=64, created=0.0), JobView("y", "b", pending=64, created=1.0)]
+    assert choose(tie, now=0.0, rate=None, tags={}).job_id == "x"  # equal work too: the oldest
+
+
 def test_urgent_chunks_go_before_background_ones_whatever_the_tags():
     lane = FakeLane(window=1)
     lane.add(0.0, "bg", "a", 64 * 3)
@@ -152,11 +164,11 @@ def test_a_deadline_that_cannot_be_met_is_flagged_and_falls_back_to_its_fair_sha
     lane.add(0.0, "ok", "c", 64 * 2, deadline=6.5)  # a third of the lane makes it, just; chunks are coarser
     lane.run()
     assert lane.infeasible == {"late"}
-    # the infeasible job takes its fair turns (it neither starves the others nor is starved); "ok"
-    # is pulled forward by EDF only when a fair turn would make it miss
-    assert lane.picks == ["a", "ok", "late", "a", "ok", "late", "a", "late", "a"] + ["late"] * 5
-    assert [r for r, p in zip(lane.rules, lane.picks) if p == "ok"] == [DEADLINE, DEADLINE]
-    assert lane.finished == {"ok": 5.0, "a": 9.0, "late": 14.0}
+    # the infeasible job takes its fair turns (it neither starves the others nor is starved), and
+    # the fair order (ties to the fewest images left) meets "ok" without EDF
+    assert lane.picks == ["ok", "a", "late", "ok", "a", "late", "a", "late", "a"] + ["late"] * 5
+    assert DEADLINE not in lane.rules
+    assert lane.finished == {"ok": 4.0, "a": 9.0, "late": 14.0}
 
 
 def test_a_mix_of_feasible_deadlines_is_met_where_fair_shares_alone_miss_one():
@@ -172,9 +184,9 @@ def test_a_mix_of_feasible_deadlines_is_met_where_fair_shares_alone_miss_one():
 
 
 def test_without_a_rate_deadlines_are_left_to_fair_shares():
-    jobs = [JobView("a", "a", pending=640), JobView("b", "b", pending=64, deadline=0.1)]
+    jobs = [JobView("a", "a", pending=640), JobView("b", "b", pending=6400, deadline=0.1)]
     pick = choose(jobs, now=0.0, rate=None, tags={})
-    assert pick.rule == "fair" and pick.job_id == "a"  # a tie on tags: the job created first, then the name
+    assert pick.rule == "fair" and pick.job_id == "a"  # a tie on tags: the fewest images left
 
 
 def test_no_unsent_chunk_means_no_pick():
