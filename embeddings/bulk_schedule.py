@@ -254,6 +254,7 @@ def pump(*, send: Callable[[Claimed], object], own: int | None = None, rate: flo
 
 
 def _pump_once(*, send, own: int | None, rate: float | None, on_pick, on_done, done) -> int:
+    """One snapshot, then picks and claims while the window has room (:func:`pump`). Returns chunks sent."""
     snap = lane_snapshot(own=own)
     if done is not None and on_done is not None:
         view = next((v for v in snap.views if v.job_id == done[0]), None)
@@ -275,7 +276,9 @@ def _pump_once(*, send, own: int | None, rate: float | None, on_pick, on_done, d
         if pick is None:
             break
         if pick.infeasible:
-            log.info("bulk scheduler: deadline of job(s) %s cannot be met any more: fair share", ", ".join(pick.infeasible))
+            # said at debug level: it holds at every pick until the job ends (the API's lane block shows it)
+            log.debug("bulk scheduler: deadline of job(s) %s cannot be met any more: fair share",
+                      ", ".join(pick.infeasible))
         claimed, marked = chunk_claim(job_id=pick.job_id, own=own)
         if marked:
             own = None
