@@ -14,7 +14,7 @@ DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-duplicates
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-duplicates bench-fairness
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -192,3 +192,9 @@ deploy-config: setup
 
 deploy-check: setup deploy-tools
 	$(PY) -m scripts.deploy_check --tools $(DEPLOY_VENV)/bin
+
+# Issue 54 (docs/lanes.md, "The bulk lane's order"): the bulk lane under BULK_SCHEDULER=fifo and fair,
+# a real stack each: a small job behind a big one, three owners (equal weights, 2:1:1), deadlines,
+# throughput; a table, PASS/FAIL lines and a plot under var/bench-fairness. ~8 min on 2 cores.
+bench-fairness: setup
+	$(PY) -m benchmarks.fairness $(BENCH_ARGS)

@@ -12,7 +12,9 @@ import logging
 
 from celery import chain
 from celery.canvas import Signature
+from kombu.exceptions import OperationalError
 
+from embeddings import bulk_schedule, metrics
 from project import lanes
 from project.celery import app
 from project.results import RESULT_DEADLINE_HEADER
@@ -132,18 +134,68 @@ def _registered(name: str, *, load: bool = False):
 # --- bulk lane -----------------------------------------------------------------------------------
 
 def send_chunk(*, job_id: str, image_ids: list[str], priority: str):
-    """Queue one bulk chunk (``embed_chunk``) of a job with ``priority`` on the bulk queue."""
+    """Queue one bulk chunk (``embed_chunk``) of a job with ``priority``: on the bulk queue now
+    (``BULK_SCHEDULER=fifo``), or as a pending chunk that the fair scheduler sends in its turn
+    (``fair``: :func:`send_job_chunks`)."""
+    if bulk_schedule.enabled():
+        bulk_schedule.chunks_add(job_id=job_id, chunks=[image_ids])
+        bulk_pump()
+        return None
     return send("embed_chunk", (job_id, image_ids), **bulk_options(priority))
 
 
 def send_job_chunks(*, job, image_ids: list[str]) -> int:
-    """Queue ``image_ids`` of ``job`` (a ``Job``) on the bulk queue in chunks of ``job.chunk_size``,
-    at the job's priority. Returns the chunk count."""
+    """Queue ``image_ids`` of ``job`` (a ``Job``) in chunks of ``job.chunk_size`` at the job's
+    priority: each sent now on the bulk queue (``BULK_SCHEDULER=fifo``), or stored as the job's
+    pending chunks (one INSERT) and the window filled from the lane's order (``fair``:
+    ``embeddings.bulk_schedule``). Returns the chunk count."""
     size = job.chunk_size
     chunks = [image_ids[i : i + size] for i in range(0, len(image_ids), size)]
+    if bulk_schedule.enabled():
+        if chunks:
+            bulk_schedule.chunks_add(job_id=job.id, chunks=chunks)
+            bulk_pump()
+        return len(chunks)
     for chunk in chunks:
         send_chunk(job_id=str(job.id), image_ids=chunk, priority=job.priority)
     return len(chunks)
+
+
+def _send_scheduled(chunk: bulk_schedule.Claimed):
+    """Put a chunk the fair scheduler claimed on the bulk queue; its row id travels with it, so its
+    finish hands its place in the window on (:func:`bulk_chunk_done`)."""
+    return send("embed_chunk", (chunk.job_id, chunk.image_ids), {"chunk_id": chunk.chunk_id},
+                **bulk_options(chunk.priority))
+
+
+def bulk_pump(*, own: int | None = None, done: tuple[str, int] | None = None) -> int:
+    """Fill the fair scheduler's window (``bulk_schedule.pump``): after a chunk finished (``own``:
+    its row; ``done``: ``(job id, images)``), when chunks were added, when a job resumed, and in
+    each reconciler round. Returns chunks sent; 0 under ``BULK_SCHEDULER=fifo``."""
+    if not bulk_schedule.enabled():
+        return 0
+    return bulk_schedule.pump(send=_send_scheduled, own=own, done=done,
+                              on_pick=lambda view, rule: metrics.count_bulk_pick(rule),
+                              on_done=lambda view, n: metrics.count_bulk_chunk(
+                                  priority="urgent" if view.urgent else "background", owner=view.owner, n=n))
+
+
+def bulk_chunk_done(*, job_id: str, chunk_id: int | None, images: int, seconds: float, computed: int) -> int:
+    """A bulk chunk of ``images`` ids finished (or failed, or was parked), ``computed`` of them run
+    through the model in ``seconds``: under the fair scheduler the lane's rate learns from it, and
+    the chunk's place in the window goes to the next chunk. A chunk sent without a row (``fifo``,
+    or by hand) teaches the rate only. Returns chunks sent."""
+    if not bulk_schedule.enabled():
+        return 0
+    bulk_schedule.lane_rate.add(images=computed, seconds=seconds)
+    if chunk_id is None:
+        return 0
+    try:
+        return bulk_pump(own=chunk_id, done=(job_id, images))
+    except OperationalError as e:  # the chunk's own outcome stands; a claimed row is released after the grace
+        logging.getLogger(__name__).warning("bulk chunk %s: the next chunk was not sent (%s); the reconciler refills "
+                                            "the window", chunk_id, e)
+        return 0
 
 
 def fetch_options(priority: str) -> dict:

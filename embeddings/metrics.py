@@ -111,6 +111,39 @@ def observe_stages(*, lane: str, stages_ms: dict[str, float | None]) -> None:
             STAGE_SECONDS.labels(lane=lane, stage=stage).observe(ms / 1000)
 
 
+#: Bulk images whose chunk finished, by the job's class and owner: ``rate()`` of it is images/s per
+#: class and per owner. Owners are named for the first ``BULK_METRICS_OWNERS`` a process counts (the
+#: model lifecycle's re-embeds are the owner ``lifecycle``), the rest are ``other``: the label set is bounded.
+BULK_OWNER_IMAGES = Counter("clip_bulk_owner_images", "Bulk images whose chunk finished, by class (urgent, "
+                            "background) and owner (the first BULK_METRICS_OWNERS a process counts, then other)",
+                            ["priority", "owner"])
+#: Chunks the fair scheduler sent, by the rule that chose them (``queueing.bulk_order``: urgent, fair, deadline).
+BULK_PICKS = Counter("clip_bulk_picks", "Bulk chunks the fair scheduler sent, by the rule that chose them", ["rule"])
+#: The owners this process names in :data:`BULK_OWNER_IMAGES` (at most ``BULK_METRICS_OWNERS``).
+_named_owners: set[str] = set()
+
+
+def bulk_owner_label(owner: str) -> str:
+    """``owner`` if this process names it (one of the first ``BULK_METRICS_OWNERS`` it counted), else ``other``."""
+    if owner in _named_owners:
+        return owner
+    if len(_named_owners) < settings.BULK_METRICS_OWNERS:
+        _named_owners.add(owner)
+        return owner
+    return "other"
+
+
+def count_bulk_chunk(*, priority: str, owner: str, n: int) -> None:
+    """Add a finished bulk chunk's ``n`` images to ``clip_bulk_owner_images_total{priority, owner}``."""
+    if n:
+        BULK_OWNER_IMAGES.labels(priority=priority, owner=bulk_owner_label(owner)).inc(n)
+
+
+def count_bulk_pick(rule: str) -> None:
+    """Count one chunk the fair scheduler sent under ``rule``."""
+    BULK_PICKS.labels(rule=rule).inc()
+
+
 def count_images(*, lane: str, status: str, n: int) -> None:
     """Add ``n`` images with outcome ``status`` on ``lane``."""
     if n:

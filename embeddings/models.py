@@ -265,6 +265,37 @@ class Image(models.Model):
         return f"{self.original_name or self.id} ({self.status})"
 
 
+class ChunkState(models.TextChoices):
+    """A bulk chunk's place (``BULK_SCHEDULER=fair``): waiting in the database, sent to the broker
+    (waiting there or computing), or finished (its row is deleted by the reconciler)."""
+
+    PENDING = "pending"
+    SENT = "sent"
+    DONE = "done"
+
+
+class BulkChunk(models.Model):
+    """One chunk of a bulk job under the fair scheduler (``embeddings.bulk_schedule``): the image ids
+    an ``embed_chunk`` message will carry. The database holds every unsent chunk; at most
+    ``BULK_SCHEDULER_WINDOW`` are ``sent`` at once, and when one finishes the next is chosen by
+    ``queueing.bulk_order``. The images' own statuses stay the truth about what is done: a chunk row
+    only says what has been handed to the broker."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="chunks")
+    image_ids = models.JSONField()
+    images = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=ChunkState.choices, default=ChunkState.PENDING)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("id",)
+        indexes = [models.Index(fields=["state", "job"])]
+
+    def __str__(self) -> str:
+        return f"chunk {self.id} of {self.job_id} ({self.state}, {self.images} images)"
+
+
 class BatchStat(models.Model):
     """Stage timings (ms) of one batch on one lane: see ``workers.timing`` for what each counts."""
 

@@ -27,7 +27,7 @@ from celery import shared_task
 from celery.signals import task_revoked
 from django.conf import settings
 
-from embeddings import lane_control, metrics, runtime
+from embeddings import dispatch, lane_control, metrics, runtime
 
 # the message options live with the sending (``embeddings.dispatch``); re-exported for callers here
 from embeddings.dispatch import (  # noqa: F401
@@ -69,12 +69,21 @@ _STORE_ERRORS = STORE_ERRORS
 # still reach the chain's last result, which the web reads.
 @shared_task(acks_late=True, reject_on_worker_lost=True, time_limit=settings.CELERY_BULK_TIME_LIMIT_S,
              ignore_result=True)
-def embed_chunk(job_id: str, image_ids: list[str]) -> dict:
+def embed_chunk(job_id: str, image_ids: list[str], chunk_id: int | None = None) -> dict:
     """Embed one bulk chunk (≤ ``BULK_BATCH_SIZE`` image ids), one chunk at a time per process (a
     worker serving both lanes holds a second one on deck: ``lane_control.bulk_turn``). The result adds
-    ``started``/``ended`` (Unix s: its turn to compute) and ``waited_ms`` (on deck before it)."""
-    with lane_control.bulk_turn() as turn:
-        out = bulk_queue.chunk_embed(job_id=job_id, image_ids=image_ids)
+    ``started``/``ended`` (Unix s: its turn to compute) and ``waited_ms`` (on deck before it).
+    ``chunk_id``: its row under the fair scheduler (``BULK_SCHEDULER=fair``), whose place in the
+    window passes to the next chunk when this one ends, computed or failed (``dispatch.bulk_chunk_done``);
+    None for a chunk sent without one."""
+    turn, out = None, {}
+    try:
+        with lane_control.bulk_turn() as turn:
+            out = bulk_queue.chunk_embed(job_id=job_id, image_ids=image_ids)
+    finally:
+        seconds = ((turn.ended or time.time()) - turn.started) if turn is not None else 0.0
+        dispatch.bulk_chunk_done(job_id=job_id, chunk_id=chunk_id, images=len(image_ids), seconds=seconds,
+                                 computed=out.get("embedded", 0) + out.get("failed", 0))
     return {**out, "started": turn.started, "ended": turn.ended, "waited_ms": round(turn.waited_ms, 3)}
 
 

@@ -297,6 +297,20 @@ VARS: tuple[Var, ...] = (
         "... when a request was refused within this many seconds and interactive work is queued, running or "
         "unanswered (`0`: whenever the lane has work)"),
     Var("BULK_YIELD_MICRO_BATCH", int, 8, "bulk", "... and runs as passes of this many images"),
+    Var("BULK_SCHEDULER", str, "fifo", "bulk",
+        "`fair`: a job's chunks wait in the database and enter the broker just in time, in the order of "
+        "`queueing.bulk_order` (urgent first, deadlines kept, fair shares across owners: docs/lanes.md, \"The bulk "
+        "lane's order\"); `fifo`: every chunk is sent when made, first come first served"),
+    Var("BULK_SCHEDULER_WINDOW", int, lambda get: 2 * get("BULK_PROCESSES"), "bulk",
+        "`fair`: bulk chunks sent and not finished at once, the whole deployment's (one computing and one on deck per "
+        "bulk worker process: raise it with the bulk workers)", shown="`2 × BULK_PROCESSES`"),
+    Var("BULK_OWNER_WEIGHTS", list, [], "bulk",
+        "`fair`: owners' weights in the lane's fair shares, `username=weight`, comma-separated (others: `1`)"),
+    Var("BULK_LIFECYCLE_WEIGHT", float, 1.0, "bulk",
+        "`fair`: the weight of the model lifecycle's re-embeds (migrations), one owner of their own"),
+    Var("BULK_METRICS_OWNERS", int, 10, "bulk",
+        "owners named in the bulk lane's per-owner metrics (the first this many a process counts; the rest are "
+        "`other`)"),
     # --- store -------------------------------------------------------------------------------------
     Var("QDRANT_URL", str, "", "store", "Qdrant server URL", shown="unset"),
     Var("VECTOR_STORE", str, lambda get: "server" if get("QDRANT_URL") else "edge", "store",

@@ -470,6 +470,38 @@ MIGRATION_YIELD_MAX_S = config["MIGRATION_YIELD_MAX_S"]
 BULK_YIELD_MAX_S = config["BULK_YIELD_MAX_S"]
 BULK_YIELD_REFUSED_S = config["BULK_YIELD_REFUSED_S"]
 BULK_YIELD_MICRO_BATCH = config["BULK_YIELD_MICRO_BATCH"]
+#: The bulk lane's order (embeddings.bulk_schedule, queueing.bulk_order; docs/lanes.md, "The bulk
+#: lane's order"): `fair` keeps each job's unsent chunks in the database and sends one when a chunk
+#: of the window leaves it, so a job that arrives behind a big one waits for the window, not for the
+#: big job; `fifo` sends every chunk when it is made (first come, first served inside a priority).
+BULK_SCHEDULER = config["BULK_SCHEDULER"]
+if BULK_SCHEDULER not in ("fair", "fifo"):
+    raise ImproperlyConfigured(f"BULK_SCHEDULER must be 'fair' or 'fifo', not {BULK_SCHEDULER!r}")
+#: Chunks sent and not finished at once: enough that no bulk process waits for its next chunk (one
+#: computing, one on deck), few enough that a new job's chunk is chosen a chunk's time after it arrives.
+BULK_SCHEDULER_WINDOW = config["BULK_SCHEDULER_WINDOW"]
+if BULK_SCHEDULER_WINDOW < 1:
+    raise ImproperlyConfigured(f"BULK_SCHEDULER_WINDOW must be at least 1 chunk, not {BULK_SCHEDULER_WINDOW}")
+
+
+def _weights(items: list[str]) -> dict[str, float]:
+    out = {}
+    for item in items:
+        name, sep, weight = item.rpartition("=")
+        try:
+            out[name.strip()] = float(weight)
+        except ValueError:
+            raise ImproperlyConfigured(f"BULK_OWNER_WEIGHTS: {item!r} is not username=weight") from None
+        if not sep or not name.strip() or out[name.strip()] <= 0:
+            raise ImproperlyConfigured(f"BULK_OWNER_WEIGHTS: {item!r} is not username=weight (weight > 0)")
+    return out
+
+
+BULK_OWNER_WEIGHTS = _weights(config["BULK_OWNER_WEIGHTS"])
+BULK_LIFECYCLE_WEIGHT = config["BULK_LIFECYCLE_WEIGHT"]
+if BULK_LIFECYCLE_WEIGHT <= 0:
+    raise ImproperlyConfigured(f"BULK_LIFECYCLE_WEIGHT must be > 0, not {BULK_LIFECYCLE_WEIGHT}")
+BULK_METRICS_OWNERS = config["BULK_METRICS_OWNERS"]
 
 # --- Production security (`manage.py check --deploy` is clean with DJANGO_HTTPS=1) ---------------
 # DEBUG is off and SECRET_KEY required from the environment (above). Behind TLS, DJANGO_HTTPS=1

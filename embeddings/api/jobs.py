@@ -123,6 +123,20 @@ class FailureSerializer(serializers.Serializer):
     origin = serializers.CharField(allow_blank=True, help_text="the URL or object it was fetched from")
 
 
+class JobLaneSerializer(serializers.Serializer):
+    """A job's place in the bulk lane (``services.catalogue.jobs.job_lane``)."""
+
+    position = serializers.IntegerField(help_text="jobs of the lane expected to finish before it")
+    jobs = serializers.IntegerField(help_text="jobs in the lane (with a chunk waiting or in flight)")
+    share = serializers.FloatField(help_text="its fraction of the lane's images/s now (0 while urgent work goes first)")
+    eta = serializers.DateTimeField(allow_null=True, help_text="when its last image is done in the lane's order; "
+                                    "null before the lane has a rate")
+    at_risk = serializers.BooleanField(help_text="it has a deadline and this ETA is past it")
+    infeasible = serializers.BooleanField(help_text="its deadline cannot be met even served first: it keeps its "
+                                          "fair share")
+    rate_images_per_s = serializers.FloatField(allow_null=True, help_text="the lane's images/s the ETA assumes")
+
+
 class JobProgressSerializer(JobSerializer):
     """``GET /api/jobs/{id}/`` (``services.jobs.job_progress``)."""
 
@@ -139,6 +153,10 @@ class JobProgressSerializer(JobSerializer):
                                     "nothing queued or no rate yet")
     at_risk = serializers.BooleanField(help_text="a deadline, images queued, and the ETA past it (with no rate "
                                        "yet: when even one image per the seconds waited would miss it)")
+    lane = JobLaneSerializer(allow_null=True, help_text="its place in the bulk lane under the fair scheduler "
+                             "(`BULK_SCHEDULER=fair`; docs/lanes.md, \"The bulk lane's order\"): then `eta` and `at_risk` "
+                             "follow the lane's order over the other jobs; null under `fifo` or with no chunk waiting "
+                             "or in flight")
     failures = FailureSerializer(many=True)
     failure_reasons = serializers.DictField(child=serializers.IntegerField(),
                                             help_text="failed images per reason code (fetch_timeout, not_an_image, ...)")
@@ -152,7 +170,7 @@ class JobProgressSerializer(JobSerializer):
     class Meta(JobSerializer.Meta):
         fields = JobSerializer.Meta.fields + (
             "counts", "embedded", "skipped", "failed", "finished", "elapsed_s", "throughput_images_per_s", "eta",
-            "at_risk", "failures", "failure_reasons", "timings_ms", "batches", "utilisation", "pipeline", "webhooks")
+            "at_risk", "lane", "failures", "failure_reasons", "timings_ms", "batches", "utilisation", "pipeline", "webhooks")
         read_only_fields = fields
 
 

@@ -42,6 +42,11 @@ What happens to a lost image:
 A catalogue job still ``reading`` its manifest or prefix whose id no live message names (its
 ``job_read`` was lost with its worker) is read again: the read continues after the rows it made.
 
+Under the fair scheduler (``BULK_SCHEDULER=fair``, ``embeddings.bulk_schedule``) the images of
+unsent chunks are live (the database holds their chunks); a sent chunk no live message names after
+the grace leaves the window (its images are lost ones, sent again as new chunks), and the round
+refills the window.
+
 Jobs left ``running`` with no queued image (a crash between the last write and the job refresh)
 are refreshed to ``done``.
 
@@ -71,7 +76,7 @@ from django.db import close_old_connections
 from django.db.models import F
 from django.utils import timezone
 
-from embeddings import dispatch, lane_control, runtime
+from embeddings import bulk_schedule, dispatch, lane_control, runtime
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue.images import images_mark_failed
 from embeddings.services.batches.batches import batches_expire
@@ -130,11 +135,13 @@ class ReconcileReport:
     reads_resent: int = 0
     #: temporary files (``tmp/``) left by requests whose process died: deleted (:func:`temporaries_round`)
     temporaries_deleted: int = 0
+    #: fair scheduler: sent chunks no live message names after the grace, released from the window
+    chunks_released: int = 0
 
     @property
     def acted(self) -> bool:
         return bool(self.redispatched or self.expired or self.exhausted or self.jobs_refreshed or self.reads_resent
-                    or self.temporaries_deleted)
+                    or self.temporaries_deleted or self.chunks_released)
 
 
 def _message_ids(raw: bytes | str) -> tuple[str | None, set[str]]:
@@ -220,7 +227,11 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
     """
 
     now = now or timezone.now()
-    first = live_ids()
+    # the fair scheduler's unsent chunks are the database's, not lost: read before the broker, so
+    # a chunk claimed meanwhile is seen in the broker instead
+    held = bulk_schedule.held_image_ids() if bulk_schedule.enabled() else set()
+    broker = live_ids()
+    first = broker | held
     bulk = list(Image.objects.filter(status=ImageStatus.QUEUED, lane=Lane.BULK,
                                      created_at__lt=now - dt.timedelta(seconds=grace_s))
                 .values_list("id", "job_id", "attempts"))
@@ -268,6 +279,10 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
                 dispatch.send_forget_point(point_id=str(pid), sha256=sha, interactive=True, model_id=model_id)
 
     reads_resent = _resend_lost_reads(first=first, live_ids=live_ids, grace_s=grace_s, now=now)
+    released = 0
+    if bulk_schedule.enabled():  # sent chunks no message names leave the window; refill it
+        released = bulk_schedule.chunks_release(live=broker, grace_s=grace_s, now=now)
+        dispatch.bulk_pump()
 
     refreshed = 0
     active_jobs = Job.objects.filter(status__in=(JobStatus.QUEUED, JobStatus.RUNNING)).exclude(
@@ -277,7 +292,7 @@ def reconcile(*, live_ids: Callable[[], set[str]], grace_s: float, max_attempts:
             refreshed += 1
     return ReconcileReport(lost=len(lost_bulk) + len(lost_interactive), redispatched=redispatched, chunks=chunks,
                            expired=len(lost_interactive), exhausted=len(exhausted), jobs_refreshed=refreshed,
-                           live=len(first), reads_resent=reads_resent)
+                           live=len(first), reads_resent=reads_resent, chunks_released=released)
 
 
 def _resend_lost_reads(*, first: set[str], live_ids: Callable[[], set[str]], grace_s: float,

@@ -13,11 +13,11 @@ from typing import Iterable
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Min, Q, Sum
 from django.utils import timezone
 from kombu.exceptions import OperationalError
 
-from embeddings import dispatch, metrics, runtime
+from embeddings import bulk_schedule, dispatch, metrics, runtime
 from embeddings.errors import ApplicationError
 from embeddings.models import (
     LIVE_ORIGINAL_STATUSES,
@@ -249,6 +249,8 @@ def job_transition(*, job: Job, to: str) -> Job:
             parked.update(reason="", reason_detail="")
             if ids:
                 transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=ids))
+            else:  # the fair scheduler's unsent chunks wait in the database: the window takes them again
+                transaction.on_commit(dispatch.bulk_pump)
     job.refresh_from_db()
     return job
 
@@ -313,15 +315,56 @@ def job_deadline_at_risk(job: Job, *, max_age_s: float = 30.0) -> bool:
     return at_risk
 
 
+#: Seconds of the bulk lane's recent chunks (``BatchStat``) whose images give its rate (:func:`lane_rate`).
+LANE_RATE_WINDOW_S = 60.0
+
+
+def lane_rate(*, own_rate: float | None = None) -> float | None:
+    """The bulk lane's images/s: the images of its chunks recorded in the last
+    :data:`LANE_RATE_WINDOW_S` seconds over the time they span (one query); ``own_rate`` (a job's
+    own throughput) when none was recorded; None when neither is known."""
+    now = timezone.now()
+    row = BatchStat.objects.filter(lane=Lane.BULK, created_at__gte=now - dt.timedelta(seconds=LANE_RATE_WINDOW_S)
+                                   ).aggregate(images=Sum("images"), first=Min("created_at"))
+    if row["images"] and row["first"] is not None:
+        span = max((now - row["first"]).total_seconds(), 1.0)
+        return row["images"] / span
+    return own_rate
+
+
+def job_lane(job: Job, *, own_rate: float | None = None) -> dict | None:
+    """Where ``job`` stands in the bulk lane under the fair scheduler (``BULK_SCHEDULER=fair``;
+    ``queueing.bulk_order.outlook``): ``{"position": jobs expected to finish before it, "jobs": jobs
+    in the lane, "share": its fraction of the lane's images/s now, "eta": datetime or None,
+    "at_risk", "infeasible": its deadline cannot be met any more, "rate_images_per_s": the lane's}``.
+    None under ``fifo``, or when none of its chunks is unsent or in flight. Two queries."""
+    if not bulk_schedule.enabled() or job.status not in (JobStatus.QUEUED, JobStatus.RUNNING):
+        return None
+    rate = lane_rate(own_rate=own_rate)
+    outlooks, _ = bulk_schedule.lane_outlook(rate=rate)
+    mine = outlooks.get(str(job.id))
+    if mine is None:
+        return None
+    return {"position": mine.position, "jobs": mine.jobs, "share": mine.share,
+            "eta": dt.datetime.fromtimestamp(mine.eta, tz=dt.timezone.utc) if mine.eta is not None else None,
+            "at_risk": mine.at_risk, "infeasible": mine.infeasible,
+            "rate_images_per_s": round(rate, 3) if rate else None}
+
+
 def job_progress(job: Job) -> dict:
     """Everything ``GET /api/jobs/{id}/`` shows: counts, throughput (settled rows/s: :func:`_pace`),
-    ETA, at risk, timings."""
+    ETA, at risk, timings; under the fair scheduler its place in the lane (:func:`job_lane`), whose
+    ETA (the lane's order over the other jobs) replaces the one from its own pace, and ``at_risk``
+    is judged on it."""
 
     counts = job_counts(job)
     finished = sum(counts[s] for s in TERMINAL_IMAGE_STATUSES)
     end = job.finished_at or timezone.now()
     elapsed = (end - job.started_at).total_seconds() if job.started_at else 0.0
     throughput, eta, at_risk = _pace(job, counts)
+    lane = job_lane(job, own_rate=throughput)
+    if lane is not None and lane["eta"] is not None:  # the lane's order decides when it ends, not its past pace
+        eta, at_risk = lane["eta"], lane["at_risk"]
     batches = BatchStat.objects.filter(job=job)
     failed = Image.objects.filter(job=job, status=ImageStatus.FAILED)
     failures = list(failed.order_by("row", "created_at").values("id", "original_name", "reason", "reason_detail", "row",
@@ -338,6 +381,7 @@ def job_progress(job: Job) -> dict:
         "throughput_images_per_s": round(throughput, 3) if throughput else None,
         "eta": eta,
         "at_risk": at_risk,
+        "lane": lane,
         "failures": failures,
         "failure_reasons": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         "timings_ms": stage_summary(batches),
@@ -471,9 +515,13 @@ def jobs_at_risk_notify() -> int:
     jobs = Job.objects.filter(listened, kind=JobKind.INGEST, deadline__isnull=False,
                               status__in=(JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED)).distinct()
     made = 0
+    outlooks = bulk_schedule.lane_outlook(rate=lane_rate())[0] if bulk_schedule.enabled() else {}
     for job in jobs:
         counts = job_counts(job)
         throughput, eta, at_risk = _pace(job, counts)
+        lane = outlooks.get(str(job.id))
+        if lane is not None and lane.eta is not None:  # the lane's order, as GET /api/jobs/{id}/ says
+            eta, at_risk = dt.datetime.fromtimestamp(lane.eta, tz=dt.timezone.utc), lane.at_risk
         if at_risk:
             made += job_event_emit(job=job, event=WebhookEvent.JOB_AT_RISK, extra={
                 "eta": eta.isoformat() if eta else None,
