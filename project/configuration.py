@@ -297,7 +297,7 @@ VARS: tuple[Var, ...] = (
         "... when a request was refused within this many seconds and interactive work is queued, running or "
         "unanswered (`0`: whenever the lane has work)"),
     Var("BULK_YIELD_MICRO_BATCH", int, 8, "bulk", "... and runs as passes of this many images"),
-    Var("BULK_SCHEDULER", str, "fifo", "bulk",
+    Var("BULK_SCHEDULER", str, "fair", "bulk",
         "`fair`: a job's chunks wait in the database and enter the broker just in time, in the order of "
         "`queueing.bulk_order` (urgent first, deadlines kept, fair shares across owners: docs/lanes.md, \"The bulk "
         "lane's order\"); `fifo`: every chunk is sent when made, first come first served"),

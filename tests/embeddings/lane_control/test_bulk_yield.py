@@ -239,6 +239,7 @@ def test_a_background_ingest_chunk_computes_in_the_interactive_lanes_idle_time(
     from embeddings.services.catalogue.sources import SourceFile
 
     client, _ = lane_redis
+    service.BULK_SCHEDULER = "fifo"  # the chunk is sent by hand below, not by the fair scheduler's resume
     service.BULK_YIELD_MAX_S, service.BULK_YIELD_MICRO_BATCH, service.BULK_YIELD_REFUSED_S = max_pause_s, 2, 10.0
     service.PIPELINE = service.PIPELINE.replace(batch_size=5)
     encoder = runtime.encoder_holder().get()

@@ -2,7 +2,10 @@
 in this process through ``embeddings.tasks.embed_chunk`` → ``queues.bulk.chunk_embed``).
 
 A paused job's chunks must not run while it is paused (they are parked) and must run after resume;
-a cancelled job's queued chunks do nothing.
+a cancelled job's queued chunks do nothing. Parking is how a chunk already in the broker waits:
+under ``BULK_SCHEDULER=fifo`` every chunk is there, so the parking tests run with it (the fixture
+``fifo``); under ``fair`` a paused job's chunks stay in the database
+(``tests/embeddings/test_bulk_schedule.py``).
 """
 from __future__ import annotations
 
@@ -49,6 +52,13 @@ def model_calls(service, monkeypatch):
     return calls
 
 
+@pytest.fixture
+def fifo(settings):
+    """Every chunk sent when made (``BULK_SCHEDULER=fifo``): a paused job's chunks reach the worker
+    and park."""
+    settings.BULK_SCHEDULER = "fifo"
+
+
 def create_then(user, to: str, seed0: int) -> Job:
     """Create a job and move it to ``to`` before its chunks are sent (they are sent on commit, and
     run at once: eager Celery), as when a job is paused while its chunks wait in the queue."""
@@ -63,7 +73,7 @@ def statuses(job: Job) -> dict[str, int]:
     return {k: v for k, v in job_services.job_counts(job).items() if v}
 
 
-def test_paused_jobs_chunks_do_not_run_and_run_after_resume(model_calls, user):
+def test_paused_jobs_chunks_do_not_run_and_run_after_resume(fifo, model_calls, user):
     job = create_then(user, JobStatus.PAUSED, 10)
     # Every chunk reached the (eager) worker while paused: parked, nothing computed or written.
     assert job.status == JobStatus.PAUSED
@@ -81,7 +91,7 @@ def test_paused_jobs_chunks_do_not_run_and_run_after_resume(model_calls, user):
     assert BatchStat.objects.filter(job=job).count() == 3 and runtime.vector_store().count() == N_IMAGES
 
 
-def test_a_chunk_that_arrives_after_resume_simply_runs(model_calls, user):
+def test_a_chunk_that_arrives_after_resume_simply_runs(fifo, model_calls, user):
     """Parking happens only while the job is paused: once resumed, a chunk still in the queue runs
     (and resume does not send it a second time)."""
     job = create_then(user, JobStatus.PAUSED, 20)
