@@ -63,6 +63,11 @@ OPEN_PARTS = (PartState.PENDING, PartState.RUNNING)
 FINISHED = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
 
 
+#: A batch's id as :func:`batch_id_new` makes it; any other text names no batch and is never sent to
+#: the database (``files.FILE_ID``).
+BATCH_ID = re.compile(r"batch_[0-9a-f]{32}")
+
+
 def batch_id_new() -> str:
     """``batch_`` + 32 hex digits."""
     return f"batch_{uuid.uuid4().hex}"
@@ -87,7 +92,8 @@ def window_seconds(window) -> float:
 
 
 def metadata_check(metadata) -> dict | None:
-    """OpenAI's ``metadata``: null, or at most 16 string pairs (keys ≤ 64, values ≤ 512 characters).
+    """OpenAI's ``metadata``: null, or at most 16 string pairs (keys ≤ 64, values ≤ 512 characters),
+    none holding a NUL (PostgreSQL's jsonb cannot store one: the row would not save).
 
     Raises:
         ApplicationError: ``invalid_metadata`` (400, ``param`` metadata).
@@ -96,10 +102,10 @@ def metadata_check(metadata) -> dict | None:
         return None
     ok = isinstance(metadata, dict) and len(metadata) <= METADATA_PAIRS and all(
         isinstance(k, str) and isinstance(v, str) and len(k) <= METADATA_KEY and len(v) <= METADATA_VALUE
-        for k, v in metadata.items())
+        and "\x00" not in k + v for k, v in metadata.items())
     if not ok:
         raise ApplicationError(f"metadata: at most {METADATA_PAIRS} pairs of strings (keys of at most {METADATA_KEY} "
-                               f"characters, values of at most {METADATA_VALUE})", code="invalid_metadata",
+                               f"characters, values of at most {METADATA_VALUE}; no NUL)", code="invalid_metadata",
                                extra={"param": "metadata"})
     return metadata
 
@@ -146,7 +152,7 @@ def batch_get(*, owner, batch_id: str) -> Batch:
     Raises:
         ApplicationError: ``not_found`` (404): no such batch, or another owner's.
     """
-    b = Batch.objects.filter(id=str(batch_id)[:40], owner=owner).first()
+    b = Batch.objects.filter(id=batch_id, owner=owner).first() if BATCH_ID.fullmatch(str(batch_id)) else None
     if b is None:
         raise ApplicationError(f"no batch {str(batch_id)[:64]!r}", code="not_found", status=404,
                                extra={"param": "batch_id"})
@@ -162,7 +168,7 @@ def batches_list(*, owner, after: str | None = None, limit: int = 20) -> tuple[l
     """
     rows = Batch.objects.filter(owner=owner)
     if after:
-        mark = rows.filter(id=str(after)[:40]).first()
+        mark = rows.filter(id=after).first() if BATCH_ID.fullmatch(str(after)) else None
         if mark is None:
             raise ApplicationError(f"after: no batch {str(after)[:64]!r}", code="not_found", status=404,
                                    extra={"param": "after"})

@@ -6,6 +6,7 @@ are stored once, and a blob is deleted with the last file (and the last unfinish
 """
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 
@@ -21,6 +22,11 @@ from embeddings.services.catalogue.sources import iter_blocks
 UNFINISHED = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
 #: The most files one list answers (OpenAI's ``limit`` bound for files is 10,000; lists here are pages).
 LIST_MAX = 10_000
+
+
+#: A file's id as :func:`file_id_new` makes it; any other text names no file, and is never sent to the
+#: database (a NUL or a lone surrogate there is an error of the driver's, not a missing row).
+FILE_ID = re.compile(r"file-[0-9a-f]{32}")
 
 
 def file_id_new() -> str:
@@ -114,7 +120,7 @@ def file_get(*, owner, file_id: str) -> BatchFile:
     Raises:
         ApplicationError: ``not_found`` (404): no such file, or another owner's.
     """
-    f = BatchFile.objects.filter(id=str(file_id)[:40], owner=owner).first()
+    f = BatchFile.objects.filter(id=file_id, owner=owner).first() if FILE_ID.fullmatch(str(file_id)) else None
     if f is None:
         raise ApplicationError(f"no file {str(file_id)[:64]!r}", code="not_found", status=404,
                                extra={"param": "file_id"})
@@ -133,7 +139,7 @@ def files_list(*, owner, purpose: str | None = None, after: str | None = None, l
     if purpose:
         rows = rows.filter(purpose=purpose)
     if after:
-        mark = BatchFile.objects.filter(owner=owner, id=str(after)[:40]).first()
+        mark = BatchFile.objects.filter(owner=owner, id=after).first() if FILE_ID.fullmatch(str(after)) else None
         if mark is None:
             raise ApplicationError(f"after: no file {str(after)[:64]!r}", code="not_found", status=404,
                                    extra={"param": "after"})

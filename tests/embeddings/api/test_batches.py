@@ -223,11 +223,19 @@ def test_batch_create_refusals(service, api):
     assert openai_error(create(api, "file-nope"), 404, "not_found")["param"] == "input_file_id"
     openai_error(create(api, f["id"], metadata={"k": 1}), 400, "invalid_metadata")
     openai_error(create(api, f["id"], metadata={str(i): "v" for i in range(17)}), 400, "invalid_metadata")
+    openai_error(create(api, f["id"], metadata={"k": "a\x00"}), 400, "invalid_metadata")  # a 500 on PostgreSQL
+    openai_error(create(api, f["id"], metadata={"k\x00": "a"}), 400, "invalid_metadata")
     openai_error(api.post("/v1/batches", {"endpoint": "/v1/embeddings"}, format="json"), 400, "invalid_input")
     openai_error(api.get("/v1/batches/batch_nope"), 404, "not_found")
     openai_error(api.post("/v1/batches/batch_nope/cancel"), 404, "not_found")
     openai_error(api.get("/v1/batches", {"after": "batch_nope"}), 404, "not_found")
     openai_error(api.get("/v1/batches", {"limit": 101}), 400, "invalid_limit")
+    # found by the schema fuzz on PostgreSQL: an id with a NUL was sent to the database, whose
+    # driver refused it (a 500); an id not of the service's form names nothing
+    for odd in ("file-\x00", "\x00", "file-" + "0" * 31 + "\x00"):
+        body = json.dumps({"input_file_id": odd, "endpoint": "/v1/embeddings", "completion_window": "24h"})
+        assert openai_error(api.post("/v1/batches", body, content_type="application/json"), 404,
+                            "not_found")["param"] == "input_file_id"
     assert Batch.objects.count() == 0
 
 
