@@ -522,7 +522,7 @@ DROPPING: set[str] = set()
 
 def image_deleted(*, image: Image, single: bool = True) -> None:
     """What follows the deletion of a row, however it went: ``image_delete``, the admin, or the
-    cascade from deleting its job or owner (the ``post_delete`` signal in ``embeddings.models``).
+    cascade from deleting its job or owner (the ``post_delete`` receiver connected in ``embeddings.apps``).
 
     In the deleting transaction: when it was the original of its bytes, the owner's skipped copies
     get a new original (:func:`_settle`), so they stay searchable. After commit: its point is

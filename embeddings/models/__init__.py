@@ -1,0 +1,43 @@
+"""The app's models, one module per wing; every name is importable from ``embeddings.models``."""
+from .catalogue import (  # noqa: F401
+    Lane,
+    JobStatus,
+    JobPriority,
+    ImageStatus,
+    TERMINAL_IMAGE_STATUSES,
+    LIVE_ORIGINAL_STATUSES,
+    JobKind,
+    SpaceState,
+    DUAL_EMBED_STATES,
+    EmbeddingSpace,
+    Job,
+    Image,
+    ChunkState,
+    BulkChunk,
+    BatchStat,
+)
+from .webhooks import (  # noqa: F401
+    WebhookEvent,
+    DeliveryStatus,
+    WebhookEndpoint,
+    WebhookDelivery,
+    WebhookAttempt,
+)
+from .duplicates import (  # noqa: F401
+    DuplicateKind,
+    GroupStatus,
+    ScanState,
+    DuplicateScan,
+    DuplicateEdge,
+    DuplicateGroup,
+    DuplicateMember,
+    NotDuplicate,
+)
+from .batches import (  # noqa: F401
+    FilePurpose,
+    BatchFile,
+    BatchStatus,
+    Batch,
+    PartState,
+    BatchPart,
+)
