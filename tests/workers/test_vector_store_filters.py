@@ -1,4 +1,4 @@
-"""Metadata filters (``workers/vector_store/filters.py``) and filtered search in the real engines.
+"""Metadata filters (the ``workers/vector_store/filters`` package) and filtered search in the real engines.
 
 The JSON form is checked error by error (message and path). The exact evaluator ``matches`` is the
 oracle: a table of cases states Qdrant's semantics (True is not 1, 3.0 is not 3, a list matches by

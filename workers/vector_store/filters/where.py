@@ -1,48 +1,5 @@
-"""Metadata filters for similarity search: a typed filter (:data:`Where`), its JSON form, an exact
-evaluator, and the Qdrant payload filters that apply it inside the vector query.
-
-A point stands for every image with the same bytes in one embedding space, so its payload holds one
-item per image: ``{"sha256", "owner_ids": [int], "job_ids": [str], "items": [{"image": "<uuid>",
-"owner": int, "job": "<uuid>" (absent when none), "external_id": str (absent when none), "m":
-{metadata}}]}``. A point matches a search when ONE of its items satisfies the owner (if given), the
-job (if given) and the filter. That is a Qdrant nested condition on ``items``, evaluated by the
-engine while it ranks (:func:`to_edge`, :func:`to_client`), never after: top-k returns k points
-whenever k points match (exact below the edge store's HNSW threshold, ``edge.INDEXING_THRESHOLD_KB``).
-
-JSON form (the API's ``filter`` object, read by :func:`parse`; :func:`json_schema` gives it as JSON
-Schema for OpenAPI)::
-
-    where     := {"and": [where, ...]} | {"or": [where, ...]} | {"not": where} | condition
-    condition := {"field": FIELD, "eq": string | integer | number | boolean}
-               | {"field": FIELD, "in": [string, ...] | [integer, ...]}
-               | {"field": FIELD, "gt"|"gte"|"lt"|"lte": number | DATE, ...}   at least one bound,
-                                                                             all numbers or all dates
-               | {"field": FIELD, "exists": boolean}                         false: the field is absent
-    FIELD     := SEGMENT ("." SEGMENT){0,2}     a metadata key, or a dotted path into nested objects;
-                 SEGMENT := [A-Za-z_][A-Za-z0-9_]{0,63}        "external_id" is the image's external id
-    DATE      := ISO 8601 string, "YYYY-MM-DD" or "YYYY-MM-DDThh:mm:ssZ" (no offset: UTC)
-
-Bounds (:data:`MAX_DEPTH`, :data:`MAX_CONDITIONS`, :data:`MAX_IN`, :data:`MAX_STRING`): a filter is
-user input evaluated per item of every candidate point, so its size is capped.
-
-Semantics (Qdrant's, which :func:`matches` reproduces exactly; the property tests hold the engines
-to it): a list value matches when any element does; ``eq`` on a string is exact (case-sensitive;
-an ``external_id`` value is first put in the form ids are stored in, stripped and Unicode NFC);
-``eq``/``in`` on integers match integer values only (``3.0`` is a float: use a range), booleans only
-booleans (``true`` is not ``1``); ``eq`` with a float is the range ``gte = lte = value``; a numeric
-range matches int and float values, never strings or booleans; a date range matches strings that
-parse as dates (Qdrant core's formats, naive = UTC); ``exists`` is false for a missing field and an
-empty list; paths go through nested objects, never through lists.
-
-Payload indexes (``indexed_fields``, ``METADATA_INDEXES``): a declared type is a promise about the
-values. The engine answers a selective condition from the index, which holds only values of its
-type (an integer index has no ``3.5``, a datetime index no ``"soon"``), so a value of another type in
-an indexed field may be missed or seen depending on the query plan. :func:`check_metadata` rejects
-such values where metadata comes in.
-
-Errors: :class:`FilterError` (a ``ValueError``, reason code ``invalid_filter``) with ``path``, where
-in the JSON object it is (``"and[2].field"``; ``""`` for the whole object).
-"""
+"""The typed filter (:data:`Where`), its bounds and errors, and its JSON form (:func:`parse`, :func:`dump`,
+:func:`json_schema`); the package docstring gives the grammar and the semantics."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +7,6 @@ import functools
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -99,9 +55,6 @@ def _join(path: str, key: str) -> str:
     if not path:
         return key
     return path + key if key.startswith("[") else f"{path}.{key}"
-
-
-# --- the typed filter ------------------------------------------------------------------------------
 
 
 def check_field(field: Any) -> str:
@@ -376,7 +329,7 @@ def dump(where: Where) -> dict:
     if isinstance(where, Exists):
         return {"field": where.field, "exists": True}
     if isinstance(where, Range):
-        return {"field": where.field, **{b: _iso(v) if isinstance(v, datetime) else v
+        return {"field": where.field, **{b: iso_utc(v) if isinstance(v, datetime) else v
                                          for b, v in where.bounds().items()}}
     raise TypeError(f"not a filter: {where!r}")
 
@@ -435,9 +388,6 @@ def json_schema(ref: str = "#/$defs/") -> dict[str, dict]:
     }
 
 
-# --- exact evaluation ------------------------------------------------------------------------------
-
-
 @functools.lru_cache(maxsize=4096)
 def parse_date(text: str) -> datetime | None:
     """``text`` as an aware datetime when Qdrant core reads it as one (naive = UTC), else None.
@@ -456,277 +406,6 @@ def parse_date(text: str) -> datetime | None:
     return dt if dt is None or dt.tzinfo else dt.replace(tzinfo=UTC)
 
 
-def _values(item: Mapping, field: str) -> list:
-    """The values ``field`` holds in ``item`` (a list value flattened one level; [] when missing)."""
-    if field == EXTERNAL_ID:
-        v = item.get(EXTERNAL_ID)
-    else:
-        v = item.get("m")
-        for key in field.split("."):
-            if not isinstance(v, dict):
-                return []
-            v = v.get(key)
-    if v is None:
-        return []
-    return v if isinstance(v, list) else [v]
-
-
-def _same(value: Any, wanted: str | int | bool) -> bool:
-    # Qdrant keeps string, integer, float and boolean apart: True is not 1, 3.0 is not 3.
-    return type(value) is type(wanted) and value == wanted
-
-
-def _in_range(r: Range, value: Any) -> bool:
-    if r.is_date:
-        if not isinstance(value, str):
-            return False
-        value = parse_date(value)
-        if value is None:
-            return False
-        bounds = r.bounds()
-    else:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return False
-        value = float(value)  # the engine compares as f64
-        bounds = {b: float(v) for b, v in r.bounds().items()}
-    return (("gt" not in bounds or value > bounds["gt"]) and ("gte" not in bounds or value >= bounds["gte"])
-            and ("lt" not in bounds or value < bounds["lt"]) and ("lte" not in bounds or value <= bounds["lte"]))
-
-
-def matches(where: Where, item: Mapping) -> bool:
-    """Whether one payload item (``{"owner", "job"?, "external_id"?, "m"}``) satisfies ``where``,
-    exactly as Qdrant evaluates the filter (module docstring: semantics)."""
-    if isinstance(where, And):
-        return all(matches(w, item) for w in where.items)
-    if isinstance(where, Or):
-        return any(matches(w, item) for w in where.items)
-    if isinstance(where, Not):
-        return not matches(where.item, item)
-    values = _values(item, where.field)
-    if isinstance(where, Exists):
-        return bool(values)
-    if isinstance(where, Eq):
-        if isinstance(where.value, float):
-            return any(_in_range(Range(where.field, gte=where.value, lte=where.value), v) for v in values)
-        return any(_same(v, where.value) for v in values)
-    if isinstance(where, AnyOf):
-        return any(_same(v, w) for v in values for w in where.values)
-    if isinstance(where, Range):
-        return any(_in_range(where, v) for v in values)
-    raise TypeError(f"not a filter: {where!r}")
-
-
-def item_matches(item: Mapping, where: Where | None = None, *, owner_id: int | None = None,
-                 job_id: str | None = None) -> bool:
-    """Whether ``item`` belongs to ``owner_id`` (if given), to ``job_id`` (if given) and satisfies ``where``."""
-    if owner_id is not None and not _same(item.get("owner"), int(owner_id)):
-        return False
-    if job_id is not None and item.get("job") != str(job_id):
-        return False
-    return where is None or matches(where, item)
-
-
-def matching_items(payload: Mapping, where: Where | None = None, *, owner_id: int | None = None,
-                   job_id: str | None = None) -> list[dict]:
-    """The items of a point's ``payload`` that make it a hit (:func:`item_matches`), in payload order."""
-    return [it for it in payload.get("items") or () if item_matches(it, where, owner_id=owner_id, job_id=job_id)]
-
-
-# --- Qdrant filters --------------------------------------------------------------------------------
-
-
-def item_key(field: str) -> str:
-    """The key of ``field`` inside one payload item (``m.<field>``; ``external_id`` as is)."""
-    return field if field == EXTERNAL_ID else f"m.{field}"
-
-
-def _iso(dt: datetime) -> str:
+def iso_utc(dt: datetime) -> str:
+    """``dt`` in UTC as RFC 3339 (what Qdrant's datetime conditions and indexes read)."""
     return dt.astimezone(UTC).isoformat()
-
-
-def to_edge(where: Where | None, *, owner_id: int | None = None, job_id: str | None = None,
-            exclude: Iterable = ()):
-    """The ``qdrant_edge.Filter`` for a search (None when there is nothing to filter).
-
-    Without ``where``: the top-level ``owner_ids`` / ``job_ids`` conditions (their indexes are the
-    fastest path). With it: one nested condition on ``items`` holding owner, job and ``where``, so
-    all three hold for the same item; the top-level ``owner_ids`` / ``job_ids`` conditions stay
-    beside it (implied by the item's, and they let the planner start from their indexes).
-    ``exclude``: point ids left out.
-    """
-    import numpy as np
-    import qdrant_edge as qe
-
-    def field_eq(key: str, value):
-        # qdrant-edge reads a Python bool as the integer 1 or 0 (it tries int first); numpy's bool_
-        # is not an int, so it arrives as a JSON boolean.
-        return qe.FieldCondition(key, match=qe.MatchValue(np.bool_(value) if isinstance(value, bool) else value))
-
-    def conv(w):
-        if isinstance(w, And):
-            return qe.Filter(must=[conv(x) for x in w.items])
-        if isinstance(w, Or):
-            return qe.Filter(should=[conv(x) for x in w.items])
-        if isinstance(w, Not):
-            return qe.Filter(must_not=[conv(w.item)])
-        key = item_key(w.field)
-        if isinstance(w, Exists):
-            return qe.Filter(must_not=[qe.IsEmptyCondition(key)])
-        if isinstance(w, Eq):
-            if isinstance(w.value, float):
-                return qe.FieldCondition(key, range=qe.RangeFloat(gte=w.value, lte=w.value))
-            return field_eq(key, w.value)
-        if isinstance(w, AnyOf):
-            return qe.FieldCondition(key, match=qe.MatchAny(list(w.values)))
-        if isinstance(w, Range):
-            if w.is_date:
-                return qe.FieldCondition(key, range=qe.RangeDateTime(**{b: _iso(v) for b, v in w.bounds().items()}))
-            return qe.FieldCondition(key, range=qe.RangeFloat(**{b: float(v) for b, v in w.bounds().items()}))
-        raise TypeError(f"not a filter: {w!r}")
-
-    must = []
-    if owner_id is not None:
-        must.append(field_eq("owner_ids", int(owner_id)))
-    if job_id is not None:
-        must.append(field_eq("job_ids", str(job_id)))
-    if where is not None:
-        inner = ([field_eq("owner", int(owner_id))] if owner_id is not None else []) + \
-                ([field_eq("job", str(job_id))] if job_id is not None else []) + [conv(where)]
-        must.append(qe.NestedCondition("items", qe.Filter(must=inner)))
-    exclude = {str(i) for i in exclude}
-    must_not = [qe.HasIdCondition(exclude)] if exclude else None
-    return qe.Filter(must=must or None, must_not=must_not) if (must or must_not) else None
-
-
-def to_client(where: Where | None, *, owner_id: int | None = None, job_id: str | None = None,
-              exclude: Iterable = ()):
-    """The ``qdrant_client.models.Filter`` for a search (None when there is nothing to filter):
-    the same conditions as :func:`to_edge`, for the ``local`` and ``server`` backends."""
-    from qdrant_client import models
-
-    def field_eq(key: str, value):
-        return models.FieldCondition(key=key, match=models.MatchValue(value=value))
-
-    def conv(w):
-        if isinstance(w, And):
-            return models.Filter(must=[conv(x) for x in w.items])
-        if isinstance(w, Or):
-            return models.Filter(should=[conv(x) for x in w.items])
-        if isinstance(w, Not):
-            return models.Filter(must_not=[conv(w.item)])
-        key = item_key(w.field)
-        if isinstance(w, Exists):
-            return models.Filter(must_not=[models.IsEmptyCondition(is_empty=models.PayloadField(key=key))])
-        if isinstance(w, Eq):
-            if isinstance(w.value, float):
-                return models.FieldCondition(key=key, range=models.Range(gte=w.value, lte=w.value))
-            return field_eq(key, w.value)
-        if isinstance(w, AnyOf):
-            return models.FieldCondition(key=key, match=models.MatchAny(any=list(w.values)))
-        if isinstance(w, Range):
-            if w.is_date:
-                return models.FieldCondition(key=key, range=models.DatetimeRange(**w.bounds()))
-            return models.FieldCondition(key=key, range=models.Range(**{b: float(v) for b, v in w.bounds().items()}))
-        raise TypeError(f"not a filter: {w!r}")
-
-    must = []
-    if owner_id is not None:
-        must.append(field_eq("owner_ids", int(owner_id)))
-    if job_id is not None:
-        must.append(field_eq("job_ids", str(job_id)))
-    if where is not None:
-        inner = ([field_eq("owner", int(owner_id))] if owner_id is not None else []) + \
-                ([field_eq("job", str(job_id))] if job_id is not None else []) + [conv(where)]
-        must.append(models.NestedCondition(nested=models.Nested(key="items", filter=models.Filter(must=inner))))
-    exclude = [str(i) for i in exclude]
-    must_not = [models.HasIdCondition(has_id=exclude)] if exclude else None
-    return models.Filter(must=must or None, must_not=must_not) if (must or must_not) else None
-
-
-# --- payload indexes -------------------------------------------------------------------------------
-
-
-def check_indexed_fields(fields: Mapping[str, str] | None) -> dict[str, str]:
-    """``fields`` (metadata field → one of :data:`INDEX_TYPES`) checked, as a new dict ({} for None).
-
-    Raises:
-        ValueError: a field that is not a field name, or an unknown type; the message names it.
-    """
-    out = {}
-    for field, kind in (fields or {}).items():
-        try:
-            check_field(field)
-        except FilterError as e:
-            raise ValueError(f"indexed field {field!r}: {e.message}") from None
-        if kind not in INDEX_TYPES:
-            raise ValueError(f"indexed field {field!r}: unknown type {kind!r}, expected one of {', '.join(INDEX_TYPES)}")
-        out[field] = kind
-    return out
-
-
-def parse_indexed_fields(text: str) -> dict[str, str]:
-    """Read a declaration ``"category:keyword,price:float,date:datetime"`` (``METADATA_INDEXES``).
-
-    Parts are comma-separated ``field:type`` (spaces around them ignored; empty text: no fields).
-
-    Raises:
-        ValueError: a part without ``:``, a bad field name, an unknown type or a field named twice;
-            the message quotes the part.
-    """
-    out: dict[str, str] = {}
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        field, sep, kind = (s.strip() for s in part.partition(":"))
-        if not sep:
-            raise ValueError(f"metadata index {part!r}: expected field:type, type one of {', '.join(INDEX_TYPES)}")
-        if field in out:
-            raise ValueError(f"metadata index {part!r}: field {field!r} is declared twice")
-        try:
-            out.update(check_indexed_fields({field: kind.lower()}))
-        except ValueError as e:
-            raise ValueError(f"metadata index {part!r}: {e}") from None
-    return out
-
-
-def _fits(value: Any, kind: str) -> bool:
-    if kind == "keyword":
-        return isinstance(value, str)
-    if kind == "integer":
-        return type(value) is int
-    if kind == "float":
-        return type(value) in (int, float)
-    if kind == "bool":
-        return type(value) is bool
-    return isinstance(value, str) and parse_date(value) is not None  # datetime
-
-
-def check_metadata(metadata: Mapping, indexed_fields: Mapping[str, str] | None) -> None:
-    """Check that every value of an indexed field in ``metadata`` has the field's declared type
-    (keyword: str; integer: int; float: int or float; bool: bool; datetime: a date string; a list:
-    each element). Fields that are absent, and fields that are not indexed, may hold anything.
-
-    Raises:
-        ValueError: ``metadata field 'price' is indexed as float: '12 EUR' is not a float``.
-    """
-    for field, kind in (indexed_fields or {}).items():
-        if field == EXTERNAL_ID:
-            continue
-        for v in _values({"m": metadata}, field):
-            if not _fits(v, kind):
-                what = {"keyword": "a string", "integer": "an integer", "float": "a number", "bool": "a boolean",
-                        "datetime": "an ISO 8601 date"}[kind]
-                raise ValueError(f"metadata field {field!r} is indexed as {kind}: {repr(v)[:80]} is not {what}")
-
-
-def payload_indexes(indexed_fields: Mapping[str, str] | None) -> dict[str, str]:
-    """Item-level payload indexes to keep: ``{"items[].owner": "integer", "items[].m.<field>": type}``."""
-    return {OWNER_INDEX: "integer",
-            **{f"items[].{item_key(f)}": t for f, t in check_indexed_fields(indexed_fields).items()}}
-
-
-__all__ = ["EXTERNAL_ID", "INDEX_TYPES", "MAX_CONDITIONS", "MAX_DEPTH", "MAX_IN", "MAX_STRING", "And", "AnyOf",
-           "Eq", "Exists", "FilterError", "Not", "Or", "Range", "Where", "check_field", "check_indexed_fields",
-           "check_metadata",
-           "dump", "item_key", "item_matches", "json_schema", "matches", "matching_items", "parse",
-           "parse_date", "parse_indexed_fields", "payload_indexes", "to_client", "to_edge"]
