@@ -37,7 +37,7 @@ MAX_JOB_CALLBACKS = 5
 
 def _callback_url_pattern() -> str:
     """The form of a callback URL (:data:`CALLBACK_URL_PATTERN`), from RFC 3986's grammar narrowed to
-    what ``workers.fetch.parse_url`` (httpx underneath) accepts: a host name of its ``_HOST_NAME``
+    what ``workers.fetch.parse_url`` (httpx underneath) accepts: a host name of its ``HOST_NAME``
     form (at most 253 characters, not four all-digit labels, which httpx reads as IPv4), an IPv4
     address or a bracketed IPv6 address, a port in 1..65535, and printable ASCII after."""
     octet = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
