@@ -150,8 +150,9 @@ bench-duplicates: setup
 
 # The versioned OpenAPI schema (tests/embeddings/api/test_schema.py fails when the served one differs):
 # run after any API change and commit docs/openapi.yaml with it.
+# The reference deployment (tests/embeddings/api/test_schema.py REFERENCE): fp32 on the CPU, whatever this CPU is.
 schema: setup
-	$(PY) manage.py spectacular --file docs/openapi.yaml --validate --fail-on-warn
+	CLIP_PRECISION=fp32 CLIP_DEVICE=cpu $(PY) manage.py spectacular --file docs/openapi.yaml --validate --fail-on-warn
 
 # The README's configuration tables, generated from project/configuration.py
 # (tests/test_configuration.py fails when they differ): run after declaring or changing a variable.

@@ -2,9 +2,12 @@
 typed bodies, limits, error statuses in one component, Retry-After, pagination, staff-only marks."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 from django.conf import settings
+from django.test import override_settings
 
 from tests.conftest import ROOT
 
@@ -13,11 +16,16 @@ pytestmark = pytest.mark.django_db
 SCHEMA_FILE = ROOT / "docs" / "openapi.yaml"
 
 
+#: The deployment docs/openapi.yaml describes (``make schema`` sets the same): the served schema names
+#: the configured model's precision, and ``CLIP_PRECISION=auto`` resolves it by the machine's CPU.
+REFERENCE = {"precision": "fp32", "device": "cpu"}
+
+
 @pytest.fixture(scope="module")
 def served(django_db_blocker):
     from rest_framework.test import APIClient
 
-    with django_db_blocker.unblock():
+    with django_db_blocker.unblock(), override_settings(PIPELINE=dataclasses.replace(settings.PIPELINE, **REFERENCE)):
         r = APIClient().get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi")
     assert r.status_code == 200
     return yaml.safe_load(r.content)
