@@ -113,7 +113,8 @@ def run_in(checkout: Path, points: int, chunk: int, server: str) -> dict:
             src = Path(__file__).resolve().parent / name
             (harness / "benchmarks" / name).write_text(src.read_text())
         env["PYTHONPATH"] = f"{harness}{os.pathsep}{checkout}"
-        out = subprocess.run([sys.executable, "-P", "-c", code], cwd=checkout, env=env, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, "-P", "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                             check=False)
         if out.returncode:
             raise RuntimeError(out.stderr[-3000:])
         return json.loads(out.stdout.strip().splitlines()[-1])

@@ -14,8 +14,6 @@ class EmbeddingsConfig(AppConfig):
         # A worker's boot-up (niceness, SCHED_IDLE, model warm-up, reconciler): Celery signal handlers
         # connected in every process, received only by workers (embeddings/worker_boot.py; no torch).
         from embeddings import worker_boot  # noqa: F401  deferred: registry not ready
-        # ``field__any_of``: one array parameter instead of an IN list on PostgreSQL (embeddings/lookups.py)
-        from embeddings import lookups  # noqa: F401
         from embeddings.models import Image  # deferred: registry not ready
 
         # Every deleted image row is settled by its service; connected here, not in models.py, so

@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from embeddings import dispatch, runtime, sink, spaces
+from embeddings import lookups  # noqa: F401  registers field__any_of, used by point_payloads
 from embeddings.models import (
     LIVE_ORIGINAL_STATUSES,
     Image,
