@@ -400,7 +400,9 @@ def writer_rate(phase: dict) -> float | None:
 
 
 def _load_of(r: dict) -> str:
-    return f"load average {r['load_before']['load_1m']} -> {r['load_after']['load_1m']}"
+    shared = "" if r["load_before"]["quiet"] and r["load_after"]["quiet"] else \
+        f" (above {QUIET_LOAD_PER_CORE} per core: other work shared the cores)"
+    return f"load average {r['load_before']['load_1m']} -> {r['load_after']['load_1m']}{shared}"
 
 
 def _bound_note(b: dict) -> str:
