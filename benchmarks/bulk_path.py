@@ -407,7 +407,8 @@ def _load_of(r: dict) -> str:
 
 def _bound_note(b: dict) -> str:
     return (f"bound measured at {_load_of(b)}" + ("" if b["quiet"] else
-            f"; WARNING: above {QUIET_LOAD_PER_CORE} per core, the bound is unreliable (reads low)"))
+            f"; WARNING: above {QUIET_LOAD_PER_CORE} per core, the bound is unreliable (reads low), "
+            f"so this is no PASS whatever the ratio"))
 
 
 def targets(res: dict) -> list[dict]:
@@ -420,10 +421,11 @@ def targets(res: dict) -> list[dict]:
         {"name": f"re-embedding from previews >= {TARGET_REEMBED_PER_S:,.0f} images/s", "pass": re >= TARGET_REEMBED_PER_S,
          "detail": f"{re:,.0f} images/s ({res['reembed']['embedded']} of {res['reembed']['total']}), {_load_of(res['reembed'])}"},
         {"name": f"re-embedding from previews >= {TARGET_REEMBED_RATIO} x the previews' read + preprocess bound",
-         "pass": bool(pb) and re >= TARGET_REEMBED_RATIO * pb,
+         # a bound measured on shared cores reads low: no PASS on it (the issue asks for quiet cores)
+         "pass": bool(pb) and re >= TARGET_REEMBED_RATIO * pb and res["preview_bound"]["quiet"],
          "detail": f"{re:,.0f} vs {pb:,.0f} images/s: {re / pb if pb else 0:.2f} x; {_bound_note(res['preview_bound'])}"},
         {"name": f"first embedding of the originals >= {TARGET_FIRST_RATIO} x their decode + preprocess bound",
-         "pass": first >= TARGET_FIRST_RATIO * bound,
+         "pass": first >= TARGET_FIRST_RATIO * bound and res["decode_bound"]["quiet"],
          "detail": f"{first:,.1f} vs {bound:,.1f} images/s: {first / bound if bound else 0:.2f} x, "
                    f"{_load_of(res['first_originals'])}; {_bound_note(res['decode_bound'])}"},
     ]
