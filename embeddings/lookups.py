@@ -4,7 +4,7 @@
 Why: psycopg splits and quotes a query's text in Python once per placeholder and caches only short
 queries, and the ORM builds one expression per value; a vectors-worker chunk names hundreds of ids
 per statement, so an ``IN (%s, %s, ...)`` list cost more Python than the statement cost the
-database (docs/scaling.md, "The vectors writer"). Other backends compile it exactly as ``__in``.
+database (docs/scaling.md, "The vectors writer and the bounds"). Other backends compile it as ``__in``.
 """
 from __future__ import annotations
 
