@@ -14,7 +14,7 @@ DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-duplicates bench-fairness
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-writer bench-duplicates bench-fairness
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -173,6 +173,12 @@ clean:
 # make bench-path BENCH_ARGS="--images 3000 --originals 168" for a short check.
 bench-path: setup
 	$(PY) -m benchmarks.bulk_path --postgres $(BENCH_ARGS)
+
+# The vectors writer alone, stage by stage (issue 58 item 2, docs/scaling.md): index_chunk of 512
+# points in-process on scratch PostgreSQL; BENCH_ARGS="--before /path/to/old/checkout" alternates
+# the code before a change with this one in the same session.
+bench-writer: setup
+	$(PY) -m benchmarks.writer $(BENCH_ARGS)
 
 # Kubernetes (deploy/kubernetes, docs/deploy.md): the checkers' own environment; the ConfigMap and
 # Secret files generated from project/configuration.py; every overlay rendered (kubectl kustomize),

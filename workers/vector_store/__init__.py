@@ -302,7 +302,15 @@ def require_usable(points: Sequence[Point]) -> None:
     Raises:
         UnusableVector: a vector that is not finite or is all zeros (naming its point).
     """
-    for p in points:
+    if not points:
+        return
+    # one screen of the whole call (a chunk's slice: tens to hundreds of points), then the first
+    # refused point named as screen.require_usable names it
+    rows = [np.asarray(p.vector, np.float32).reshape(-1) for p in points]
+    if len({r.shape for r in rows}) == 1:
+        reasons = screen.faults(np.stack(rows))
+        points = [p for p, r in zip(points, reasons) if r is not None]
+    for p in points:  # the refused ones (every one when the sizes differ: the store names the size)
         screen.require_usable(p.vector, f"point {p.id}")
 
 

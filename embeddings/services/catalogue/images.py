@@ -15,6 +15,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from embeddings import dispatch, runtime, sink, spaces
+from embeddings import lookups  # noqa: F401  registers field__any_of, used by point_payloads
 from embeddings.models import (
     LIVE_ORIGINAL_STATUSES,
     Image,
@@ -381,6 +382,9 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
     qn = connection.ops.quote_name
     key_field = meta.get_field(key)
     ids = [key_field.get_db_prep_value(uuid.UUID(i), connection) for i in rows]
+    if connection.vendor == "postgresql":
+        return _update_per_row_arrays(key_field=key_field, ids=ids, facts=list(rows.values()), status=status,
+                                      sets=sets, returning=returning)
     assignments, params = [], []
     for name, value in (sets or {}).items():
         field = meta.get_field(name)
@@ -400,6 +404,36 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
         cursor.execute(sql, [*params, *ids, status])
         if returning:  # hex text on SQLite, uuid on PostgreSQL
             return {str(meta.pk.to_python(r[0])) for r in cursor.fetchall()}
+        return cursor.rowcount
+
+
+def _update_per_row_arrays(*, key_field, ids: list, facts: list[tuple], status: str,
+                           sets: dict[str, object] | None, returning: bool) -> int | set[str]:
+    """:func:`_update_per_row` on PostgreSQL: the rows' values as four array parameters joined in
+    (``UPDATE ... FROM unnest(ids, widths, heights, formats)``), so the statement's text and its
+    parameter count stay the same whatever the number of rows: psycopg quotes it in constant
+    Python time and the server matches rows by a join instead of walking a ``CASE`` per row."""
+    meta = Image._meta
+    qn = connection.ops.quote_name
+    table = qn(meta.db_table)
+    assignments, params = [], []
+    for name, value in (sets or {}).items():
+        field = meta.get_field(name)
+        assignments.append(f"{qn(field.column)} = %s")
+        params.append(field.get_db_prep_value(value, connection))
+    for name in ("width", "height", "format"):
+        col = qn(meta.get_field(name).column)
+        assignments.append(f"{col} = v.{name}")
+    widths, heights, formats = ([f[n] for f in facts] for n in range(3))
+    sql = (f"UPDATE {table} SET {', '.join(assignments)} FROM unnest(%s::uuid[], %s::integer[], %s::integer[], "
+           f"%s::text[]) AS v(key, width, height, format) WHERE {table}.{qn(key_field.column)} = v.key "
+           f"AND {table}.{qn(meta.get_field('status').column)} = %s")
+    if returning:
+        sql += f" RETURNING {table}.{qn(meta.pk.column)}"
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, ids, widths, heights, formats, status])
+        if returning:
+            return {str(r[0]) for r in cursor.fetchall()}
         return cursor.rowcount
 
 
@@ -469,11 +503,13 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     """
     shas = set(shas)
     payloads = {s: {"sha256": s, "owner_ids": set(), "job_ids": set(), "items": {}} for s in shas}
-    rows = Image.objects.filter(model_id=model_id, sha256__in=shas)
+    # any_of: one array parameter per list on PostgreSQL (embeddings/lookups.py)
+    rows = Image.objects.filter(model_id=model_id, sha256__any_of=shas)
     if point_ids is not None:
-        rows = rows.filter(point_id__in=list(point_ids))
+        rows = rows.filter(point_id__any_of=list(point_ids))
+    including = list(including)
     rows = rows.filter(
-        Q(status=ImageStatus.EMBEDDED) | Q(id__in=list(including))
+        Q(status=ImageStatus.EMBEDDED) | Q(id__any_of=including) if including else Q(status=ImageStatus.EMBEDDED)
     ).values_list("sha256", "owner_id", Coalesce("source__job_id", "job_id"), "id", "status",  # a copy: its user row's
                   Coalesce("source_id", "id"), "external_id", "metadata", "source__external_id", "source__metadata")
     for sha, owner_id, job_id, image_id, status, user_id, ext, meta, source_ext, source_meta in rows:

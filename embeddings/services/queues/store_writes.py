@@ -74,17 +74,21 @@ def items_space(items: list[dict]) -> str:
     return items[0].get("model_id") or runtime.model_id()
 
 
-def _write_points(items: list[dict], payloads: dict[str, dict] | None = None) -> float:
+def _write_points(items: list[dict], payloads: dict[str, dict] | None = None,
+                  vectors: np.ndarray | None = None) -> float:
     """Upsert ``items`` with ``payloads`` (by sha256; ``None``: recomputed from the database, counting
-    the items' rows); returns the upsert wall time (ms)."""
+    the items' rows) and ``vectors`` (``(len(items), D) float32``, the items' own decoded;
+    ``None``: decoded here); returns the upsert wall time (ms)."""
     model_id = items_space(items)
     if payloads is None:
         payloads = image_services.point_payloads(
             model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
             point_ids=[it["point_id"] for it in items],
         )
-    points = [Point(id=uuid.UUID(it["point_id"]), vector=decode_vector(it["vector"]), payload=payloads[it["sha256"]])
-              for it in items]
+    if vectors is None:
+        vectors = _decoded(items)
+    points = [Point(id=uuid.UUID(it["point_id"]), vector=v, payload=payloads[it["sha256"]])
+              for it, v in zip(items, vectors)]
     t0 = time.perf_counter()
     runtime.vector_store(model_id).upsert(points)
     return (time.perf_counter() - t0) * 1000
@@ -150,18 +154,28 @@ def payloads_settle(*, model_id: str, points: dict[str, str], given: dict[str, d
     return rewritten
 
 
-def _unusable(items: list[dict], *, lane: str) -> list[dict]:
+def _decoded(items: list[dict]) -> np.ndarray:
+    """The items' vectors, decoded once: ``(len(items), D) float32``."""
+    return np.stack([decode_vector(it["vector"]) for it in items])
+
+
+def _unusable(items: list[dict], *, lane: str) -> tuple[list[dict], np.ndarray]:
     """Fail the images of ``items`` whose vector is not finite or is all zeros (``workers.screen``;
-    counted on ``lane``) and return the others. The workers screen every vector they compute; this
-    is the last look before the store, for a vector that reached the queue another way (a worker
-    of an earlier version), so that the store's own refusal never fails a whole write."""
-    reasons = screen.faults(np.stack([decode_vector(it["vector"]) for it in items])) if items else []
+    counted on ``lane``) and return the others with their decoded vectors (``(n, D) float32``, so
+    the write does not decode them again). The workers screen every vector they compute; this is
+    the last look before the store, for a vector that reached the queue another way (a worker of an
+    earlier version), so that the store's own refusal never fails a whole write."""
+    if not items:
+        return [], np.empty((0, 0), np.float32)
+    vectors = _decoded(items)
+    reasons = screen.faults(vectors)
     bad = [(it["id"], r.value, screen.detail(r)) for it, r in zip(items, reasons) if r is not None]
     if not bad:
-        return items
+        return items, vectors
     image_services.images_mark_failed(bad)
     metrics.count_refused_embeddings(lane=lane, reasons=[r for _, r, _ in bad])
-    return [it for it, r in zip(items, reasons) if r is None]
+    keep = [n for n, r in enumerate(reasons) if r is None]
+    return [items[n] for n in keep], vectors[keep]
 
 
 def write_live(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
@@ -169,7 +183,7 @@ def write_live(items: list[dict], read: tuple[set[str], dict[str, dict]] | None 
     """Write the points of the items whose images are still queued and whose vectors are usable
     (the others failed: :func:`_unusable`), marking nothing. Returns ``(items written, upsert ms)``."""
     queued, payloads = read if read is not None else queued_payloads(items)
-    live = _unusable([it for it in items if it["id"] in queued], lane=lane)
+    live, vectors = _unusable([it for it in items if it["id"] in queued], lane=lane)
     if not live:
         return [], 0.0
-    return live, _write_points(live, payloads)
+    return live, _write_points(live, payloads, vectors)
