@@ -315,6 +315,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="compare interactive latency with an empty and an N-point store instead (N: 100,000)")
     ap.add_argument("--prefill-owners", type=int, default=1000, help="owners of the pre-filled points (default 1000)")
     ap.add_argument("--rounds", type=int, default=2, help="--prefill: turns of (empty, pre-filled) stacks (default 2)")
+    ap.add_argument("--hops", action="store_true",
+                    help="instead: where an idle request's time goes, hop by hop (benchmarks/lanes_hops.py, issue 58)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
     return ap.parse_args(argv)
 
@@ -356,6 +358,10 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.prefill:
         return prefill_main(args, out)
+    if args.hops:
+        from benchmarks.lanes_hops import hops_main
+
+        return hops_main(args, out)
     n = args.bulk_images
     print(f"preparing {2 * n + 2 * args.requests + 64 + 10} distinct images in {out}/images ...", flush=True)
     bases = base_images()

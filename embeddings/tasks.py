@@ -166,6 +166,7 @@ def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owne
 def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
     with _in_flight(task, len(image_ids)):
         out = interactive_queue.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
+    lane_control.hops.note(returned_at=time.time())
     if not task.request.is_eager:
 
         # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies

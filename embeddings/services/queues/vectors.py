@@ -5,6 +5,7 @@ forgotten, stored vectors read, a collection's points counted.
 """
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -215,6 +216,7 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     Returns:
         ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
     """
+    t0 = time.perf_counter()
     items, failed = embedded.get("items", []), embedded.get("failed", [])
     upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE)[1] if items else 0.0
     embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
@@ -232,6 +234,8 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     model_id = (items[0].get("model_id") if items else None) or next(iter(
         Image.objects.filter(id__in=skipped_ids).values_list("model_id", flat=True)[:1]), None) or runtime.model_id()
     store = runtime.vector_store(model_id)
+    t1 = time.perf_counter()
+    lane_control.hops.note(write_ms=(t1 - t0) * 1000 - upsert_ms, upsert_ms=upsert_ms)
     out: dict[str, dict] = {}
     queries = {it["id"]: (uuid.UUID(it["point_id"]), decode_vector(it["vector"])) for it in items}
     skipped = Image.objects.filter(id__in=skipped_ids).values_list("id", "point_id")
@@ -249,6 +253,7 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
             out[image_id]["vector"] = encode_vector(vector)
     for image_id, reason, detail in failed:
         out[image_id] = {"reason": reason, "detail": detail, "neighbours": []}
+    lane_control.hops.note(search_ms=(time.perf_counter() - t1) * 1000, returned_at=time.time())
     return out
 
 
