@@ -1,6 +1,7 @@
-"""Where an idle interactive request's time goes, hop by hop (issue 58): ``python -m benchmarks.lanes --hops``.
+"""Where an idle interactive request's time goes, hop by hop (issue 58): the analysis of
+``python -m benchmarks.lanes --hops`` (the run itself is ``benchmarks.lanes.hops_main``).
 
-Starts the stack as ``benchmarks.lanes`` does, with ``HOP_TRACE=1`` (``embeddings.lane_control.hops``:
+That run starts the stack as ``benchmarks.lanes`` does, with ``HOP_TRACE=1`` (``embeddings.lane_control.hops``:
 each side of a request writes a record of its moments to Redis), warms it, then sends ``--requests``
 uploads of one distinct photo (k = 5 neighbours) and as many text searches (k = 5), one at a time,
 ``1 / --rate`` s apart (an idle stack: no request overlaps another). Each request's client wall time
@@ -13,14 +14,9 @@ Writes ``hops.json`` (every request's hops) and ``hops.md`` (the tables) to ``--
 """
 from __future__ import annotations
 
-import json
-import os
-import time
-from pathlib import Path
-
 import numpy as np
 
-from benchmarks._common import REDIS_PREFIX, machine, machine_line
+from benchmarks._common import REDIS_PREFIX
 
 HOPS_KEY = f"{REDIS_PREFIX}lanes:interactive:hops"  # embeddings.lane_control.keys.HOPS_KEY
 #: Targets of issue 58 for the time beyond the forward pass and the queue delay (ms).
@@ -43,7 +39,11 @@ def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
     ix_body = _ms(index["start"], ix["returned_at"])
     hops = {
         "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
-        "web before the wait (admission, rows, blob, send)": _ms(web["start"], web["sent"]),
+        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
+        "web: blob + rows": web.get("notes", {}).get("rows_ms", 0.0),
+        "web: send (chain to the broker)": web.get("notes", {}).get("send_ms", 0.0),
+        "web: rest before the wait (auth, parsing)": _ms(web["start"], web["sent"])
+        - sum(web.get("notes", {}).get(k, 0.0) for k in ("admission_ms", "rows_ms", "send_ms")),
         "broker → interactive worker": _ms(web["sent"], embed["start"]),
         "interactive: read + decode + preprocess": prep,
         "interactive: batcher queue delay": queue,
@@ -69,7 +69,9 @@ def search_hops(total_ms: float, web: dict, encode: dict, search: dict) -> dict:
     forward = encode["notes"].get("forward_ms", 0.0)
     hops = {
         "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
-        "web before the wait (admission, scope, send)": _ms(web["start"], web["sent"]),
+        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
+        "web: rest before the wait (auth, parsing, scope, send)": _ms(web["start"], web["sent"])
+        - web.get("notes", {}).get("admission_ms", 0.0),
         "broker → interactive worker": _ms(web["sent"], encode["start"]),
         "interactive: text forward pass": forward,
         "interactive: rest (result, next message)": _ms(encode["start"], encode["end"]) - forward,
@@ -137,61 +139,3 @@ def tables(rows: list[dict], *, label: str) -> tuple[str, list[dict]]:
     lines.append("")
     lines += [f"- {'PASS' if v['pass'] else 'FAIL'}: {v['name']}: {v['value']:.1f} ms" for v in verdicts]
     return "\n".join(lines), verdicts
-
-
-def hops_main(args, out: Path) -> int:
-    """The ``--hops`` run (see the module's docstring); exit status 0 when every target passes."""
-    import redis
-
-    from benchmarks.lanes import Client, base_images, distinct_jpeg, process_env
-    from scripts.stack import Stack
-
-    bases = base_images()
-    env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
-           "HOP_TRACE": "1"}
-    stack_dir = out / "stack-hops"
-    import shutil
-
-    shutil.rmtree(stack_dir, ignore_errors=True)
-    hardware = machine()
-    print(machine_line(hardware), flush=True)
-    samples: list[dict] = []
-    load_before = os.getloadavg()
-    with Stack(stack_dir, env, private_redis=True, deployment=args.deployment, process_env=process_env(args),
-               log=lambda *a: None) as stack:
-        client = Client(stack.web_url, stack.manage("apiuser", "bench", "--staff").strip())
-        for i in range(6):  # warm-up: models loaded, connections open, both paths once; not measured
-            client.upload(distinct_jpeg(bases, 10**6 + i), f"w{i}.jpg")
-            client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5}, timeout=60)
-        print(f"{args.requests} uploads and {args.requests} text searches, one at a time, {1 / args.rate:.2f} s apart ...",
-              flush=True)
-        for i in range(args.requests):
-            for kind in ("upload", "text_search"):
-                t0 = time.time()
-                p0 = time.perf_counter()
-                if kind == "upload":
-                    r = client.s.post(client.base + "/api/images/", files={"files": (f"h{i}.jpg", distinct_jpeg(bases, 2 * 10**6 + i))},
-                                      data={"k": 5}, timeout=60)
-                else:
-                    r = client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5},
-                                      timeout=60)
-                ms = (time.perf_counter() - p0) * 1000
-                samples.append({"kind": kind, "sent": t0, "latency_ms": ms, "http": r.status_code})
-                time.sleep(max(0.0, 1 / args.rate - ms / 1000))
-        time.sleep(0.5)  # the last task records
-        records = [json.loads(x) for x in redis.Redis.from_url(stack.env["REDIS_URL"]).lrange(HOPS_KEY, 0, -1)]
-    load_after = os.getloadavg()
-    rows = join([s for s in samples if s["http"] == 200], records)
-    label = (f"load average 1/5/15 min before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
-             f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
-    text, verdicts = tables(rows, label=label)
-    answered = sum(1 for s in samples if s["http"] == 200)
-    text = (f"{machine_line(hardware)}\n{label}; {answered}/{len(samples)} answered 200, {len(rows)} traced\n"
-            f"`python -m benchmarks.lanes --hops --requests {args.requests} --rate {args.rate}`\n\n{text}")
-    print("\n" + text)
-    (out / "hops.md").write_text(text + "\n")
-    (out / "hops.json").write_text(json.dumps({"machine": hardware, "load_before": load_before,
-                                               "load_after": load_after, "samples": samples, "rows": rows,
-                                               "targets": verdicts}, indent=1))
-    print(f"\nwrote {out}/hops.md, hops.json")
-    return 0 if verdicts and all(v["pass"] for v in verdicts) else 1

@@ -7,7 +7,7 @@ of a chain that ``root_id``). Each side writes one JSON record to :data:`keys.HO
 - the web (:class:`HopMiddleware`, :func:`waited`): ``{"side": "web", "id", "path", "start", "sent",
   "got", "end"}``, Unix s: the request entered Django, its work sent (the wait began), its answer
   read, the response rendered;
-- every task of the chain (``task_prerun`` / ``task_postrun`` signals, connected below):
+- every task of the chain (``task_prerun`` / ``task_success`` signals, connected below):
   ``{"side": "task", "id", "task", "start", "end", "notes", "timings"}``: ``start`` when the worker
   began running it, ``end`` after its result was stored and the next message of the chain sent,
   ``notes`` what the task itself marked (:func:`note`: ms of a stage, or Unix s of a moment),
@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_prerun, task_success
 from django.conf import settings
 
 from embeddings.lane_control.keys import HOPS_KEPT, HOPS_KEY, redis_client
@@ -65,24 +65,35 @@ def waited(result, *, sent: float, got: float) -> None:
         _web.waits = [*getattr(_web, "waits", ()), (root_id(result), sent, got)]
 
 
+def web_note(**ms: float) -> None:
+    """Mark, in the web, stage durations (ms, summed when marked twice) of this request for its
+    hop record (``notes``). No-op unless enabled."""
+    if enabled():
+        notes = getattr(_web, "notes", None)
+        if notes is None:
+            notes = _web.notes = {}
+        for k, v in ms.items():
+            notes[k] = notes.get(k, 0.0) + v
+
+
 class HopMiddleware:
     """Django middleware (outermost, added by the settings when ``HOP_TRACE`` is on): writes
-    ``{"side": "web", "id", "path", "start", "sent", "got", "end"}`` (Unix s) for each wait of the
-    request (:func:`waited`), ``start``/``end`` the request's time inside Django, rendering
-    included."""
+    ``{"side": "web", "id", "path", "start", "sent", "got", "end", "notes"}`` (Unix s; ``notes``:
+    :func:`web_note`) for each wait of the request (:func:`waited`), ``start``/``end`` the
+    request's time inside Django, rendering included."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        _web.waits = []
+        _web.waits, _web.notes = [], {}
         start = time.time()
         response = self.get_response(request)
         end = time.time()
         for trace, sent, got in _web.waits:
             _push({"side": "web", "id": trace, "path": request.path, "start": start, "sent": sent, "got": got,
-                   "end": end})
-        _web.waits = []
+                   "end": end, "notes": _web.notes})
+        _web.waits, _web.notes = [], {}
         return response
 
 
@@ -104,19 +115,21 @@ def task_started(task_id=None, task=None, **_) -> None:
     _current.start = time.time()
 
 
-@task_postrun.connect(dispatch_uid="embeddings.lane_control.hops.task_ended")
-def task_ended(task_id=None, task=None, retval=None, **_) -> None:
-    """Write a task's hop record: after its result is stored and its chain's next message sent."""
+@task_success.connect(dispatch_uid="embeddings.lane_control.hops.task_answered")
+def task_answered(sender=None, result=None, **_) -> None:
+    """Write a task's hop record once it has answered: its result stored and its chain's next
+    message sent (``task_success``, before ``task_postrun`` and the work after the answer:
+    ``embeddings.deferred``)."""
     notes = getattr(_current, "notes", None)
     _current.notes = None
-    if notes is None or task is None:
+    if notes is None or sender is None:
         return
-    name = task.name.rsplit(".", 1)[-1]
+    name = sender.name.rsplit(".", 1)[-1]
     if name not in TRACED:
         return
-    request = task.request
-    timings = retval.get("timings") if isinstance(retval, dict) and isinstance(retval.get("timings"), dict) else None
-    _push({"side": "task", "id": str(request.root_id or task_id), "task": name, "start": _current.start,
+    request = sender.request
+    timings = result.get("timings") if isinstance(result, dict) and isinstance(result.get("timings"), dict) else None
+    _push({"side": "task", "id": str(request.root_id or request.id), "task": name, "start": _current.start,
            "end": time.time(), "notes": notes, "timings": timings})
 
 

@@ -15,6 +15,7 @@ from django.utils import timezone
 from qdrant_client.http.exceptions import UnexpectedResponse
 
 from embeddings import dispatch, lane_control, metrics, runtime, sink
+from embeddings.deferred import after_answer
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import (
     BatchStat,
@@ -226,10 +227,10 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     if embedded.get("timings"):
         t = StageTimings(**{k2: v for k2, v in embedded["timings"].items() if k2 != "upsert"})
         t.upsert = upsert_ms
-        stat = batch_stat(job_id=None, lane=Lane.INTERACTIVE, images=len(items) + len(failed), failed=len(failed),
-                          timings=t)
-        BatchStat.objects.filter(id=stat.id).update(upsert_ms=upsert_ms, total_ms=t.total + upsert_ms,
-                                                    finished_at=timezone.now())
+        n_images, n_failed = len(items) + len(failed), len(failed)
+        # a statistics row nobody waits for: written once the answer is out, in one insert
+        after_answer(lambda: batch_stat(job_id=None, lane=Lane.INTERACTIVE, images=n_images, failed=n_failed,
+                                        timings=t, finished=True))
     # the request's space: its rows' (created in the space active when it arrived)
     model_id = (items[0].get("model_id") if items else None) or next(iter(
         Image.objects.filter(id__in=skipped_ids).values_list("model_id", flat=True)[:1]), None) or runtime.model_id()
