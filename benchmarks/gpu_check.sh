@@ -169,6 +169,9 @@ if [[ ! -e ../shared/data/images/MANIFEST.tsv && -f out/gpu_data/MANIFEST.tsv ]]
 fi
 [[ $(ls ../shared/data/images/odd 2>/dev/null | wc -l) -ge 76 ]] || FULL_ODD=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv 2>/dev/null || echo "no nvidia-smi"
+if (( DRY_RUN )) && [[ -n ${GPU_CHECK_ASSUME_CUDA:-} ]]; then
+  CUDA=$GPU_CHECK_ASSUME_CUDA  # a dry run told which machine to show: no torch import (seconds, not a minute)
+else
 $PY - <<'EOF'
 import torch, torchvision, open_clip, cv2, psutil
 print(f"torch {torch.__version__} torchvision {torchvision.__version__} open_clip {open_clip.__version__} "
@@ -176,14 +179,15 @@ print(f"torch {torch.__version__} torchvision {torchvision.__version__} open_cli
       + (f" {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
 EOF
 CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))")
-(( DRY_RUN )) && CUDA=${GPU_CHECK_ASSUME_CUDA:-$CUDA}  # a dry run may show the GPU machine's commands
+fi
 QUICK=""
 [[ $CUDA == 1 ]] || { echo "no GPU: CPU rehearsal (the CPU rows only, at --quick sizes)"; QUICK=--quick; }
-$PY -c "import nvidia.nvimgcodec as n; print('nvImageCodec', n.__version__)" 2>/dev/null || echo "nvImageCodec: not importable"
+(( DRY_RUN )) || $PY -c "import nvidia.nvimgcodec as n; print('nvImageCodec', n.__version__)" 2>/dev/null \
+  || echo "nvImageCodec: not importable"
 
 # NVML once a second for the whole run: GPU busy %, the hardware JPEG decoder's busy %
 # (nvmlDeviceGetJpgUtilization), and CPU % (psutil); summarised per step at the end.
-$PY - "$OUT/nvml.csv" <<'EOF_NVML' &
+(( DRY_RUN )) || $PY - "$OUT/nvml.csv" <<'EOF_NVML' &
 import sys, time, psutil
 out = open(sys.argv[1], "w", buffering=1)
 out.write("t,cpu_percent,gpu_percent,jpg_percent\n")
