@@ -22,11 +22,11 @@ _pending = threading.local()
 def after_answer(fn: Callable[[], object]) -> None:
     """Run ``fn()`` once this thread's task has answered, or now outside a task. What it raises is
     logged, never raised: the answer is already out."""
-    calls = getattr(_pending, "calls", None)
-    if calls is None:
+    stack = getattr(_pending, "stack", None)
+    if not stack:
         _run(fn)
     else:
-        calls.append(fn)
+        stack[-1].append(fn)
 
 
 def _run(fn: Callable[[], object]) -> None:
@@ -38,13 +38,17 @@ def _run(fn: Callable[[], object]) -> None:
 
 @task_prerun.connect(dispatch_uid="embeddings.deferred.task_started")
 def task_started(**_) -> None:
-    """Open this thread's list of calls for after the answer."""
-    _pending.calls = []
+    """Open this task's list of calls for after the answer: one list per task on a stack, since an
+    eager chain runs its next task inside the one before (tests, scripts)."""
+    if getattr(_pending, "stack", None) is None:
+        _pending.stack = []
+    _pending.stack.append([])
 
 
 @task_postrun.connect(dispatch_uid="embeddings.deferred.task_ended")
 def task_ended(**_) -> None:
     """Run the calls queued while the task ran (its result is stored, its next message sent)."""
-    calls, _pending.calls = getattr(_pending, "calls", None) or [], None
+    stack = getattr(_pending, "stack", None)
+    calls = stack.pop() if stack else []
     for fn in calls:
         _run(fn)
