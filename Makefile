@@ -58,7 +58,8 @@ run: setup
 	CLIP_PRETRAINED=$(CLIP_PRETRAINED) $(PY) -m scripts.stack
 
 # Interactive latency and bulk throughput, alone and together (docs/lanes.md); e.g.
-# make bench-lanes BENCH_ARGS="--bulk-images 128 --requests 20" for a quick check.
+# make bench-lanes BENCH_ARGS="--bulk-images 128 --requests 20" for a quick check;
+# BENCH_ARGS="--hops --requests 30": an idle request's time, hop by hop (issue 58).
 bench-lanes: setup
 	$(PY) -m benchmarks.lanes $(BENCH_ARGS)
 

@@ -34,7 +34,12 @@
 # decoder's busy % (nvmlDeviceGetJpgUtilization) and CPU %, summarised per step (and per row of
 # step 5) in utilisation.md. Each step has its own time limit, capped by what is left of the
 # budget, so the script always ends and returns what it has. Without a GPU it says so ("no GPU:
-# CPU rehearsal") and runs the CPU rows at --quick sizes.
+# CPU rehearsal") and runs the CPU rows at --quick sizes, the previews step through the device
+# decode route on the CPU (torchvision's libjpeg: the code path nvImageCodec takes on CUDA).
+#
+#   bash benchmarks/gpu_check.sh --dry-run   # anywhere, seconds: what would be installed, each step's
+#                                            # command and time limit within the budget, the summary
+#                                            # (tests/test_gpu_check.py runs it)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -117,6 +122,8 @@ EOF_TRIM
   exit 0
 fi
 
+DRY_RUN=0
+[[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
 OUT=${OUT:-$ROOT/out/gpu_check}
 mkdir -p "$OUT"
 LOG=$OUT/gpu_check.log
@@ -128,7 +135,9 @@ echo "== gpu_check $(date -u +%FT%TZ) on $(hostname)"
 started=$(date +%s)
 
 # 1. what is missing
-if ! $PY -c "import open_clip, ftfy, simplejpeg, nvidia.nvimgcodec" 2>/dev/null; then
+if (( DRY_RUN )); then
+  echo "dry run: wheels that would be installed from .whl/: $(ls .whl/*.whl 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')"
+elif ! $PY -c "import open_clip, ftfy, simplejpeg, nvidia.nvimgcodec" 2>/dev/null; then
   if ! ls .whl/*.whl >/dev/null 2>&1; then
     echo "wheels missing and .whl/ has none: run 'bash benchmarks/gpu_check.sh --prepare' here first"
   elif ! $PY -c "import sys; sys.exit(sys.version_info[:2] != (3, 12))"; then
@@ -160,6 +169,9 @@ if [[ ! -e ../shared/data/images/MANIFEST.tsv && -f out/gpu_data/MANIFEST.tsv ]]
 fi
 [[ $(ls ../shared/data/images/odd 2>/dev/null | wc -l) -ge 76 ]] || FULL_ODD=0
 nvidia-smi --query-gpu=name,driver_version,memory.total,utilization.gpu --format=csv 2>/dev/null || echo "no nvidia-smi"
+if (( DRY_RUN )) && [[ -n ${GPU_CHECK_ASSUME_CUDA:-} ]]; then
+  CUDA=$GPU_CHECK_ASSUME_CUDA  # a dry run told which machine to show: no torch import (seconds, not a minute)
+else
 $PY - <<'EOF'
 import torch, torchvision, open_clip, cv2, psutil
 print(f"torch {torch.__version__} torchvision {torchvision.__version__} open_clip {open_clip.__version__} "
@@ -167,13 +179,15 @@ print(f"torch {torch.__version__} torchvision {torchvision.__version__} open_cli
       + (f" {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""))
 EOF
 CUDA=$($PY -c "import torch; print(int(torch.cuda.is_available()))")
+fi
 QUICK=""
 [[ $CUDA == 1 ]] || { echo "no GPU: CPU rehearsal (the CPU rows only, at --quick sizes)"; QUICK=--quick; }
-$PY -c "import nvidia.nvimgcodec as n; print('nvImageCodec', n.__version__)" 2>/dev/null || echo "nvImageCodec: not importable"
+(( DRY_RUN )) || $PY -c "import nvidia.nvimgcodec as n; print('nvImageCodec', n.__version__)" 2>/dev/null \
+  || echo "nvImageCodec: not importable"
 
 # NVML once a second for the whole run: GPU busy %, the hardware JPEG decoder's busy %
 # (nvmlDeviceGetJpgUtilization), and CPU % (psutil); summarised per step at the end.
-$PY - "$OUT/nvml.csv" <<'EOF_NVML' &
+(( DRY_RUN )) || $PY - "$OUT/nvml.csv" <<'EOF_NVML' &
 import sys, time, psutil
 out = open(sys.argv[1], "w", buffering=1)
 out.write("t,cpu_percent,gpu_percent,jpg_percent\n")
@@ -208,6 +222,9 @@ step() {  # step NAME SECONDS COMMAND...: at most SECONDS, and never past the bu
     echo "== $name: skipped (the budget of ${BUDGET} s is spent)"; echo "${name//,/;},0,0,skipped" >> "$STEPS"; return
   fi
   local t0 rc; t0=$(date +%s)
+  if (( DRY_RUN )); then
+    echo "would run: $*"; echo "${name//,/;},$t0,$t0,dry-run" >> "$STEPS"; return
+  fi
   timeout --signal=INT --kill-after=10 "$limit" "$@"; rc=$?
   echo "== $name: exit $rc$([[ $rc == 124 ]] && echo ' (its time limit)')"
   echo "${name//,/;},$t0,$(date +%s),$rc" >> "$STEPS"
@@ -232,9 +249,11 @@ step "bulk gpu_decode fp16" 100 \
   $PY -m benchmarks.bulk --no-stack --cosine --images 1008 --model-seconds 4 --naive-images 42 $QUICK \
     --preprocess "$([[ $CUDA == 1 ]] && echo gpu_decode || echo cpu)" --out "$OUT/bulk_gpu_decode"
 
-# 5. the re-embed from previews: the migration chunk task's path, 2 processes
+# 5. the re-embed from previews: the migration chunk task's path, 2 processes; the previews' JPEGs
+#    go to the device decoder with gpu_decode (on the CPU, torchvision's: the same route rehearsed)
 step "previews re-embed" 90 \
-  $PY -m benchmarks.previews_gpu $QUICK --seconds 12 --steps-csv "$STEPS" --out "$OUT/previews_gpu"
+  $PY -m benchmarks.previews_gpu $QUICK $([[ $CUDA == 1 ]] && echo "--preprocess gpu_decode" || echo "--jpeg-device cpu") \
+    --seconds 12 --steps-csv "$STEPS" --out "$OUT/previews_gpu"
 
 # 6. bulk: CPU decode, 4 processes (how far CPU decoding feeds the GPU)
 step "bulk, CPU decode, 4 processes" 60 \
@@ -249,8 +268,9 @@ step "experiment matrix" 150 \
 kill "$NVML_PID" 2>/dev/null
 # NVML and CPU per step (avg / max of the 1 s samples inside each step's time)
 $PY - "$OUT/nvml.csv" "$STEPS" > "$OUT/utilisation.md" <<'EOF_SUM'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
+import csv, os, sys
+# no samples when the sampler never started (a dry run, a run cut short): the table says "-"
+rows = list(csv.DictReader(open(sys.argv[1]))) if os.path.exists(sys.argv[1]) else []
 print("| step | exit | s | samples | CPU % avg | GPU % avg | GPU % max | JPEG decoder % avg | JPEG decoder % max |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for s in csv.DictReader(open(sys.argv[2])):

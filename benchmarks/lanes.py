@@ -315,6 +315,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="compare interactive latency with an empty and an N-point store instead (N: 100,000)")
     ap.add_argument("--prefill-owners", type=int, default=1000, help="owners of the pre-filled points (default 1000)")
     ap.add_argument("--rounds", type=int, default=2, help="--prefill: turns of (empty, pre-filled) stacks (default 2)")
+    ap.add_argument("--hops", action="store_true",
+                    help="instead: where an idle request's time goes, hop by hop (benchmarks/lanes_hops.py, issue 58)")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
     return ap.parse_args(argv)
 
@@ -356,6 +358,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.prefill:
         return prefill_main(args, out)
+    if args.hops:
+        return hops_main(args, out)
     n = args.bulk_images
     print(f"preparing {2 * n + 2 * args.requests + 64 + 10} distinct images in {out}/images ...", flush=True)
     bases = base_images()
@@ -452,6 +456,65 @@ def main(argv=None) -> int:
     plot(res, idle, under, out / "lanes-latency.png")
     print(f"\nwrote {out}/results.json, table.md, lanes-latency.png")
     return 0 if all(t["pass"] for t in res["targets"]) else 1
+
+
+# --- where an idle request's time goes (--hops) -------------------------------------------------
+
+def hops_main(args, out: Path) -> int:
+    """The ``--hops`` run (see the module's docstring); exit status 0 when every target passes."""
+    import redis
+
+    from benchmarks.lanes_hops import HOPS_KEY, TEXTS, join, tables
+
+    bases = base_images()
+    env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
+           "HOP_TRACE": "1"}
+    stack_dir = out / "stack-hops"
+    import shutil
+
+    shutil.rmtree(stack_dir, ignore_errors=True)
+    hardware = machine()
+    print(machine_line(hardware), flush=True)
+    samples: list[dict] = []
+    load_before = os.getloadavg()
+    with Stack(stack_dir, env, private_redis=True, deployment=args.deployment, process_env=process_env(args),
+               log=lambda *a: None) as stack:
+        client = Client(stack.web_url, stack.manage("apiuser", "bench", "--staff").strip())
+        for i in range(6):  # warm-up: models loaded, connections open, both paths once; not measured
+            client.upload(distinct_jpeg(bases, 10**6 + i), f"w{i}.jpg")
+            client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5}, timeout=60)
+        print(f"{args.requests} uploads and {args.requests} text searches, one at a time, {1 / args.rate:.2f} s apart ...",
+              flush=True)
+        for i in range(args.requests):
+            for kind in ("upload", "text_search"):
+                t0 = time.time()
+                p0 = time.perf_counter()
+                if kind == "upload":
+                    r = client.s.post(client.base + "/api/images/", files={"files": (f"h{i}.jpg", distinct_jpeg(bases, 2 * 10**6 + i))},
+                                      data={"k": 5}, timeout=60)
+                else:
+                    r = client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5},
+                                      timeout=60)
+                ms = (time.perf_counter() - p0) * 1000
+                samples.append({"kind": kind, "sent": t0, "latency_ms": ms, "http": r.status_code})
+                time.sleep(max(0.0, 1 / args.rate - ms / 1000))
+        time.sleep(0.5)  # the last task records
+        records = [json.loads(x) for x in redis.Redis.from_url(stack.env["REDIS_URL"]).lrange(HOPS_KEY, 0, -1)]
+    load_after = os.getloadavg()
+    rows = join([s for s in samples if s["http"] == 200], records)
+    label = (f"load average 1/5/15 min before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+             f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
+    text, verdicts = tables(rows, label=label)
+    answered = sum(1 for s in samples if s["http"] == 200)
+    text = (f"{machine_line(hardware)}\n{label}; {answered}/{len(samples)} answered 200, {len(rows)} traced\n"
+            f"`python -m benchmarks.lanes --hops --requests {args.requests} --rate {args.rate}`\n\n{text}")
+    print("\n" + text)
+    (out / "hops.md").write_text(text + "\n")
+    (out / "hops.json").write_text(json.dumps({"machine": hardware, "load_before": load_before,
+                                               "load_after": load_after, "samples": samples, "rows": rows,
+                                               "targets": verdicts}, indent=1))
+    print(f"\nwrote {out}/hops.md, hops.json")
+    return 0 if verdicts and all(v["pass"] for v in verdicts) else 1
 
 
 # --- a pre-filled store (--prefill) -----------------------------------------------------------------

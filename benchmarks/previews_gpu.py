@@ -23,9 +23,12 @@ originals' (issue 43: ≥ 15,000 images/s with the GPU busy ≥ 85 %).
    stage ms per image (``StageTimings`` summed). A preview never read (missing, unreadable, too
    small) fails the run: every input must come from its preview.
 
-Previews are read and decoded on the runner's decode threads (``BatchRunner._from_preview``: OpenCV
-on the CPU); the device's JPEG decoder is not on this path, so the JPEG decoder % that
-``benchmarks/gpu_check.sh`` samples for this step says what else used it.
+Previews are read and checked (facts, CRC) on the runner's decode threads
+(``BatchRunner._from_preview``); where a device decoder is there (``gpu_decode`` on CUDA: nvImageCodec,
+or ``--jpeg-device cpu``: torchvision's libjpeg, the same route rehearsed on the CPU) their JPEGs are
+decoded in one batched call with the originals' and resized on the device; otherwise (no device
+decoder, a lossless preview) OpenCV decodes them on the CPU. The JPEG decoder % that
+``benchmarks/gpu_check.sh`` samples for this step is nvJPEG's hardware engine decoding previews.
 
 ``--steps-csv`` appends ``name,t0,t1,row`` per row (Unix seconds) so the GPU check's NVML sampler
 summarises each row on its own (GPU %, JPEG decoder %, CPU %). Writes ``previews_gpu.md`` and
@@ -79,7 +82,7 @@ class MemoryPreviews:
         self.discarded += 1
 
 
-def draw_and_compare(cfg, originals: dict[str, bytes]) -> dict:
+def draw_and_compare(cfg, originals: dict[str, bytes], jpeg_device: str | None = None) -> dict:
     """Part 1: previews drawn by the decode hook of a run from the originals, then the run from them.
 
     Returns:
@@ -90,7 +93,7 @@ def draw_and_compare(cfg, originals: dict[str, bytes]) -> dict:
     from workers.preview import PreviewTooLong, preview_bytes
     from workers.runner import BatchRunner
 
-    runner = BatchRunner(cfg, EncoderHolder(cfg))
+    runner = BatchRunner(cfg, EncoderHolder(cfg), jpeg_device=jpeg_device)
     drawn: dict[str, bytes] = {}
 
     def on_decoded(key, rgb, meta):  # as embeddings.services.queues.blobs.thumbnailer, without the blob store
@@ -133,7 +136,8 @@ def draw_and_compare(cfg, originals: dict[str, bytes]) -> dict:
 
 
 def _child(index: int, cfg_fields: dict, previews: dict[str, bytes], folder: str, inputs: int,
-           rows: list[tuple[str, int, int | None]], seconds: float, barrier, results) -> None:
+           rows: list[tuple[str, int, int | None]], seconds: float, barrier, results,
+           jpeg_device: str | None = None) -> None:
     """One bulk-worker process: for each row ``(name, chunk, micro_batch)``, after the common start,
     migration chunks through ``BatchRunner.run`` from the previews for ``seconds``."""
     from workers.config import PipelineConfig
@@ -141,7 +145,7 @@ def _child(index: int, cfg_fields: dict, previews: dict[str, bytes], folder: str
     from workers.runner import BatchRunner
 
     cfg = PipelineConfig(**cfg_fields)
-    runner = BatchRunner(cfg, EncoderHolder(cfg))
+    runner = BatchRunner(cfg, EncoderHolder(cfg), jpeg_device=jpeg_device)
     names = sorted(previews)
     keys = [f"{i:07d}/{names[i % len(names)]}" for i in range(inputs)]
     photo_of = {k: k.split("/", 1)[1] for k in keys}
@@ -183,7 +187,8 @@ def _child(index: int, cfg_fields: dict, previews: dict[str, bytes], folder: str
 
 
 def throughput(cfg, previews: dict[str, bytes], *, inputs: int, processes: int,
-               rows: list[tuple[str, int, int | None]], seconds: float, steps_csv: Path | None, emit) -> list[dict]:
+               rows: list[tuple[str, int, int | None]], seconds: float, steps_csv: Path | None, emit,
+               jpeg_device: str | None = None) -> list[dict]:
     """Part 2: ``processes`` children, every row in turn from a common start; one dict per row."""
     import multiprocessing as mp
 
@@ -192,7 +197,8 @@ def throughput(cfg, previews: dict[str, bytes], *, inputs: int, processes: int,
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes + 1), ctx.Queue()
     fields = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    procs = [ctx.Process(target=_child, args=(i, fields, previews, str(photo_dir()), inputs, rows, seconds, barrier, results),
+    procs = [ctx.Process(target=_child, args=(i, fields, previews, str(photo_dir()), inputs, rows, seconds, barrier, results,
+                                                     jpeg_device),
                          daemon=True) for i in range(processes)]
     for p in procs:
         p.start()
@@ -243,6 +249,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cuda" if cuda else "cpu")
     p.add_argument("--precision", default=None, help="default: fp16 on CUDA, auto (bf16 where native) on the CPU")
     p.add_argument("--preprocess", default=None, help="default: gpu_decode on CUDA, cpu on the CPU")
+    p.add_argument("--jpeg-device", default=None,
+                   help="decode the device JPEG route (originals and previews) on this device; 'cpu': torchvision's "
+                        "libjpeg, the same code path as on CUDA (the CPU rehearsal); default: the config's (CUDA with "
+                        "gpu_decode)")
     p.add_argument("--processes", type=int, default=None, help="bulk-worker processes (default: PipelineConfig)")
     p.add_argument("--inputs", type=int, default=4096, help="distinct keys (the previews repeated)")
     p.add_argument("--chunk", type=int, default=chunk_default, help="images per migration chunk")
@@ -263,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
     info = machine()
     command = "python -m benchmarks.previews_gpu " + " ".join(argv if argv is not None else sys.argv[1:])
     results: dict = {"machine": info, "command": command, "device": args.device, "precision": precision,
-                     "preprocess": cfg.preprocess, "preview_side": cfg.preview_side,
+                     "preprocess": cfg.preprocess, "jpeg_device": args.jpeg_device, "preview_side": cfg.preview_side,
                      "threads": dataclasses.asdict(cfg.threads())}
     args.out.mkdir(parents=True, exist_ok=True)
     text = [f"# Re-embed from previews ({args.device}, {precision}, preprocess {cfg.preprocess})\n",
@@ -279,7 +289,7 @@ def main(argv: list[str] | None = None) -> dict:
         emit("no GPU: CPU rehearsal" + (" (--quick sizes)" if args.quick else ""))
     originals = dict(photos())
     emit(f"\n1. previews of {len(originals)} photos drawn by the decode hook, then the run from them")
-    drawn = draw_and_compare(cfg, originals)
+    drawn = draw_and_compare(cfg, originals, jpeg_device=args.jpeg_device)
     previews = drawn.pop("previews")
     results["cosine"] = drawn
     write_json(args.out / "results.json", results)  # kept if the throughput part is cut short
@@ -295,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
     emit(f"\n2. throughput: {processes} processes × threads {dataclasses.asdict(cfg.threads())}, {args.inputs} "
          f"inputs, {args.seconds:g} s a row")
     out = throughput(cfg, previews, inputs=args.inputs, processes=processes, rows=rows,
-                     seconds=args.seconds, steps_csv=args.steps_csv, emit=emit)
+                     seconds=args.seconds, steps_csv=args.steps_csv, emit=emit, jpeg_device=args.jpeg_device)
     results["throughput"] = out
     table = []
     for r in out:

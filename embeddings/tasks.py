@@ -28,6 +28,7 @@ from celery.signals import task_revoked
 from django.conf import settings
 
 from embeddings import dispatch, lane_control, metrics, runtime
+from embeddings.deferred import after_answer
 
 # the message options live with the sending (``embeddings.dispatch``); re-exported for callers here
 from embeddings.dispatch import (  # noqa: F401
@@ -166,11 +167,13 @@ def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owne
 def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
     with _in_flight(task, len(image_ids)):
         out = interactive_queue.interactive_embed(image_ids=image_ids, deadline_ts=deadline_ts)
+    lane_control.hops.note(returned_at=time.time())
     if not task.request.is_eager:
-
-        # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies
-        lane_control.interactive_report(runtime.dynamic_batcher().records, worker=task.request.hostname or "",
-                                        heartbeat=True)
+        worker = task.request.hostname or ""
+        # heartbeat: this worker's capacity keeps counting while it idles, and stops when it dies;
+        # sent once the answer is out (the chain's next message), off the request's path
+        after_answer(lambda: lane_control.interactive_report(runtime.dynamic_batcher().records, worker=worker,
+                                                             heartbeat=True))
     return out
 
 

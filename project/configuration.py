@@ -253,6 +253,9 @@ VARS: tuple[Var, ...] = (
         "and decoded, so under load every pass is a full batch", shown="`2 × INTERACTIVE_MAX_BATCH_SIZE`"),
     Var("INTERACTIVE_DEADLINE_S", float, 2.0, "lanes",
         "default (and longest) interactive deadline (s); a request still waiting then gets a 202 with a status URL"),
+    Var("HOP_TRACE", bool, False, "lanes",
+        "record where each interactive request's time goes (web, broker hops, each worker's stages) in Redis "
+        "(`lanes:interactive:hops`, capped) for `benchmarks.lanes`; off in production: a few Redis writes per request"),
     Var("EMBEDDINGS_MAX_INPUTS", int, 256, "lanes",
         "inputs (texts and images) of one `POST /api/embeddings/` or `POST /v1/embeddings` request; more is a 400 "
         "`too_many_inputs` (`docs/embeddings-api.md`)"),

@@ -304,6 +304,9 @@ VECTOR_STORE_OPTIMIZE_IDLE_S = config["VECTOR_STORE_OPTIMIZE_IDLE_S"]
 VECTOR_STORE_OPTIMIZE_MIN_POINTS = config["VECTOR_STORE_OPTIMIZE_MIN_POINTS"]
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
+HOP_TRACE = config["HOP_TRACE"]
+if HOP_TRACE:  # outermost: the web's whole time of a request, rendering included (benchmarks.lanes)
+    MIDDLEWARE.insert(0, "embeddings.lane_control.hops.HopMiddleware")
 #: Inputs of one embeddings request (POST /api/embeddings/, POST /v1/embeddings): every one is an
 #: interactive request's work within its deadline; a catalogue goes to POST /api/jobs/.
 EMBEDDINGS_MAX_INPUTS = config["EMBEDDINGS_MAX_INPUTS"]

@@ -227,18 +227,33 @@ def preview_bytes(rgb: np.ndarray, *, width: int, height: int, format: str, shor
     return preview_encode(pixels, width=width, height=height, format=format, quality=quality), pixels
 
 
-def preview_read(data: bytes) -> Preview:
-    """Decode a preview written by :func:`preview_encode`.
+@dataclasses.dataclass(frozen=True)
+class PreviewFacts:
+    """What a stored preview says of itself, checked (:func:`preview_facts`) but not decoded.
 
-    Returns:
-        :class:`Preview` with upright pixels (never rotated here: they were stored upright).
+    Attributes:
+        width, height: the ORIGINAL's upright full size (px).
+        format: the original's format.
+        jpeg: True when the pixels are a JPEG (``data`` is the whole file, decodable as it is),
+            False for a lossless copy.
+        payload: the lossless copy's bytes (possibly zlib-compressed: ``compressed``); empty for a JPEG.
+    """
+
+    width: int
+    height: int
+    format: str
+    jpeg: bool
+    payload: bytes = b""
+    compressed: bool = False
+
+
+def preview_facts(data: bytes) -> PreviewFacts:
+    """Check a preview written by :func:`preview_encode` (its form, its facts, its CRC) without
+    decoding its pixels: what a device decoder needs before it takes the JPEG (``workers.runner``).
 
     Raises:
-        PreviewUnreadable: neither form, a CRC that does not match (damaged or cut short), or pixels
-            that do not decode to a picture no larger than its original.
+        PreviewUnreadable: neither form, no facts, or a CRC that does not match (damaged or cut short).
     """
-    import cv2
-
     if data[:4] == b"\xff\xd8\xff\xfe" and len(data) >= 6:
         (length,) = struct.unpack(">H", data[4:6])
         facts, payload = data[6 : 4 + length], data[4 + length :]
@@ -252,9 +267,35 @@ def preview_read(data: bytes) -> Preview:
     width, height, crc = int(m[1]), int(m[2]), int(m[4], 16)
     if zlib.crc32(payload, zlib.crc32(facts[: facts.index(b" crc=")])) != crc:
         raise PreviewUnreadable(f"CRC mismatch over {len(payload)} bytes (damaged or cut short)")
-    if m[5] is not None:
+    if m[5] is None:
+        return PreviewFacts(width=width, height=height, format=m[3].decode(), jpeg=True)
+    return PreviewFacts(width=width, height=height, format=m[3].decode(), jpeg=False, payload=payload,
+                        compressed=m[5] == b" z=1")
+
+
+def preview_fits(pixels_hw: tuple[int, int], facts: PreviewFacts, min_side: int) -> bool:
+    """:meth:`Preview.fits` from the preview's pixel size ``(h, w)`` alone (read from its JPEG
+    header before any decode)."""
+    return tuple(pixels_hw) == (facts.height, facts.width) or min(pixels_hw) >= min_side
+
+
+def preview_read(data: bytes) -> Preview:
+    """Decode a preview written by :func:`preview_encode` (on the CPU).
+
+    Returns:
+        :class:`Preview` with upright pixels (never rotated here: they were stored upright).
+
+    Raises:
+        PreviewUnreadable: neither form, a CRC that does not match (damaged or cut short), or pixels
+            that do not decode to a picture no larger than its original.
+    """
+    import cv2
+
+    f = preview_facts(data)
+    width, height = f.width, f.height
+    if not f.jpeg:
         try:
-            raw = zlib.decompress(payload) if m[5] == b" z=1" else payload
+            raw = zlib.decompress(f.payload) if f.compressed else f.payload
         except zlib.error as e:
             raise PreviewUnreadable(f"lossless copy does not inflate: {e}") from e
         if width == 0 or height == 0 or len(raw) != width * height * 3:
@@ -264,7 +305,7 @@ def preview_read(data: bytes) -> Preview:
         rgb = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB | cv2.IMREAD_IGNORE_ORIENTATION)
         if rgb is None or rgb.ndim != 3 or rgb.shape[0] > height or rgb.shape[1] > width:
             raise PreviewUnreadable(f"does not decode to a picture within {width}×{height}")
-    return Preview(rgb=rgb, width=width, height=height, format=m[3].decode())
+    return Preview(rgb=rgb, width=width, height=height, format=f.format)
 
 
 def device_pixels(chw: "torch.Tensor", short_side: int = PREVIEW_SIDE) -> np.ndarray:

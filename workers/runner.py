@@ -54,7 +54,15 @@ from workers.decode_route import Route, centre_square, route
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
 from workers.preprocess import PreprocessConfig, normalize, orient_tensor, resize_and_crop, resize_and_crop_tensor
-from workers.preview import PreviewStore, PreviewTally, PreviewUnreadable, preview_read
+from workers.preview import (
+    PreviewFacts,
+    PreviewStore,
+    PreviewTally,
+    PreviewUnreadable,
+    preview_facts,
+    preview_fits,
+    preview_read,
+)
 from workers.timing import StageTimings
 
 log = logging.getLogger(__name__)
@@ -157,6 +165,15 @@ class _Jpeg:
     width: int  # stored (not upright) size from the header
     height: int
     orientation: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _PreviewJpeg(_Jpeg):
+    """A stored preview (a JPEG, checked: ``workers.preview.preview_facts``) routed to the device
+    decoder with the originals' JPEGs. ``width``/``height`` are the preview's pixels; the meta the
+    embedding gets is the original's (``original``)."""
+
+    original: PreviewFacts | None = None
 
 
 class BatchRunner:
@@ -281,7 +298,7 @@ class BatchRunner:
         ms = {"decode_wait": (t0 - submitted) * 1000}
         source = None
         if previews is not None:
-            outcome, source = self._from_preview(key, previews, cfg, ms)
+            outcome, source = self._from_preview(key, previews, cfg, ms, device=with_jpeg)
             if outcome is not None:
                 return outcome, ms, source
             t0 = time.perf_counter()
@@ -303,11 +320,17 @@ class BatchRunner:
         _merge(ms, more)
         return outcome, ms, source
 
-    @staticmethod
-    def _from_preview(key: str, previews: PreviewStore, cfg: PreprocessConfig, ms: dict[str, float]):
+    def _from_preview(self, key: str, previews: PreviewStore, cfg: PreprocessConfig, ms: dict[str, float], *,
+                      device: bool = False):
         """``((tensor, meta), "used")`` from the preview of ``key``, or ``(None, why)`` (``missing``,
         ``unreadable``: logged; ``too_small``) when the original must be read. An unreadable one is
-        discarded, so that the original's decode hook draws it again. Stage times go into ``ms``."""
+        discarded, so that the original's decode hook draws it again. Stage times go into ``ms``.
+
+        ``device`` (a device decoder is there): a JPEG preview that passes its checks (facts, CRC,
+        a baseline JPEG the device takes, big enough for the model) comes back as a
+        :class:`_PreviewJpeg`, decoded later with the batch's other JPEGs on the device
+        (:meth:`_decode_jpegs_on_device`); a lossless one, or one the device would not take, is
+        decoded here on the CPU."""
         t0 = time.perf_counter()
         try:
             data = previews.read(key)
@@ -320,6 +343,11 @@ class BatchRunner:
         finally:
             _merge(ms, {"load": (time.perf_counter() - t0) * 1000})
         t1 = time.perf_counter()
+        if device:
+            queued = self._preview_to_device(key, data, cfg)
+            if queued is not None:
+                _merge(ms, {"decode": (time.perf_counter() - t1) * 1000})  # the checks; the decode is added later
+                return queued
         try:
             preview = preview_read(data)
         except PreviewUnreadable as e:
@@ -337,6 +365,44 @@ class BatchRunner:
         tensor = resize_and_crop(preview.rgb, cfg)
         _merge(ms, {"preprocess": (time.perf_counter() - t2) * 1000})
         return (tensor, ImageMeta(key=key, width=preview.width, height=preview.height, format=preview.format)), "used"
+
+    def _preview_to_device(self, key: str, data: bytes, cfg: PreprocessConfig):
+        """``(_PreviewJpeg, "used")`` for a JPEG preview the device decoder takes, ``(None,
+        "too_small")`` for one too small for the model, or ``None``: decode it on the CPU (a
+        lossless copy, a JPEG the router keeps on the CPU, or one whose checks fail: the CPU path
+        then gives the reason and discards it)."""
+        try:
+            facts = preview_facts(data)
+        except PreviewUnreadable:
+            return None
+        if not facts.jpeg:
+            return None
+        routed = route(data, max_pixels=self.config.max_image_pixels, max_bytes=self.config.max_image_bytes)
+        if routed.route is not Route.DEVICE_JPEG:
+            return None
+        if not preview_fits((routed.height, routed.width), facts, cfg.min_side):
+            return None, "too_small"
+        # stored upright with no EXIF: never rotated (orientation 1), as preview_read ignores any
+        return _PreviewJpeg(key, data, routed.width, routed.height, 1, original=facts), "used"
+
+    def _preview_on_cpu(self, jpeg: _PreviewJpeg, loader: Loader, cfg: PreprocessConfig,
+                        on_decoded: OnDecoded | None):
+        """A preview the device refused, decoded on the CPU as the CPU path does; one the CPU cannot
+        read either falls back to its original (decoded on the CPU). ``(outcome, stage ms)``."""
+        t0 = time.perf_counter()
+        try:
+            preview = preview_read(jpeg.data)
+        except PreviewUnreadable as e:
+            log.warning("preview of %s unreadable (%s): reading its original", jpeg.key, e)
+            try:
+                data = loader(jpeg.key)
+            except ImageRejected as e2:
+                return Failed(jpeg.key, e2.reason.value, e2.detail), {}
+            return self._decode_on_cpu(jpeg.key, data, cfg, on_decoded)
+        t1 = time.perf_counter()
+        tensor = resize_and_crop(preview.rgb, cfg)
+        meta = ImageMeta(key=jpeg.key, width=preview.width, height=preview.height, format=preview.format)
+        return (tensor, meta), {"decode": (t1 - t0) * 1000, "preprocess": (time.perf_counter() - t1) * 1000}
 
     def _decode_on_cpu(self, key: str, data: bytes, cfg: PreprocessConfig, on_decoded: OnDecoded | None = None):
         ms = {}
@@ -420,9 +486,16 @@ class BatchRunner:
                     expected = (jpeg.height, jpeg.width)
                 if image is None or tuple(image.shape[-2:]) != expected:
                     refused += 1
-                    outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg, on_decoded)
+                    if isinstance(jpeg, _PreviewJpeg):
+                        outcome, ms = self._preview_on_cpu(jpeg, loader, cfg, on_decoded)
+                    else:
+                        outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg, on_decoded)
                     _add(timings, ms)
                     outcomes[i] = outcome
+                    continue
+                if isinstance(jpeg, _PreviewJpeg):  # upright already; the original's meta; no decode hook
+                    o = jpeg.original
+                    outcomes[i] = (resize_and_crop_tensor(image, cfg), ImageMeta(jpeg.key, o.width, o.height, o.format))
                     continue
                 upright = orient_tensor(image, jpeg.orientation)
                 width, height = (jpeg.height, jpeg.width) if jpeg.orientation >= 5 else (jpeg.width, jpeg.height)

@@ -6,6 +6,7 @@ refuse with 429), the workers' side (:mod:`.reports`: what admission predicts fr
 (:mod:`.bulk_yield`: turns, migration slots, yielding, the lane gate) share; none of those three
 imports another. The arithmetic they feed is ``queueing`` (no Django, no Redis).
 """
+from embeddings.lane_control import hops  # noqa: F401 - connects the hop records' task signals
 from embeddings.lane_control.admission import answer_records, interactive_admit, interactive_answered, interactive_load
 from embeddings.lane_control.bulk_yield import (
     LaneGateCycle,

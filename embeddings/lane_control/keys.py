@@ -46,6 +46,12 @@ WORKERS_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:workers"
 BATCHES_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:batches"
 BATCHES_KEPT = 20_000
 
+#: Capped list of JSON hop records of interactive requests, newest last, written only with
+#: ``HOP_TRACE`` (``lane_control.hops``): one per web request and one per task it set off, joined by
+#: the chain's root task id.
+HOPS_KEY = f"{PREFIX}lanes:{lanes.INTERACTIVE}:hops"
+HOPS_KEPT = 20_000
+
 # --- what the web admitted, answered and refused --------------------------------------------------
 
 #: Capped list of JSON records of answered interactive requests, newest last

@@ -22,6 +22,7 @@ from workers.preview import (
     PreviewUnreadable,
     device_pixels,
     preview_bytes,
+    preview_facts,
     preview_read,
     preview_size,
 )
@@ -305,3 +306,136 @@ def test_the_device_jpeg_path_draws_previews_shrunk_on_the_device(random_config,
         assert originals.reads == [] and again.previews.used == 2 and cosines(first, again).min() >= 0.99
     finally:
         runner.close()
+
+
+# --- previews on the device decoder (issue 58) ----------------------------------------------------
+
+class CountingDecoder:
+    """torchvision's decoder on the CPU (the device path without a GPU), recording what it is given
+    and refusing the jobs at the indexes in ``refuse``."""
+
+    name = "counting"
+
+    def __init__(self, refuse: frozenset[int] = frozenset()) -> None:
+        from workers.device_decode import TorchvisionDecoder
+
+        self.inner, self.refuse, self.jobs = TorchvisionDecoder(torch.device("cpu")), refuse, []
+
+    def decode(self, jobs, *, roi: int = 0):
+        self.jobs += list(jobs)
+        out = self.inner.decode(jobs, roi=roi)
+        return [None if i in self.refuse else t for i, t in enumerate(out)]
+
+
+def _stored_previews(runner) -> tuple[Originals, Previews]:
+    """Four pictures (one EXIF-rotated, one PNG) embedded once by ``runner`` on the CPU path, their
+    previews drawn as the worker draws them; the originals' read counts cleared."""
+    originals = Originals({"landscape": cv2.imencode(".jpg", cv2.cvtColor(picture(900, 1200, seed=3),
+                                                                        cv2.COLOR_RGB2BGR))[1].tobytes(),
+                           "portrait": cv2.imencode(".jpg", picture(1000, 700, seed=4))[1].tobytes(),
+                           "rotated": rotated_jpeg(picture(1000, 800, seed=1)),
+                           "png": png(picture(600, 800, seed=5))})
+    stored = Previews()
+    runner.run(list(originals.blobs), originals, drawer(stored))
+    originals.reads.clear()
+    return originals, stored
+
+
+@pytest.fixture
+def device_runner(random_config, encoder):
+    """A runner whose device JPEG route decodes on the CPU (torchvision), as on CUDA without a GPU."""
+    from workers.model import EncoderHolder
+
+    holder = EncoderHolder(random_config)
+    holder._encoder = encoder
+    r = BatchRunner(random_config.replace(decode_threads=2), holder, jpeg_device="cpu")
+    yield r
+    r.close()
+
+
+def test_previews_are_decoded_by_the_device_decoder_with_the_originals_meta(runner, device_runner):
+    originals, stored = _stored_previews(runner)
+    keys = list(originals.blobs)
+    cpu = runner.prepare(keys, originals, previews=stored)
+    counting = CountingDecoder()
+    device_runner._device_decoder, device_runner._device_decoder_made = counting, True
+    dev = device_runner.prepare(keys, originals, previews=stored)
+    # every preview is a JPEG (the PNG's too: previews are JPEGs unless tiny): all four on the device
+    assert sorted(j.key for j in counting.jobs) == sorted(keys)
+    assert originals.reads == [] and dev.previews.used == 4 and cpu.previews.used == 4
+    assert [(m.key, m.width, m.height, m.format) for m in dev.metas] == [
+        (m.key, m.width, m.height, m.format) for m in cpu.metas]
+    assert [(m.width, m.height) for m in dev.metas] == [(1200, 900), (700, 1000), (800, 1000), (800, 600)]
+    # the same pixels but for the two libraries' resizes (libjpeg decodes both)
+    diff = (dev.pixels.int() - cpu.pixels.int()).abs().float()
+    assert dev.pixels.shape == cpu.pixels.shape == (4, 3, 224, 224) and diff.mean() < 1.5, diff.mean()
+    a, b = device_runner.embed(dev), runner.embed(cpu)
+    assert cosines(a, b).min() >= 0.999
+
+
+def test_a_preview_the_device_refuses_gives_the_cpu_paths_exact_tensor(runner, device_runner):
+    originals, stored = _stored_previews(runner)
+    keys = list(originals.blobs)
+    cpu = runner.prepare(keys, originals, previews=stored)
+    refusing = CountingDecoder(refuse=frozenset(range(4)))
+    device_runner._device_decoder, device_runner._device_decoder_made = refusing, True
+    dev = device_runner.prepare(keys, originals, previews=stored)
+    assert len(refusing.jobs) == 4 and originals.reads == [] and dev.previews.used == 4
+    assert torch.equal(dev.pixels, cpu.pixels)
+    assert [(m.key, m.width, m.height) for m in dev.metas] == [(m.key, m.width, m.height) for m in cpu.metas]
+
+
+def test_a_preview_neither_decoder_reads_falls_back_to_its_original(runner, device_runner):
+    originals, stored = _stored_previews(runner)
+    bad = bytearray(stored.blobs["portrait"])
+    bad[-40:-2] = b"\x00" * 38  # entropy data zeroed: facts and CRC were checked on the stored bytes
+    refusing = CountingDecoder(refuse=frozenset(range(4)))
+    device_runner._device_decoder, device_runner._device_decoder_made = refusing, True
+    from workers import runner as runner_module
+
+    job = device_runner._preview_to_device("portrait", stored.blobs["portrait"], runner.preprocess_config)
+    assert isinstance(job[0], runner_module._PreviewJpeg) and job[1] == "used"
+    unreadable = runner_module._PreviewJpeg("portrait", b"\xff\xd8\xff\xfe not a preview", job[0].width,
+                                            job[0].height, 1, original=job[0].original)
+    outcome, ms = device_runner._preview_on_cpu(unreadable, originals, runner.preprocess_config, None)
+    assert originals.reads == ["portrait"] and "decode" in ms
+    tensor, meta = outcome
+    first = runner.prepare(["portrait"], originals)
+    assert torch.equal(tensor, first.pixels[0]) and (meta.width, meta.height) == (700, 1000)
+
+
+def test_without_a_device_decoder_previews_take_the_cpu_path(runner, random_config, encoder, monkeypatch):
+    import sys
+
+    from workers import device_decode
+    from workers.model import EncoderHolder
+
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # CUDA without nvImageCodec
+    monkeypatch.setattr(device_decode, "_missing_logged", True)
+    originals, stored = _stored_previews(runner)
+    keys = list(originals.blobs)
+    cpu = runner.prepare(keys, originals, previews=stored)
+    holder = EncoderHolder(random_config)
+    holder._encoder = encoder
+    r = BatchRunner(random_config.replace(decode_threads=2), holder, jpeg_device="cuda")  # nothing reaches it
+    try:
+        assert r.device_decoder() is None
+        fallback = r.prepare(keys, originals, previews=stored)
+    finally:
+        r.close()
+    assert torch.equal(fallback.pixels, cpu.pixels) and fallback.previews.used == 4 and originals.reads == []
+
+
+def test_a_small_preview_is_not_sent_to_the_device(runner, device_runner):
+    """A preview smaller than the model's input that is not the whole original: the original is read."""
+    rgb = picture(900, 1200, seed=6)
+    small = preview_bytes(rgb, width=1200, height=900, format="jpeg", short_side=160)[0]
+    cfg = runner.preprocess_config
+    assert device_runner._preview_to_device("k", small, cfg) == (None, "too_small")
+    # the whole original, smaller than the model's input: read from its preview all the same
+    whole = preview_bytes(picture(150, 200, seed=7), width=200, height=150, format="jpeg")[0]
+    job = device_runner._preview_to_device("k", whole, cfg)
+    if preview_facts(whole).jpeg:
+        assert job[1] == "used" and (job[0].width, job[0].height) == (200, 150)
+    else:  # a tiny picture is stored lossless: read on the CPU (memory speed)
+        assert job is None

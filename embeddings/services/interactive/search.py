@@ -68,7 +68,9 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     if text is not None:
         if not text.strip():
             raise ApplicationError("text must not be empty", code="invalid_query")
+        t0 = time.perf_counter()
         admitted = lane_control.interactive_admit(deadline_s=scope.deadline_ts - time.time())
+        lane_control.hops.web_note(admission_ms=(time.perf_counter() - t0) * 1000)
         answer = _embedded_search(scope, "encode_text", text[:2000])
         lane_control.interactive_answered(admitted, images=1, status=504 if answer is None else 200)
     elif image is not None:

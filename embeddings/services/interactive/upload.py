@@ -90,11 +90,15 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
             the work (``sink.broker_refusal``): the images made for it are ``expired`` at once,
             as the reconciler would record them once their deadline passed, and nothing is queued.
     """
+    t0 = time.perf_counter()
     admitted = lane_control.interactive_admit(deadline_s=deadline_s, images=len(sources))
+    lane_control.hops.web_note(admission_ms=(time.perf_counter() - t0) * 1000)
     started = time.time()
     deadline_ts = started + deadline_s
     deadline = dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
+    t0 = time.perf_counter()
     images = images_create(owner=owner, sources=sources, lane=Lane.INTERACTIVE, deadline=deadline)
+    lane_control.hops.web_note(rows_ms=(time.perf_counter() - t0) * 1000)
     to_embed = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
     skipped = [str(im.id) for im in images if im.status == ImageStatus.SKIPPED]
     owner_filter = None if owner.is_staff else owner.id
@@ -107,7 +111,10 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
         elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
             answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped, vectors)
         elif to_embed or skipped:
-            answers = wait_for(dispatch.send_upload(**work), deadline_ts)
+            t0 = time.perf_counter()
+            sent = dispatch.send_upload(**work)
+            lane_control.hops.web_note(send_ms=(time.perf_counter() - t0) * 1000)
+            answers = wait_for(sent, deadline_ts)
     except OperationalError as e:  # the message was not sent (kombu raises before anything is queued)
         refused = sink.broker_refusal(e)
         _not_sent(to_embed, refused.message)

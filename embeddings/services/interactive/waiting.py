@@ -13,6 +13,7 @@ from django.db import connection
 
 from embeddings.dispatch import forget
 from embeddings.errors import ApplicationError
+from embeddings.lane_control import hops
 from embeddings.sink import RETRY_AFTER_S
 from workers.errors import Reason
 
@@ -54,8 +55,11 @@ def wait_for(result, deadline_ts: float, *, timed_out=None):
         ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
     """
     release_database()
+    sent = time.time()
     try:
-        return result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
+        answer = result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
+        hops.waited(result, sent=sent, got=time.time())
+        return answer
     except CeleryTimeout:
         return timed_out
     except Exception as e:  # a task raised or was revoked: systemic, not the caller's fault...

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from embeddings import metrics, runtime
+from embeddings import lane_control, metrics, runtime
 from embeddings.messages import encode_vector
 from embeddings.models import Image, ImageStatus, Lane
 from embeddings.services.queues.blobs import originals_loader, thumbnailer
@@ -48,16 +48,26 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     items = []
     if prepared.metas:
         try:
+            batcher = runtime.dynamic_batcher(model_id)
             with timings.measure("embed"):
-                vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
+                vectors = batcher.embed(prepared.pixels, deadline=deadline_ts)
         except Expired:
             return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
+        _note_batch(batcher)
         metas, vectors, refused = screened(prepared.metas, vectors)  # NaN, infinity or zeros fail alone
         failed += [[f.key, f.reason, f.detail] for f in refused]
         metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
         items = [vector_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(metas, vectors)]
     timings.total = (time.perf_counter() - prepared.started) * 1000
     return {"items": items, "failed": failed, "timings": timings.as_dict()}
+
+
+def _note_batch(batcher) -> None:
+    """Mark, for the hop records (``lane_control.hops``), the queue delay and forward pass (ms) of
+    the batcher's newest batch: this request's when requests do not overlap (an idle lane)."""
+    if lane_control.hops.enabled() and batcher.records:
+        last = batcher.records[-1]
+        lane_control.hops.note(queue_delay_ms=last.queue_delay_ms, forward_ms=last.service_ms)
 
 
 def _query_expired(deadline_ts: float) -> dict | None:
@@ -123,7 +133,10 @@ def text_embed(*, text: str, deadline_ts: float, model_id: str) -> dict:
     encoder = holder.get()
     if not encoder.has_text:
         return _no_text_tower(model_id)
-    return _query_vector(encoder.encode_texts([text])[0])
+    t0 = time.perf_counter()
+    vector = encoder.encode_texts([text])[0]
+    lane_control.hops.note(forward_ms=(time.perf_counter() - t0) * 1000)
+    return _query_vector(vector)
 
 
 def _no_text_tower(model_id: str) -> dict:

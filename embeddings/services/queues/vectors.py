@@ -5,6 +5,7 @@ forgotten, stored vectors read, a collection's points counted.
 """
 from __future__ import annotations
 
+import time
 import uuid
 
 import numpy as np
@@ -14,6 +15,7 @@ from django.utils import timezone
 from qdrant_client.http.exceptions import UnexpectedResponse
 
 from embeddings import dispatch, lane_control, metrics, runtime, sink
+from embeddings.deferred import after_answer
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import (
     BatchStat,
@@ -215,6 +217,7 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     Returns:
         ``{image_id: {"status", "reason", "detail", "neighbours": [...]}}`` for every image.
     """
+    t0 = time.perf_counter()
     items, failed = embedded.get("items", []), embedded.get("failed", [])
     upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE)[1] if items else 0.0
     embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
@@ -224,14 +227,16 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     if embedded.get("timings"):
         t = StageTimings(**{k2: v for k2, v in embedded["timings"].items() if k2 != "upsert"})
         t.upsert = upsert_ms
-        stat = batch_stat(job_id=None, lane=Lane.INTERACTIVE, images=len(items) + len(failed), failed=len(failed),
-                          timings=t)
-        BatchStat.objects.filter(id=stat.id).update(upsert_ms=upsert_ms, total_ms=t.total + upsert_ms,
-                                                    finished_at=timezone.now())
+        n_images, n_failed = len(items) + len(failed), len(failed)
+        # a statistics row nobody waits for: written once the answer is out, in one insert
+        after_answer(lambda: batch_stat(job_id=None, lane=Lane.INTERACTIVE, images=n_images, failed=n_failed,
+                                        timings=t, finished=True))
     # the request's space: its rows' (created in the space active when it arrived)
     model_id = (items[0].get("model_id") if items else None) or next(iter(
         Image.objects.filter(id__in=skipped_ids).values_list("model_id", flat=True)[:1]), None) or runtime.model_id()
     store = runtime.vector_store(model_id)
+    t1 = time.perf_counter()
+    lane_control.hops.note(write_ms=(t1 - t0) * 1000 - upsert_ms, upsert_ms=upsert_ms)
     out: dict[str, dict] = {}
     queries = {it["id"]: (uuid.UUID(it["point_id"]), decode_vector(it["vector"])) for it in items}
     skipped = Image.objects.filter(id__in=skipped_ids).values_list("id", "point_id")
@@ -249,6 +254,7 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
             out[image_id]["vector"] = encode_vector(vector)
     for image_id, reason, detail in failed:
         out[image_id] = {"reason": reason, "detail": detail, "neighbours": []}
+    lane_control.hops.note(search_ms=(time.perf_counter() - t1) * 1000, returned_at=time.time())
     return out
 
 

@@ -1,0 +1,141 @@
+"""Where an idle interactive request's time goes, hop by hop (issue 58): the analysis of
+``python -m benchmarks.lanes --hops`` (the run itself is ``benchmarks.lanes.hops_main``).
+
+That run starts the stack as ``benchmarks.lanes`` does, with ``HOP_TRACE=1`` (``embeddings.lane_control.hops``:
+each side of a request writes a record of its moments to Redis), warms it, then sends ``--requests``
+uploads of one distinct photo (k = 5 neighbours) and as many text searches (k = 5), one at a time,
+``1 / --rate`` s apart (an idle stack: no request overlaps another). Each request's client wall time
+is split by its records into the hops below; every hop is given as p50 / p95 over the requests (the
+hops' p50s need not add up to the total's). The issue's figure is the last column of the summary:
+**beyond the model** = client total − forward pass − batcher queue delay (ms), targets p50 ≤ 15 ms,
+p95 ≤ 30 ms.
+
+Writes ``hops.json`` (every request's hops) and ``hops.md`` (the tables) to ``--out``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks._common import REDIS_PREFIX
+
+HOPS_KEY = f"{REDIS_PREFIX}lanes:interactive:hops"  # embeddings.lane_control.keys.HOPS_KEY
+#: Targets of issue 58 for the time beyond the forward pass and the queue delay (ms).
+TARGET_P50_MS, TARGET_P95_MS = 15.0, 30.0
+
+#: Texts of the search requests (a few, taken in turn; the text tower's cost barely depends on them).
+TEXTS = ("a dog on a beach", "a red car parked in a street", "mountains at sunset", "a bowl of fruit on a table")
+
+
+def _ms(a: float, b: float) -> float:
+    return (b - a) * 1000.0
+
+
+def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
+    """One upload's hops (ms) from its client time and its three hop records."""
+    t, en, ix = embed.get("timings") or {}, embed["notes"], index["notes"]
+    prep = sum(t.get(k, 0.0) for k in ("load", "decode", "decode_wait", "preprocess"))
+    queue, forward = en.get("queue_delay_ms", 0.0), en.get("forward_ms", 0.0)
+    embed_ms = t.get("embed", 0.0)
+    ix_body = _ms(index["start"], ix["returned_at"])
+    hops = {
+        "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
+        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
+        "web: blob + rows": web.get("notes", {}).get("rows_ms", 0.0),
+        "web: send (chain to the broker)": web.get("notes", {}).get("send_ms", 0.0),
+        "web: rest before the wait (auth, parsing)": _ms(web["start"], web["sent"])
+        - sum(web.get("notes", {}).get(k, 0.0) for k in ("admission_ms", "rows_ms", "send_ms")),
+        "broker → interactive worker": _ms(web["sent"], embed["start"]),
+        "interactive: read + decode + preprocess": prep,
+        "interactive: batcher queue delay": queue,
+        "interactive: forward pass": forward,
+        "interactive: batcher hand-off": embed_ms - queue - forward,
+        "interactive: rows, thumbnail, rest": _ms(embed["start"], en["returned_at"]) - prep - embed_ms,
+        "interactive: after return (reports, result, next message)": _ms(en["returned_at"], embed["end"]),
+        "broker → vectors worker": _ms(embed["end"], index["start"]),
+        "vectors: database writes": ix.get("write_ms", 0.0),
+        "vectors: store upsert": ix.get("upsert_ms", 0.0),
+        "vectors: search + results": ix.get("search_ms", 0.0),
+        "vectors: rest": ix_body - ix.get("write_ms", 0.0) - ix.get("upsert_ms", 0.0) - ix.get("search_ms", 0.0),
+        "result backend → web": _ms(ix["returned_at"], web["got"]),
+        "web after the wait (rows, render)": _ms(web["got"], web["end"]),
+    }
+    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": queue,
+            "beyond_ms": total_ms - forward - queue}
+
+
+def search_hops(total_ms: float, web: dict, encode: dict, search: dict) -> dict:
+    """One text search's hops (ms) from its client time and its three hop records (the text tower
+    runs without the batcher: no queue delay)."""
+    forward = encode["notes"].get("forward_ms", 0.0)
+    hops = {
+        "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
+        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
+        "web: rest before the wait (auth, parsing, scope, send)": _ms(web["start"], web["sent"])
+        - web.get("notes", {}).get("admission_ms", 0.0),
+        "broker → interactive worker": _ms(web["sent"], encode["start"]),
+        "interactive: text forward pass": forward,
+        "interactive: rest (result, next message)": _ms(encode["start"], encode["end"]) - forward,
+        "broker → vectors worker": _ms(encode["end"], search["start"]),
+        "vectors: search task": _ms(search["start"], search["end"]),
+        "result backend → web": _ms(search["end"], web["got"]),
+        "web after the wait (render)": _ms(web["got"], web["end"]),
+    }
+    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": 0.0,
+            "beyond_ms": total_ms - forward}
+
+
+def join(samples: list[dict], records: list[dict]) -> list[dict]:
+    """Each sample (``kind``, ``sent``, ``latency_ms``) with its records: the web record that began
+    inside its client time, and that request's task records (by root task id)."""
+    webs = [r for r in records if r["side"] == "web"]
+    tasks: dict[str, dict[str, dict]] = {}
+    for r in records:
+        if r["side"] == "task":
+            tasks.setdefault(r["id"], {})[r["task"]] = r
+    out = []
+    for s in samples:
+        end = s["sent"] + s["latency_ms"] / 1000
+        web = next((w for w in webs if s["sent"] - 0.05 <= w["start"] <= end), None)
+        if web is None:
+            continue
+        t = tasks.get(web["id"], {})
+        if s["kind"] == "upload" and {"embed_interactive", "index_interactive"} <= t.keys():
+            out.append({**s, **upload_hops(s["latency_ms"], web, t["embed_interactive"], t["index_interactive"])})
+        elif s["kind"] == "text_search" and {"encode_text", "search_vector"} <= t.keys():
+            out.append({**s, **search_hops(s["latency_ms"], web, t["encode_text"], t["search_vector"])})
+    return out
+
+
+def pct(values, q) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def tables(rows: list[dict], *, label: str) -> tuple[str, list[dict]]:
+    """The per-hop tables (one per kind) and the summary with the PASS/FAIL lines."""
+    lines, verdicts = [], []
+    for kind in ("upload", "text_search"):
+        rs = [r for r in rows if r["kind"] == kind]
+        if not rs:
+            continue
+        lines += [f"**{kind.replace('_', ' ')}** ({len(rs)} requests, {label})", "",
+                  "| hop | p50 ms | p95 ms | mean ms |", "| --- | --- | --- | --- |"]
+        for hop in rs[0]["hops"]:
+            v = [r["hops"][hop] for r in rs]
+            lines.append(f"| {hop} | {pct(v, 50):.1f} | {pct(v, 95):.1f} | {np.mean(v):.1f} |")
+        lines.append("")
+    lines += ["| request | n | total p50 / p95 ms | forward p50 ms | queue delay p50 ms | "
+              "beyond the model p50 / p95 ms |", "| --- | --- | --- | --- | --- | --- |"]
+    for kind in ("upload", "text_search"):
+        rs = [r for r in rows if r["kind"] == kind]
+        if not rs:
+            continue
+        tot, fw, qd, bey = ([r[k] for r in rs] for k in ("total_ms", "forward_ms", "queue_delay_ms", "beyond_ms"))
+        lines.append(f"| {kind.replace('_', ' ')} | {len(rs)} | {pct(tot, 50):.1f} / {pct(tot, 95):.1f} | "
+                     f"{pct(fw, 50):.1f} | {pct(qd, 50):.1f} | {pct(bey, 50):.1f} / {pct(bey, 95):.1f} |")
+        verdicts += [{"kind": kind, "name": f"{kind} beyond the model p50 ≤ {TARGET_P50_MS:.0f} ms",
+                      "value": pct(bey, 50), "pass": pct(bey, 50) <= TARGET_P50_MS},
+                     {"kind": kind, "name": f"{kind} beyond the model p95 ≤ {TARGET_P95_MS:.0f} ms",
+                      "value": pct(bey, 95), "pass": pct(bey, 95) <= TARGET_P95_MS}]
+    lines.append("")
+    lines += [f"- {'PASS' if v['pass'] else 'FAIL'}: {v['name']}: {v['value']:.1f} ms" for v in verdicts]
+    return "\n".join(lines), verdicts

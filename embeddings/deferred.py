@@ -1,0 +1,54 @@
+"""Work a task does after its answer is out: bookkeeping nobody waits for (statistics rows, the
+interactive lane's reports) run once the task's result is stored and its chain's next message sent,
+not before, so it never lengthens the wait of the person who asked (issue 58).
+
+:func:`after_answer` inside a running task queues a call until the task ends (Celery's
+``task_postrun``, sent after the result and the chain's next message); outside a task (a service
+called directly: tests, scripts) it runs the call at once.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from celery.signals import task_postrun, task_prerun
+
+log = logging.getLogger(__name__)
+
+_pending = threading.local()
+
+
+def after_answer(fn: Callable[[], object]) -> None:
+    """Run ``fn()`` once this thread's task has answered, or now outside a task. What it raises is
+    logged, never raised: the answer is already out."""
+    stack = getattr(_pending, "stack", None)
+    if not stack:
+        _run(fn)
+    else:
+        stack[-1].append(fn)
+
+
+def _run(fn: Callable[[], object]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - bookkeeping after the answer: logged, never the caller's failure
+        log.exception("work after the answer failed")
+
+
+@task_prerun.connect(dispatch_uid="embeddings.deferred.task_started")
+def task_started(**_) -> None:
+    """Open this task's list of calls for after the answer: one list per task on a stack, since an
+    eager chain runs its next task inside the one before (tests, scripts)."""
+    if getattr(_pending, "stack", None) is None:
+        _pending.stack = []
+    _pending.stack.append([])
+
+
+@task_postrun.connect(dispatch_uid="embeddings.deferred.task_ended")
+def task_ended(**_) -> None:
+    """Run the calls queued while the task ran (its result is stored, its next message sent)."""
+    stack = getattr(_pending, "stack", None)
+    calls = stack.pop() if stack else []
+    for fn in calls:
+        _run(fn)
