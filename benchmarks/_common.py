@@ -156,6 +156,17 @@ def machine_line(info: dict) -> str:
     return line
 
 
+def begin(out: str) -> tuple[Path, dict]:
+    """A benchmark's start: its output folder ``out`` made (absolute path returned) and the machine
+    (:func:`machine`) printed on one line with the 1-minute load average, so every figure that
+    follows can be read against how busy the cores were."""
+    folder = Path(out).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    hardware = machine()
+    print(machine_line(hardware) + f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+    return folder, hardware
+
+
 def write_json(path: Path, obj) -> None:
     """``obj`` as indented JSON (dataclasses converted)."""
     def default(o):

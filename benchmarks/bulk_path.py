@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import ROOT, distinct_photos, machine, machine_line, pyplot, write_folder  # noqa: E402
+from benchmarks._common import ROOT, begin, distinct_photos, machine_line, pyplot, write_folder  # noqa: E402
 from benchmarks.lanes import Client, base_images, ingest, scratch_database, wait_job  # noqa: E402
 from benchmarks.migration import picture  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
@@ -304,10 +304,7 @@ def chunk_stages(database_url: str, stack: Stack, job_id: str) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    hardware = machine()
-    print(machine_line(hardware) + f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+    out, hardware = begin(args.out)
     res: dict = {"machine": hardware, "config": vars(args)}
 
     originals = distinct_photos(args.originals)

@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks._common import ROOT, machine, machine_line, markdown_table, pyplot  # noqa: E402
+from benchmarks._common import ROOT, begin, markdown_table, pyplot  # noqa: E402
 from benchmarks.lanes import Client  # noqa: E402
 from scripts.soak import make_jpeg, zip_of  # noqa: E402
 from scripts.stack import Stack  # noqa: E402
@@ -299,10 +299,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    hardware = machine()
-    print(machine_line(hardware) + f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+    out, hardware = begin(args.out)
     t0 = time.monotonic()
     res: dict = {"machine": hardware, "config": vars(args)}
     for policy in POLICIES:
