@@ -19,6 +19,12 @@ class EmbeddingsConfig(AppConfig):
         # Every deleted image row is settled by its service; connected here, not in models.py, so
         # the models never import a service (imports run one way: tests/test_import_direction.py).
         post_delete.connect(image_deleted, sender=Image, dispatch_uid="embeddings.image_deleted")
+        # the OpenAI files, batches and batch parts likewise: their blobs released after the commit
+        from embeddings.models import Batch, BatchFile, BatchPart  # deferred: registry not ready
+
+        post_delete.connect(batch_file_deleted, sender=BatchFile, dispatch_uid="embeddings.batch_file_deleted")
+        post_delete.connect(batch_deleted, sender=Batch, dispatch_uid="embeddings.batch_deleted")
+        post_delete.connect(batch_part_deleted, sender=BatchPart, dispatch_uid="embeddings.batch_part_deleted")
 
 
 def image_deleted(sender, instance, origin=None, **kwargs) -> None:
@@ -30,3 +36,25 @@ def image_deleted(sender, instance, origin=None, **kwargs) -> None:
 
     # single: the row deleted on its own (not its copies in other spaces, which go in the background)
     settle(image=instance, single=isinstance(origin, Image) and origin.pk == instance.pk)
+
+
+def batch_file_deleted(sender, instance, **kwargs) -> None:
+    """A ``/v1/files`` file's row deleted, however it went (the API, the admin, its owner's
+    deletion): its blob released after the commit (``services.batches.files``)."""
+    from embeddings.services.batches.files import file_deleted  # deferred: registry not ready
+
+    file_deleted(file=instance)
+
+
+def batch_deleted(sender, instance, **kwargs) -> None:
+    """A batch's row deleted (with its job or its owner): its input's blob released after the commit."""
+    from embeddings.services.batches.files import batch_deleted as settle  # deferred: registry not ready
+
+    settle(batch=instance)
+
+
+def batch_part_deleted(sender, instance, **kwargs) -> None:
+    """A batch part's row deleted (with its batch): its output, error and staged blobs released after the commit."""
+    from embeddings.services.batches.files import part_deleted  # deferred: registry not ready
+
+    part_deleted(part=instance)
