@@ -72,6 +72,19 @@ class CheckedActionsMixin:
         return super().response_action(request, queryset)
 
 
+class ReadOnlyInline(admin.TabularInline):
+    """A table of rows shown under their parent, none added, changed or deleted here: ``fields`` read-only."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 def view_on_site(request, content_type_id, object_id):
     """``/admin/r/<content type id>/<object id>/``: Django's "view on site" redirect
     (``contenttypes.views.shortcut``), with a 404 for an id the model's key cannot hold: Django
@@ -290,15 +303,9 @@ class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
 # --- webhooks (issue 42, docs/webhooks.md) ---------------------------------------------------------
 # Endpoints without their secrets (shown once, by the API); deliveries and attempts read-only.
 
-class WebhookAttemptInline(admin.TabularInline):
+class WebhookAttemptInline(ReadOnlyInline):
     model = WebhookAttempt
     fields = ("number", "started_at", "duration_ms", "status_code", "reason", "error")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(WebhookEndpoint)
@@ -455,15 +462,9 @@ class BatchFileAdmin(CheckedActionsMixin, admin.ModelAdmin):
             file_services.file_delete(file=f)
 
 
-class BatchPartInline(admin.TabularInline):
+class BatchPartInline(ReadOnlyInline):
     model = BatchPart
     fields = ("index", "state", "first_line", "lines", "completed", "failed", "leased_at")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(Batch)

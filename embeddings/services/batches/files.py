@@ -156,6 +156,17 @@ def blobs_release_on_commit(keys: Iterable[str]) -> None:
         transaction.on_commit(lambda: [blob_release(k) for k in keys])
 
 
+def row_deleted(row: BatchFile | Batch | BatchPart) -> None:
+    """A file's, batch's or part's row deleted (``post_delete``, ``embeddings/apps.py``): its blobs
+    released after the commit (:func:`file_deleted`, :func:`batch_deleted`, :func:`part_deleted`)."""
+    if isinstance(row, BatchFile):
+        file_deleted(file=row)
+    elif isinstance(row, Batch):
+        batch_deleted(batch=row)
+    elif isinstance(row, BatchPart):
+        part_deleted(part=row)
+
+
 def file_deleted(*, file: BatchFile) -> None:
     """A file's row deleted, however it went (the API, the admin, the cascade from its owner): its
     blob released after the commit."""
