@@ -132,7 +132,7 @@ class JobAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("__str__", "owner", "kind", "status", "priority", "progress", "total", "created_at", "finished_at")
     list_filter = ("kind", "status", "priority")
     readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings",
-                       "source", "reading", "openai_batch")
+                       "source", "reading", "batch_link")
     inlines = (ImageInline,)
     actions = ("pause", "resume", "cancel")
 
@@ -152,8 +152,9 @@ class JobAdmin(CheckedActionsMixin, admin.ModelAdmin):
         )
 
     @admin.display(description="OpenAI batch")
-    def openai_batch(self, job: Job) -> str:
-        """A link to the batch this job runs (kind ``batch``), or ``-``."""
+    def batch_link(self, job: Job) -> str:
+        """A link to the batch this job runs (kind ``batch``), or ``-`` (not named as the reverse
+        accessor ``Job.openai_batch``, which the admin would show as text)."""
         batch = Batch.objects.filter(job=job).only("id").first()
         return _link(batch) if batch else "-"
 
