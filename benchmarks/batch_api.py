@@ -4,7 +4,7 @@
     python -m benchmarks.batch_api --lines 500         # a check in minutes
 
 The whole service (``scripts.stack.Stack``: web, the interactive, bulk, vectors and fetch workers,
-a private Redis, embedded Qdrant, ViT-B-32 with seeded random weights, fp32, SQLite) and the tests'
+a private Redis, embedded Qdrant, ViT-B-32 with seeded random weights at the precision ``auto`` picks for the CPU, SQLite) and the tests'
 origin server in its own process (``benchmarks.ingest.origin_server``). Inputs: ``--lines`` image
 URLs ``/img/<n>.jpg`` (a distinct small JPEG each), every tenth line with a text beside its image.
 
@@ -15,8 +15,11 @@ URLs ``/img/<n>.jpg`` (a distinct small JPEG each), every tenth line with a text
    upload to the end (the output files are written then): growth over the 2 s before;
 3. **manifest job**: a CSV manifest of the same URLs with ``POST /api/jobs/``, polled until ``done``.
 
-Two rounds, batch then job, then job then batch on other images (ABBA: a load that drifts weighs
-on both alike); the figures are the means.
+Order job, batch, job (JBJ) on distinct images: the first job takes ``--lines / 2`` images, the
+batch ``--lines``, the second job the other ``--lines / 2``; the job's rate is both halves' images over
+both halves' seconds, so a load that drifts linearly during the run weighs on both kinds alike. (Two
+ABBA rounds would run ``4 × --lines`` images, more than a shared 2-core machine finishes in an hour at
+10,000 lines; JBJ balances the same linear drift with half the images and the batch still at full size.)
 
 Images per second = images / seconds from the request that made the work to its end (the batch's
 ``completed_at``, the job's ``finished_at``). Verdict: batch ≥ 0.9 × job, the web's growth under
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import sys
 import tempfile
 import time
@@ -34,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks._common import machine, machine_line
 from benchmarks.ingest import memory_growth, origin_server
 
 #: What "the web's memory flat while the output is written" allows (MB): the upload's own buffers.
@@ -106,9 +111,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--timeout", type=float, default=3600.0, help="longest wait for each phase (s)")
     p.add_argument("--out", type=Path, default=Path("docs/bench/batch-api.json"))
     args = p.parse_args(argv)
-    env = {"CLIP_PRETRAINED": "random", "CLIP_PRECISION": "fp32", "DJANGO_DEBUG": "0",
+    env = {"CLIP_PRETRAINED": "random", "DJANGO_DEBUG": "0",
            "FETCH_ALLOW_NETWORKS": "127.0.0.1/32"}
-    result: dict = {"lines": args.lines}
+    hardware = machine()
+    print(machine_line(hardware) + f"; load average {os.getloadavg()[0]:.2f}", flush=True)
+    result: dict = {"lines": args.lines, "machine": hardware}
     with tempfile.TemporaryDirectory() as tmp, origin_server() as origin, \
             Stack(Path(tmp) / "stack", env, private_redis=True, log=lambda *a: None) as stack:
         token = stack.manage("apiuser", "bench").strip()
@@ -116,42 +123,51 @@ def main(argv: list[str] | None = None) -> dict:
             warm = [f"{origin}/img/{n}.jpg" for n in range(1_000_000, 1_000_064)]
             result["warm_up"] = {"batch": run_batch(http, warm, timeout=args.timeout),
                                  "job": run_job(http, [u + "?job" for u in warm], timeout=args.timeout)}
-            # two rounds in the order batch, job, job, batch (other inputs in the second round): a load
-            # that drifts during the run (a shared machine) weighs on both kinds alike
+            # job, batch, job on distinct images (JBJ): a load that drifts linearly during the run weighs
+            # on both kinds alike; the job's rate is both halves' images over both halves' seconds
+            n, half = args.lines, args.lines // 2
+            job_urls = ([f"{origin}/img/{i}.jpg" for i in range(0, half)],
+                        [f"{origin}/img/{i}.jpg" for i in range(half + n, 2 * n)])
+            batch_urls = [f"{origin}/img/{i}.jpg" for i in range(half, half + n)]
             runs: dict[str, list[dict]] = {"batch": [], "job": []}
-            for first, urls in ((True, [f"{origin}/img/{n}.jpg" for n in range(args.lines)]),
-                                (False, [f"{origin}/img/{n}.jpg" for n in range(args.lines, 2 * args.lines)])):
-                for kind in (("batch", "job") if first else ("job", "batch")):
-                    if kind == "job":
-                        runs["job"].append(run_job(http, urls, timeout=args.timeout))
-                        continue
-                    sampler = Sampler({"web": stack.pid("web")}, every=0.2)
-                    sampler.start()
-                    time.sleep(2.5)
-                    batch = run_batch(http, urls, timeout=args.timeout)
-                    time.sleep(1.0)
-                    sampler.stop.set()
-                    sampler.join()
-                    batch["web_memory"] = memory_growth(sampler.samples, "web", batch["started"], time.time())
-                    runs["batch"].append(batch)
+            runs["job"].append(run_job(http, job_urls[0], timeout=args.timeout))
+            print(f"job 1: {runs['job'][0]}; load average {os.getloadavg()[0]:.2f}", flush=True)
+            sampler = Sampler({"web": stack.pid("web")}, every=0.2)
+            sampler.start()
+            time.sleep(2.5)
+            batch = run_batch(http, batch_urls, timeout=args.timeout)
+            time.sleep(1.0)
+            sampler.stop.set()
+            sampler.join()
+            batch["web_memory"] = memory_growth(sampler.samples, "web", batch["started"], time.time())
+            runs["batch"].append(batch)
+            print(f"batch: {batch}; load average {os.getloadavg()[0]:.2f}", flush=True)
+            runs["job"].append(run_job(http, job_urls[1], timeout=args.timeout))
             result["runs"] = runs
-            result["batch"] = {"images_per_s": round(sum(r["images_per_s"] for r in runs["batch"]) / 2, 2),
-                               "web_memory": max((r["web_memory"] for r in runs["batch"]),
-                                                 key=lambda m: m["growth_mb"])}
-            result["job"] = {"images_per_s": round(sum(r["images_per_s"] for r in runs["job"]) / 2, 2)}
+            result["design"] = {"order": "job, batch, job", "job_images": [len(u) for u in job_urls],
+                                "batch_images": len(batch_urls)}
+            result["batch"] = {"images_per_s": batch["images_per_s"], "web_memory": batch["web_memory"]}
+            job_images = sum(len(u) for u in job_urls)
+            job_seconds = sum(r["seconds"] for r in runs["job"])
+            result["job"] = {"images": job_images, "seconds": round(job_seconds, 2),
+                             "images_per_s": round(job_images / max(1e-9, job_seconds), 2)}
     ratio = result["batch"]["images_per_s"] / max(1e-9, result["job"]["images_per_s"])
     result["ratio"] = round(ratio, 3)
     result["verdict"] = {"ratio_at_least_0.9": ratio >= RATIO_MIN,
                          "web_memory_flat": result["batch"]["web_memory"]["growth_mb"] <= MEMORY_FLAT_MB}
+    result["load_average_end"] = round(os.getloadavg()[0], 2)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print("| run | images | seconds | images/s |\n| --- | --- | --- | --- |")
-    for kind in ("batch", "job"):
-        for i, r in enumerate(result["runs"][kind]):
-            print(f"| {kind} {i + 1} ({r['status']}) | {args.lines} | {r['seconds']} | {r['images_per_s']} |")
-    print(f"mean images/s: batch {result['batch']['images_per_s']}, job {result['job']['images_per_s']}; ratio "
+    order = [("job 1", result["runs"]["job"][0], result["design"]["job_images"][0]),
+             ("batch", result["runs"]["batch"][0], result["design"]["batch_images"]),
+             ("job 2", result["runs"]["job"][1], result["design"]["job_images"][1])]
+    for name, r, images in order:
+        print(f"| {name} ({r['status']}) | {images} | {r['seconds']} | {r['images_per_s']} |")
+    print(f"images/s: batch {result['batch']['images_per_s']}, job {result['job']['images_per_s']}; ratio "
           f"{result['ratio']} (≥ {RATIO_MIN}: {result['verdict']['ratio_at_least_0.9']}); web memory growth "
-          f"{result['batch']['web_memory']['growth_mb']} MB (flat: {result['verdict']['web_memory_flat']})")
+          f"{result['batch']['web_memory']['growth_mb']} MB (flat: {result['verdict']['web_memory_flat']}); "
+          f"load average at the end {result['load_average_end']}", flush=True)
     return result
 
 

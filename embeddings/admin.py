@@ -1,7 +1,8 @@
 """Django admin: jobs with progress and failures, images with status, reason and thumbnail, and an
 action that retries failed images; near-duplicate scans and groups, read-only. Deleting (one object
 or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
-the API (``image_deleted``)."""
+the API (``image_deleted``). OpenAI files and batches, read-only, linked to each other and to the
+batch's job; a file is deleted and a batch cancelled through their services."""
 from __future__ import annotations
 
 import json
@@ -13,13 +14,16 @@ from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
 from django.contrib.contenttypes.views import shortcut
 from django.core.exceptions import ValidationError
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import Http404
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from embeddings.errors import ApplicationError
 from embeddings.models import (
+    Batch,
+    BatchFile,
+    BatchPart,
     BatchStat,
     DuplicateGroup,
     DuplicateMember,
@@ -28,12 +32,15 @@ from embeddings.models import (
     Image,
     ImageStatus,
     Job,
+    JobKind,
     JobStatus,
     NotDuplicate,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
 )
+from embeddings.services.batches import batches as batch_services
+from embeddings.services.batches import files as file_services
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.images import image_delete, images_delete
 from embeddings.services.catalogue.jobs import images_retry
@@ -63,6 +70,19 @@ class CheckedActionsMixin:
                               messages.ERROR)
             return None  # the admin shows the list again
         return super().response_action(request, queryset)
+
+
+class ReadOnlyInline(admin.TabularInline):
+    """A table of rows shown under their parent, none added, changed or deleted here: ``fields`` read-only."""
+
+    extra = 0
+    can_delete = False
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
 
 
 def view_on_site(request, content_type_id, object_id):
@@ -112,7 +132,7 @@ class JobAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_display = ("__str__", "owner", "kind", "status", "priority", "progress", "total", "created_at", "finished_at")
     list_filter = ("kind", "status", "priority")
     readonly_fields = ("id", "model_id", "total", "created_at", "started_at", "finished_at", "progress", "timings",
-                       "source", "reading")
+                       "source", "reading", "batch_link")
     inlines = (ImageInline,)
     actions = ("pause", "resume", "cancel")
 
@@ -131,8 +151,18 @@ class JobAdmin(CheckedActionsMixin, admin.ModelAdmin):
                              ((s, v["min"], v["avg"], v["max"], v["p95"]) for s, v in rows.items())),
         )
 
+    @admin.display(description="OpenAI batch")
+    def batch_link(self, job: Job) -> str:
+        """A link to the batch this job runs (kind ``batch``), or ``-`` (not named as the reverse
+        accessor ``Job.openai_batch``, which the admin would show as text)."""
+        batch = Batch.objects.filter(job=job).only("id").first()
+        return _link(batch) if batch else "-"
+
     def _transition(self, request, queryset, to):
         for job in queryset:
+            if job.kind == JobKind.BATCH:  # its state follows its batch's: cancel the batch instead
+                self.message_user(request, f"{job}: runs an OpenAI batch; cancel the batch instead", messages.WARNING)
+                continue
             try:
                 job_services.job_transition(job=job, to=to)
             except Exception as e:  # ApplicationError: show, continue with the others
@@ -274,15 +304,9 @@ class EmbeddingSpaceAdmin(CheckedActionsMixin, admin.ModelAdmin):
 # --- webhooks (issue 42, docs/webhooks.md) ---------------------------------------------------------
 # Endpoints without their secrets (shown once, by the API); deliveries and attempts read-only.
 
-class WebhookAttemptInline(admin.TabularInline):
+class WebhookAttemptInline(ReadOnlyInline):
     model = WebhookAttempt
     fields = ("number", "started_at", "duration_ms", "status_code", "reason", "error")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(WebhookEndpoint)
@@ -394,3 +418,100 @@ class NotDuplicateAdmin(CheckedActionsMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # said by a person on a group ("not duplicates")
+
+
+# --- OpenAI files and batches (issue 56, docs/batch-api.md) -----------------------------------------
+# Read-only: a batch's state, counts and files are the workers' (a change here would lose or repeat
+# lines); a batch is cancelled and a file deleted through their services, as the API does.
+
+def _link(obj) -> str:
+    """A link to ``obj``'s admin page, labelled with its id."""
+    if obj is None:
+        return "-"
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, obj.pk)
+
+
+@admin.register(BatchFile)
+class BatchFileAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("id", "owner", "purpose", "filename", "bytes", "lines", "created_at")
+    list_filter = ("purpose",)
+    search_fields = ("id", "filename", "owner__username")
+    fields = ("id", "owner", "purpose", "filename", "bytes", "lines", "storage_key", "sha256", "created_at", "batches")
+    readonly_fields = fields
+
+    @admin.display(description="batches")
+    def batches(self, f: BatchFile) -> str:
+        """The batches that read this file or wrote it."""
+        rows = Batch.objects.filter(Q(input_file=f) | Q(output_file=f) | Q(error_file=f)).only("id")
+        return format_html_join(", ", "{}", ((_link(b),) for b in rows)) or "-"
+
+    def has_add_permission(self, request):
+        return False  # uploaded through the API (``POST /v1/files``), whose limits and checks apply
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return True  # as ``DELETE /v1/files/{id}``: a running batch keeps reading its input
+
+    def delete_model(self, request, obj):
+        file_services.file_delete(file=obj)
+
+    def delete_queryset(self, request, queryset):
+        for f in queryset:
+            file_services.file_delete(file=f)
+
+
+class BatchPartInline(ReadOnlyInline):
+    model = BatchPart
+    fields = ("index", "state", "first_line", "lines", "completed", "failed", "leased_at")
+
+
+@admin.register(Batch)
+class BatchAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("id", "owner", "status", "counts", "completion_window", "created_at", "expires_at")
+    list_filter = ("status",)
+    search_fields = ("id", "owner__username", "input_file_name")
+    fields = ("id", "owner", "status", "counts", "job_link", "input_file_link", "output_file_link", "error_file_link",
+              "endpoint", "model_id", "completion_window", "metadata", "errors", "created_at", "expires_at",
+              "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at",
+              "cancelled_at")
+    readonly_fields = fields
+    inlines = (BatchPartInline,)
+    actions = ("cancel",)
+
+    @admin.display(description="request counts")
+    def counts(self, batch: Batch) -> str:
+        c = batch_services.request_counts(batch)
+        return f"{c['completed']} completed, {c['failed']} failed of {c['total']}"
+
+    @admin.display(description="job")
+    def job_link(self, batch: Batch) -> str:
+        return _link(batch.job)
+
+    @admin.display(description="input file")
+    def input_file_link(self, batch: Batch) -> str:
+        return _link(batch.input_file) if batch.input_file_id else f"{batch.input_file_name} (deleted)"
+
+    @admin.display(description="output file")
+    def output_file_link(self, batch: Batch) -> str:
+        return _link(batch.output_file)
+
+    @admin.display(description="error file")
+    def error_file_link(self, batch: Batch) -> str:
+        return _link(batch.error_file)
+
+    @admin.action(description="Cancel selected batches")
+    def cancel(self, request, queryset):
+        for batch in queryset:
+            try:
+                batch_services.batch_cancel(batch=batch)
+            except ApplicationError as e:  # ended, finalising or cancelling already: show, go on
+                self.message_user(request, f"{batch}: {e}", messages.WARNING)
+
+    def has_add_permission(self, request):
+        return False  # made through the API (``POST /v1/batches``), which validates its file
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 from .catalogue import Job
 
@@ -135,6 +136,9 @@ class BatchPart(models.Model):
     #: The part's image URLs fetched ahead by the fetch worker: ``{"<line>.<input>": {"key", "sha256"}
     #: | {"reason", "detail"}}`` (blobs released once the part is done or the batch finalised).
     staged = models.JSONField(default=dict, blank=True)
+    #: When the part was last queued or claimed by a worker: one open longer than
+    #: ``services.batches.batches.PART_LEASE`` has lost its message and is queued again.
+    leased_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         ordering = ("batch", "index")

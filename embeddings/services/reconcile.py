@@ -329,8 +329,9 @@ def webhooks_round() -> tuple[int, int]:
 
 
 def batches_round() -> int:
-    """Expire the OpenAI batches past their completion window (``batches.batches_expire``). A failure
-    is logged, never fails the round. Returns the batches touched."""
+    """The OpenAI batches' share of a round (``batches.batches_expire``): parts whose message was lost
+    queued again after ``PART_LEASE``, batches past their completion window expired, lost validations
+    and finalisations queued again. A failure is logged, never fails the round. Returns the batches touched."""
 
     try:
         return batches_expire()

@@ -162,3 +162,18 @@ def api(stack, request):
     is its own, whatever other modules uploaded."""
     user = "e2e-" + request.module.__name__.rpartition(".")[2].removeprefix("test_")
     return Api(stack.web_url, stack.manage("apiuser", user, "--staff").strip(), user)
+
+
+@pytest.fixture(scope="module")
+def token(api) -> str:
+    """The module's user's API token (``api``'s)."""
+    return api.s.headers["Authorization"].split()[1]
+
+
+@pytest.fixture(scope="module")
+def client(stack, token):
+    """The official ``openai`` client on the stack's ``/v1`` as the module's user (no retries: a
+    failure shows as it happened); the module is skipped where ``openai`` is not installed."""
+    openai = pytest.importorskip("openai")
+    with openai.OpenAI(base_url=stack.web_url + "/v1", api_key=token, max_retries=0, timeout=60) as c:
+        yield c

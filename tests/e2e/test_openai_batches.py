@@ -42,17 +42,6 @@ def jsonl(lines: list[dict]) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def token(api) -> str:
-    return api.s.headers["Authorization"].split()[1]
-
-
-@pytest.fixture(scope="module")
-def client(stack, token):
-    with openai.OpenAI(base_url=stack.web_url + "/v1", api_key=token, max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def origin():
     with OriginServer() as server:
         yield server

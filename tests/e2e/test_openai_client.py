@@ -29,17 +29,6 @@ def as_array(embedding) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def token(api) -> str:
-    return api.s.headers["Authorization"].split()[1]
-
-
-@pytest.fixture(scope="module")
-def client(stack, token):
-    with openai.OpenAI(base_url=stack.web_url + "/v1", api_key=token, max_retries=0, timeout=60) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def model(api) -> str:
     r = api.post("/api/embeddings/", json={"inputs": [{"text": "warm-up"}]})
     assert r.status_code == 200, r.text

@@ -253,7 +253,8 @@ def make_world(user, staff) -> World:
                  "embeddings.webhookdelivery": str(delivery.id), "auth.user": str(user.pk),
                  "auth.group": str(group.pk), "authtoken.tokenproxy": str(user.pk),  # TokenAdmin: the user's pk
                  "embeddings.duplicatescan": str(scan.pk), "embeddings.duplicategroup": str(dup.id),
-                 "embeddings.notduplicate": str(pair.pk)}
+                 "embeddings.notduplicate": str(pair.pk), "embeddings.batchfile": batch_file,
+                 "embeddings.batch": ids["batch_id"]}
     assert Image.objects.filter(id=image["id"], status="embedded").exists()
     return World(clients, {"user": user, "staff": staff}, ids, admin_pks,
                  str(ContentType.objects.get_for_model(Image).pk))

@@ -9,6 +9,7 @@ missing ``custom_id``, another method or endpoint, lines naming different models
 on the bulk queue (``parts.part_run``). When no part is left to run, :func:`batch_finalize` (fetch
 worker) joins the parts' output and error lines into the two files, adds a ``batch_cancelled`` /
 ``batch_expired`` error line for every line that never ran, and emits the batch's webhook event.
+A part whose message was lost is queued again by the reconciler (:func:`parts_resend`).
 
 State machine (OpenAI's): ``validating`` → ``in_progress`` → ``finalizing`` → ``completed`` |
 ``expired``; ``validating`` → ``failed``; ``validating`` | ``in_progress`` → ``cancelling`` →
@@ -19,13 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import logging
 import re
 import time
 import uuid
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, Sum
+from django.db.models import Sum
 from django.utils import timezone
 
 from embeddings import dispatch, runtime
@@ -43,8 +45,11 @@ from embeddings.models import (
     WebhookEvent,
 )
 from embeddings.services.batches import files as file_services
+from embeddings.services.batches.owned import owned_get, page_after
 from embeddings.services.interactive import embed as embed_services
 from embeddings.services.webhooks import events as webhook_events
+
+log = logging.getLogger(__name__)
 
 #: The one endpoint whose requests a batch runs.
 ENDPOINT = "/v1/embeddings"
@@ -152,11 +157,7 @@ def batch_get(*, owner, batch_id: str) -> Batch:
     Raises:
         ApplicationError: ``not_found`` (404): no such batch, or another owner's.
     """
-    b = Batch.objects.filter(id=batch_id, owner=owner).first() if BATCH_ID.fullmatch(str(batch_id)) else None
-    if b is None:
-        raise ApplicationError(f"no batch {str(batch_id)[:64]!r}", code="not_found", status=404,
-                               extra={"param": "batch_id"})
-    return b
+    return owned_get(Batch, BATCH_ID, owner=owner, pk=batch_id, noun="batch", param="batch_id")
 
 
 def batches_list(*, owner, after: str | None = None, limit: int = 20) -> tuple[list[Batch], bool]:
@@ -166,15 +167,8 @@ def batches_list(*, owner, after: str | None = None, limit: int = 20) -> tuple[l
     Raises:
         ApplicationError: ``not_found`` (404, ``param`` after): ``after`` names no batch of the owner.
     """
-    rows = Batch.objects.filter(owner=owner)
-    if after:
-        mark = rows.filter(id=after).first() if BATCH_ID.fullmatch(str(after)) else None
-        if mark is None:
-            raise ApplicationError(f"after: no batch {str(after)[:64]!r}", code="not_found", status=404,
-                                   extra={"param": "after"})
-        rows = rows.filter(Q(created_at__lt=mark.created_at) | Q(created_at=mark.created_at, id__lt=mark.id))
-    page = list(rows.order_by("-created_at", "-id")[:limit + 1])
-    return page[:limit], len(page) > limit
+    return page_after(Batch.objects.filter(owner=owner), BATCH_ID, owner=owner, after=after, limit=limit,
+                      noun="batch")
 
 
 def request_counts(batch: Batch) -> dict[str, int]:
@@ -231,15 +225,22 @@ VALIDATE_LEASE = dt.timedelta(minutes=15)
 #: A finalisation claimed longer ago than this whose batch has not ended is taken to have lost its
 #: worker (a 200 MB input's files are written in minutes): the reconciler queues it again.
 FINALIZE_LEASE = dt.timedelta(minutes=30)
+#: A part queued or claimed longer ago than this has lost its message (a broker restart, a worker
+#: killed before its ack): the reconciler queues it again. A part is one chunk of inputs (at most a
+#: few minutes fetched and computed on a loaded CPU); the rest is its wait in the queue, where a
+#: resent part's first message finds it claimed and is skipped (:func:`parts.part_run`).
+PART_LEASE = dt.timedelta(minutes=30)
 
 
 def batches_expire(*, now: dt.datetime | None = None) -> int:
-    """The reconciler's round over batches: expire the queued parts of every batch past its window
-    and queue the finalisation of those with nothing left running; queue again a validation not
-    done :data:`VALIDATE_LEASE` after the batch was made, and a finalisation claimed more than
+    """The reconciler's round over batches: queue again the parts open past :data:`PART_LEASE`
+    (:func:`parts_resend`); expire the queued parts of every batch past its window and queue the
+    finalisation of those with nothing left running; queue again a validation not done
+    :data:`VALIDATE_LEASE` after the batch was made, and a finalisation claimed more than
     :data:`FINALIZE_LEASE` ago that never ended (its claim released first).
     Returns the batches touched."""
     now = now or timezone.now()
+    resent = parts_resend(now=now)
     late = list(Batch.objects.filter(status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING),
                                      expires_at__lte=now, finalizing_at__isnull=True).values_list("id", flat=True))
     for batch_id in late:
@@ -257,7 +258,42 @@ def batches_expire(*, now: dt.datetime | None = None) -> int:
         if Batch.objects.filter(id=batch_id, status=status, finalizing_at__lt=stale).update(
                 status=back, finalizing_at=None):
             batch_finish_check(batch_id=batch_id)
-    return len(late) + len(lost_validations) + len(lost)
+    return len(resent | set(late)) + len(lost_validations) + len(lost)
+
+
+def parts_resend(*, now: dt.datetime | None = None) -> set[str]:
+    """Queue again every part of a running batch that is still ``pending`` or ``running``
+    :data:`PART_LEASE` after it was last queued or claimed: its message was lost, or its worker died
+    before the ack. It goes back to ``pending`` (a new lease) and to the fetch queue, which fetches
+    what is not staged yet and queues it on the bulk queue. A part of a batch being cancelled, or
+    past its window, is settled unrun instead (``cancelled``, ``expired``).
+
+    Exactly once in effect: a part is claimed ``pending`` → ``running`` by one delivery, and its
+    lines are recorded only by the ``running`` → ``done`` change, which one finisher wins; a
+    delivery that finds it done (a worker thought dead that finishes late) writes nothing
+    (:func:`parts.part_run`). Returns the ids of the batches touched."""
+    now = now or timezone.now()
+    stale = now - PART_LEASE
+    rows = list(BatchPart.objects.filter(state__in=OPEN_PARTS, leased_at__lt=stale, batch__finalizing_at__isnull=True,
+                                         batch__status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
+                .values_list("id", "batch_id", "index", "state", "batch__status", "batch__expires_at",
+                             "batch__job__priority"))
+    touched = set()
+    for part_id, batch_id, index, state, status, expires_at, priority in rows:
+        unrun = PartState.CANCELLED if status == BatchStatus.CANCELLING else \
+            PartState.EXPIRED if expires_at <= now else None
+        # compare-and-set on the state and lease read: a part claimed or finished meanwhile is left alone
+        claim = BatchPart.objects.filter(id=part_id, state=state, leased_at__lt=stale)
+        if unrun is not None:
+            if claim.update(state=unrun):
+                batch_finish_check(batch_id=batch_id)
+                touched.add(batch_id)
+            continue
+        if claim.update(state=PartState.PENDING, leased_at=now):
+            log.warning("batch %s part %s %s since before %s: queued again", batch_id, index, state, stale)
+            dispatch.send_batch_part_fetch(batch_id=batch_id, index=index, priority=priority)
+            touched.add(batch_id)
+    return touched
 
 
 # --- validation (fetch worker) ------------------------------------------------------------------------

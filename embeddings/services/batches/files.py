@@ -11,11 +11,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 
 from django.conf import settings
-from django.db.models import Q
+from django.db import transaction
 
 from embeddings import runtime
 from embeddings.errors import ApplicationError
-from embeddings.models import Batch, BatchFile, BatchStatus, FilePurpose, Image
+from embeddings.models import Batch, BatchFile, BatchPart, BatchStatus, FilePurpose, Image
+from embeddings.services.batches.owned import owned_get, page_after
 from embeddings.services.catalogue.sources import iter_blocks
 
 #: Batch states whose input blob is still read.
@@ -120,11 +121,7 @@ def file_get(*, owner, file_id: str) -> BatchFile:
     Raises:
         ApplicationError: ``not_found`` (404): no such file, or another owner's.
     """
-    f = BatchFile.objects.filter(id=file_id, owner=owner).first() if FILE_ID.fullmatch(str(file_id)) else None
-    if f is None:
-        raise ApplicationError(f"no file {str(file_id)[:64]!r}", code="not_found", status=404,
-                               extra={"param": "file_id"})
-    return f
+    return owned_get(BatchFile, FILE_ID, owner=owner, pk=file_id, noun="file", param="file_id")
 
 
 def files_list(*, owner, purpose: str | None = None, after: str | None = None, limit: int = 20,
@@ -138,17 +135,7 @@ def files_list(*, owner, purpose: str | None = None, after: str | None = None, l
     rows = BatchFile.objects.filter(owner=owner)
     if purpose:
         rows = rows.filter(purpose=purpose)
-    if after:
-        mark = BatchFile.objects.filter(owner=owner, id=after).first() if FILE_ID.fullmatch(str(after)) else None
-        if mark is None:
-            raise ApplicationError(f"after: no file {str(after)[:64]!r}", code="not_found", status=404,
-                                   extra={"param": "after"})
-        newer = Q(created_at__gt=mark.created_at) | Q(created_at=mark.created_at, id__gt=mark.id)
-        older = Q(created_at__lt=mark.created_at) | Q(created_at=mark.created_at, id__lt=mark.id)
-        rows = rows.filter(older if order == "desc" else newer)
-    rows = rows.order_by(*(("-created_at", "-id") if order == "desc" else ("created_at", "id")))
-    page = list(rows[:limit + 1])
-    return page[:limit], len(page) > limit
+    return page_after(rows, FILE_ID, owner=owner, after=after, limit=limit, noun="file", order=order)
 
 
 def file_open(f: BatchFile):
@@ -157,10 +144,47 @@ def file_open(f: BatchFile):
 
 
 def file_delete(*, file: BatchFile) -> None:
-    """Delete a file's row, and its blob when nothing else names it."""
-    key = file.storage_key
+    """Delete a file's row; its blob goes after the commit when nothing else names it (:func:`file_deleted`)."""
     file.delete()
-    blob_release(key)
+
+
+def blobs_release_on_commit(keys: Iterable[str]) -> None:
+    """After the current transaction commits, release each blob of ``keys`` (:func:`blob_release`):
+    a row deleted in a transaction that is rolled back keeps its blob."""
+    keys = sorted({k for k in keys if k})
+    if keys:
+        transaction.on_commit(lambda: [blob_release(k) for k in keys])
+
+
+def row_deleted(row: BatchFile | Batch | BatchPart) -> None:
+    """A file's, batch's or part's row deleted (``post_delete``, ``embeddings/apps.py``): its blobs
+    released after the commit (:func:`file_deleted`, :func:`batch_deleted`, :func:`part_deleted`)."""
+    if isinstance(row, BatchFile):
+        file_deleted(file=row)
+    elif isinstance(row, Batch):
+        batch_deleted(batch=row)
+    elif isinstance(row, BatchPart):
+        part_deleted(part=row)
+
+
+def file_deleted(*, file: BatchFile) -> None:
+    """A file's row deleted, however it went (the API, the admin, the cascade from its owner): its
+    blob released after the commit."""
+    blobs_release_on_commit([file.storage_key])
+
+
+def batch_deleted(*, batch: Batch) -> None:
+    """A batch's row deleted (the cascade from its job or its owner): its input's blob released
+    after the commit (kept while a file or another unfinished batch names it). Its output and error
+    files are rows of their own, released as files (:func:`file_deleted`), its parts as parts."""
+    blobs_release_on_commit([batch.input_key])
+
+
+def part_deleted(*, part: BatchPart) -> None:
+    """A batch part's row deleted (the cascade from its batch): its output and error blobs and the
+    images the fetch worker staged for it released after the commit."""
+    staged = [v["key"] for v in (part.staged or {}).values() if isinstance(v, dict) and "key" in v]
+    blobs_release_on_commit([part.output_key, part.error_key, *staged])
 
 
 def blob_release(key: str) -> None:

@@ -45,8 +45,10 @@ def part_run(*, batch_id: str, index: int) -> dict:
     Returns:
         ``{"state", "completed", "failed"}``.
     """
+    # a running part is claimed again too (the broker redelivers a dead worker's message): of two
+    # deliveries running one part, the first to finish records its lines, the other writes nothing
     claimed = BatchPart.objects.filter(batch_id=batch_id, index=index, state__in=batch_services.OPEN_PARTS).update(
-        state=PartState.RUNNING)
+        state=PartState.RUNNING, leased_at=timezone.now())
     if not claimed:
         return {"state": "skipped", "completed": 0, "failed": 0}
     part = BatchPart.objects.select_related("batch").get(batch_id=batch_id, index=index)
@@ -71,8 +73,9 @@ def part_run(*, batch_id: str, index: int) -> dict:
         batch_services.batch_finish_check(batch_id=batch_id)
     for key in batch_services.staged_keys(part):  # read: the fetched images are no longer needed
         file_services.blob_release(key)
-    if not done:  # the batch was finalised meanwhile (cancelled or expired): these lines are counted unrun
-        log.info("batch %s part %s finished after its batch ended; its lines are counted unrun", batch_id, index)
+    if not done:  # another delivery recorded the part, or the batch ended meanwhile: one set of lines only
+        log.info("batch %s part %s finished after it was recorded or its batch ended; its lines are dropped",
+                 batch_id, index)
         for key in (out_key, err_key):
             if key:
                 file_services.blob_release(key)
@@ -125,7 +128,8 @@ def part_fetch(*, batch_id: str, index: int) -> dict:
                 except ImageRejected as e:
                     staged[k] = {"reason": e.reason.value, "detail": e.detail}
                     refused += 1
-        kept = BatchPart.objects.filter(id=part.id, state=PartState.PENDING).update(staged=staged)
+        kept = BatchPart.objects.filter(id=part.id, state=PartState.PENDING).update(staged=staged,
+                                                                                   leased_at=timezone.now())
         if not kept:  # cancelled or expired meanwhile: nothing will read them
             for v in staged.values():
                 if "key" in v:

@@ -389,3 +389,146 @@ def test_a_lost_validation_is_queued_again_by_the_reconciler(service, api, monke
     assert batch_services.batches_expire() == 1
     got = api.get(f"/v1/batches/{batch_id}").json()
     assert got["status"] == "completed" and got["request_counts"] == {"total": 1, "completed": 1, "failed": 0}
+
+
+def _aged_lease(batch_id: str, *indexes: int) -> None:
+    BatchPart.objects.filter(batch_id=batch_id, index__in=indexes).update(
+        leased_at=timezone.now() - batch_services.PART_LEASE - dt.timedelta(seconds=1))
+
+
+def _one_each(api, got: dict, cids: list[str]) -> tuple[list[dict], list[dict]]:
+    """The batch's output and error lines, after checking every input line is in exactly one of them."""
+    out = content(api, got["output_file_id"]) if got["output_file_id"] else []
+    err = content(api, got["error_file_id"]) if got["error_file_id"] else []
+    assert sorted(x["custom_id"] for x in out + err) == sorted(cids)
+    assert got["request_counts"] == {"total": len(cids), "completed": len(out), "failed": len(err)}
+    return out, err
+
+
+def test_a_part_whose_message_was_lost_is_queued_again_past_its_lease(service, api, settings, monkeypatch):
+    # three parts: part 1's message lost (a broker restart), part 2 claimed by a worker killed before
+    # its ack, part 0 run; one line refused (an error line)
+    settings.PIPELINE = settings.PIPELINE.replace(batch_size=2)
+    cids = [f"line-{i}" for i in range(6)]
+    lines = [line(c, f"text {i}") for i, c in enumerate(cids)]
+    lines[3] = line(cids[3], "text 3", dimensions=7)
+    f = upload(api, jsonl(lines)).json()
+    sent = []
+    with monkeypatch.context() as lost:
+        lost.setattr(dispatch, "send_batch_part", lambda *, batch_id, index, priority: sent.append(index))
+        batch_id = create(api, f["id"]).json()["id"]
+    assert sent == [0, 1, 2]
+    assert batch_parts.part_run(batch_id=batch_id, index=0)["state"] == "done"
+    BatchPart.objects.filter(batch_id=batch_id, index=2).update(state="running")
+    assert batch_services.batches_expire() == 0  # within the lease: left alone
+    assert api.get(f"/v1/batches/{batch_id}").json()["request_counts"] == {"total": 6, "completed": 2, "failed": 0}
+    _aged_lease(batch_id, 1, 2)
+    assert batch_services.batches_expire() == 1  # queued again (fetch queue, then bulk: eager here)
+    got = api.get(f"/v1/batches/{batch_id}").json()
+    assert got["status"] == "completed"
+    out, err = _one_each(api, got, cids)
+    assert [x["custom_id"] for x in out] == cids[:3] + cids[4:]
+    assert [x["custom_id"] for x in err] == [cids[3]] and err[0]["response"]["body"]["error"]["code"] == \
+        "invalid_dimensions"
+    assert batch_services.batches_expire() == 0  # nothing left open
+    assert batch_parts.part_run(batch_id=batch_id, index=1)["state"] == "skipped"  # the lost message, found late
+
+
+def test_a_resent_part_whose_first_worker_finishes_too_writes_its_lines_once(service, api, settings, monkeypatch,
+                                                                               held_parts):
+    # the first worker of the one part is alive but slow: past its lease the reconciler queues the
+    # part again and that delivery records it; the first worker then finishes and writes nothing.
+    # (The deliveries are called here as the bulk worker calls them, outside its bulk turn.)
+    settings.PIPELINE = settings.PIPELINE.replace(batch_size=4)
+    cids = ["a", "b", "c"]
+    batch_id = create(api, upload(api, jsonl([line(c, f"text {c}") for c in cids])).json()["id"]).json()["id"]
+    assert held_parts == [(batch_id, 0)]
+    run_lines, seen, resent = batch_parts._run_lines, [], []
+    monkeypatch.setattr(dispatch, "send_batch_part_fetch", lambda *, batch_id, index, priority: resent.append(index))
+
+    def slow_first_worker(batch, part):
+        if not seen:  # the first delivery: the reconciler's round comes while it computes
+            seen.append("first")
+            _aged_lease(batch.id, part.index)
+            assert batch_services.parts_resend() == {batch.id} and resent == [0]
+            assert batch_parts.part_run(batch_id=batch.id, index=part.index)["state"] == "done"  # the resent one
+        return run_lines(batch, part)
+
+    monkeypatch.setattr(batch_parts, "_run_lines", slow_first_worker)
+    assert batch_parts.part_run(batch_id=batch_id, index=0)["state"] == "late"  # its lines dropped
+    got = api.get(f"/v1/batches/{batch_id}").json()
+    assert got["status"] == "completed"
+    out, err = _one_each(api, got, cids)
+    assert [x["custom_id"] for x in out] == cids and err == []
+    (part,) = BatchPart.objects.filter(batch_id=batch_id)
+    assert (part.state, part.completed, part.failed) == ("done", 3, 0)
+
+
+# --- the admin; blobs gone with their rows ---------------------------------------------------------
+
+def test_the_admin_shows_files_and_batches_read_only_linked_to_each_other_and_the_job(service, api, user, staff,
+                                                                                       settings, held_parts):
+    from django.test import Client
+
+    batch_id, cids = _two_part_batch(api, settings)
+    for index in (0, 1, 2):
+        batch_parts.part_run(batch_id=batch_id, index=index)
+    batch = Batch.objects.get(id=batch_id)
+    assert batch.status == "completed" and batch.error_file_id is None
+    admin = Client()
+    admin.force_login(staff)
+    page = admin.get(f"/admin/embeddings/batch/{batch_id}/change/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for f in (batch.input_file_id, batch.output_file_id):
+        assert f'href="/admin/embeddings/batchfile/{f}/change/"' in html
+    assert f'href="/admin/embeddings/job/{batch.job_id}/change/"' in html
+    assert "6 completed, 0 failed of 6" in html
+    assert 'name="status"' not in html and 'name="_save"' not in html  # shown, not a form to change
+    job_page = admin.get(f"/admin/embeddings/job/{batch.job_id}/change/").content.decode()
+    assert f'href="/admin/embeddings/batch/{batch_id}/change/"' in job_page
+    file_page = admin.get(f"/admin/embeddings/batchfile/{batch.output_file_id}/change/").content.decode()
+    assert f'href="/admin/embeddings/batch/{batch_id}/change/"' in file_page
+    for url in ("/admin/embeddings/batch/", "/admin/embeddings/batchfile/", "/admin/embeddings/batch/?status__exact=completed"):
+        assert admin.get(url).status_code == 200, url
+    # read-only: no add, no edit; a change posted is refused
+    assert admin.get("/admin/embeddings/batch/add/").status_code == 403
+    assert admin.get("/admin/embeddings/batchfile/add/").status_code == 403
+    assert admin.post(f"/admin/embeddings/batch/{batch_id}/change/", {"status": "in_progress"}).status_code == 403
+    assert Batch.objects.get(id=batch_id).status == "completed"
+    # cancel through the service: a finished batch is refused with a message, nothing changes
+    r = admin.post("/admin/embeddings/batch/", {"action": "cancel", "_selected_action": [batch_id]}, follow=True)
+    assert r.status_code == 200 and "a completed batch cannot be cancelled" in r.content.decode()
+    assert Batch.objects.get(id=batch_id).status == "completed"
+    # the batch's job is not paused or cancelled on its own
+    admin.post("/admin/embeddings/job/", {"action": "cancel", "_selected_action": [str(batch.job_id)]})
+    assert Job.objects.get(id=batch.job_id).status == "done"
+
+
+def test_deleting_a_user_leaves_none_of_their_files_or_batches_blobs(service, api, user, other_user, settings,
+                                                                     held_parts):
+    from embeddings import runtime
+
+    store = runtime.blob_store()
+    batch_id, cids = _two_part_batch(api, settings)
+    lines = [line("ok", "a cat"), line("bad", "a dog", dimensions=7)]
+    second = create(api, upload(api, jsonl(lines)).json()["id"]).json()["id"]
+    for index in (0, 1, 2):
+        batch_parts.part_run(batch_id=batch_id, index=index)
+    batch_parts.part_run(batch_id=second, index=0)
+    spare = upload(api, jsonl([line("x", "spare")])).json()["id"]
+    # another owner's file of the same bytes as one of alice's: its blob stays
+    theirs = upload(client_for(other_user), jsonl([line("x", "spare")])).json()["id"]
+    files = list(BatchFile.objects.filter(owner=user))
+    assert len(files) == 2 + 3 + 1  # two inputs; outputs of both batches, the second's error file; the spare
+    keys = {f.storage_key for f in files}
+    assert all(store.exists(k) for k in keys)
+    # a deleted file goes with its blob (the API)
+    (first_output,) = [f for f in files if f.id == Batch.objects.get(id=batch_id).output_file_id]
+    assert api.delete(f"/v1/files/{first_output.id}").status_code == 200
+    assert not store.exists(first_output.storage_key)
+    user.delete()  # the cascade: files, batches, their jobs and parts
+    assert not BatchFile.objects.filter(owner_id=user.id).exists() and not Batch.objects.filter(id=second).exists()
+    left = {k for k in keys if store.exists(k)}
+    assert left == {BatchFile.objects.get(id=theirs).storage_key}  # the shared bytes, still named by bob's file
+    assert BatchFile.objects.get(id=theirs).storage_key == {f.storage_key for f in files if f.id == spare}.pop()
