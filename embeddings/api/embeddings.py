@@ -153,7 +153,7 @@ class OpenAIEmbeddingRequestSerializer(serializers.Serializer):
     model = serializers.CharField(help_text="an embedding space's model id, or its architecture (ViT-B-32)")
     encoding_format = serializers.ChoiceField(choices=ENCODINGS, default="float")
     dimensions = serializers.IntegerField(required=False, min_value=1, help_text="only the space's own dimension")
-    user = serializers.CharField(required=False, help_text="accepted and ignored")
+    user = serializers.CharField(required=False, allow_blank=True, help_text="accepted and ignored")
     modality = serializers.ChoiceField(choices=("auto", "text", "image"), default="auto",
                                        help_text="this service's extension: text reads every string as a text, "
                                                  "image every one as an image (a data URL, a URL, or bare base64)")

@@ -26,8 +26,10 @@ NO_NUL = "^[^\\u0000]*$"
 #: (``vector_fields.IncludeField``).
 INCLUDE_PATTERN = "^\\s*(" + "|".join(INCLUDE_CHOICES) + ")?\\s*(,\\s*(" + "|".join(INCLUDE_CHOICES) + ")?\\s*)*$"
 #: Components whose strings a view reads itself rather than through a ``CharField`` (a NUL there is
-#: text like any other: an embeddings input's text, an OpenAI request's strings).
-OWN_STRINGS = frozenset({"EmbeddingInputRequest", "OpenAIEmbeddingRequestRequest"})
+#: text like any other: an embeddings input's text, an OpenAI request's inputs): the properties so
+#: read, or ``None`` for the whole component. Its other strings are ``CharField``s (OpenAI's ``model``).
+OWN_STRINGS: dict[str, frozenset[str] | None] = {"EmbeddingInputRequest": None,
+                                                  "OpenAIEmbeddingRequestRequest": frozenset({"input"})}
 #: The events a job's own callback URLs can hear (``webhooks.endpoints.events_check``, ``migrations=False``).
 JOB_EVENTS = [e for e in WebhookEvent.values if not e.startswith("migration.")]
 
@@ -40,8 +42,10 @@ def postprocess(result: dict, generator, request, public) -> dict:
     for name, schema in schemas.items():
         if not name.endswith("Request"):
             continue
-        if name not in OWN_STRINGS:
-            _walk_strings(schema, schemas)
+        own = OWN_STRINGS.get(name, frozenset())
+        if own is not None:  # the same property objects, less those the view reads itself
+            props = {k: v for k, v in schema.get("properties", {}).items() if k not in own}
+            _walk_strings({**schema, "properties": props}, schemas)
         if name in forms:  # a form field cannot be null: an empty part is an empty string
             for prop in schema.get("properties", {}).values():
                 prop.pop("nullable", None)

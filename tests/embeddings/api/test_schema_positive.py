@@ -34,6 +34,7 @@ REFUSALS = {400, 413, 415, 422}
 #: Where several operations share a rule, it is listed for each.
 BYTES = {"per_input", "not_an_image", "zip_invalid", "invalid:image"}  # what a file's or input's bytes are
 IDENTITIES = {"metadata_invalid", "external_id_invalid", "external_id_count"}  # key names, printable, counts
+MANIFEST = {"manifest_format", "manifest_header", "manifest_encoding"}  # an uploaded manifest's bytes
 ADDRESS = {"fetch_refused_address"}  # a URL's address in a refused network (DNS, FETCH_ALLOW_NETWORKS)
 CANNOT_SAY: dict[str, set[str]] = {
     "auth_token": {"invalid:non_field_errors"},  # a username and password that name no user
@@ -43,7 +44,8 @@ CANNOT_SAY: dict[str, set[str]] = {
     "embeddings_create": BYTES | IDENTITIES | ADDRESS | {"no_inputs", "invalid_input"},
     "openai_embeddings_create": BYTES | ADDRESS,
     # a multipart body: one source (no oneOf over file parts); a folder that is not there
-    "jobs_create": BYTES | IDENTITIES | ADDRESS | {"no_files", "mixed_sources", "folder_missing"},
+    # and what an uploaded manifest's bytes are (CSV, JSON Lines or Parquet; its header; UTF-8)
+    "jobs_create": BYTES | IDENTITIES | ADDRESS | MANIFEST | {"no_files", "mixed_sources", "folder_missing"},
     # a multipart body: an image or examples, positive ones among them (no oneOf over file parts),
     # examples as JSON text; no body at all (optional in the schema)
     "search": BYTES | {"invalid_query", "positive_required", "invalid:positive", "invalid:negative"},
