@@ -85,7 +85,9 @@ class Batch(models.Model):
     total = models.PositiveIntegerField(default=0)
     output_file = models.ForeignKey(BatchFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     error_file = models.ForeignKey(BatchFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
-    created_at = models.DateTimeField(auto_now_add=True)
+    #: ``expires_at`` is this instant plus the completion window, both from one clock reading, so the
+    #: two unix seconds differ by exactly the window (OpenAI's clients show the difference).
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     expires_at = models.DateTimeField()
     in_progress_at = models.DateTimeField(null=True, blank=True)
     finalizing_at = models.DateTimeField(null=True, blank=True)

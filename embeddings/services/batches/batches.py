@@ -137,7 +137,7 @@ def batch_create(*, owner, input_file_id: str, endpoint: str, completion_window:
     if f.purpose != FilePurpose.BATCH:
         raise ApplicationError(f"{f.id} has purpose {f.purpose!r}: a batch reads files of purpose 'batch'",
                                code="invalid_purpose", extra={"param": "input_file_id"})
-    now = timezone.now()
+    now = timezone.now()  # created_at and, plus the window, expires_at: one reading of the clock
     batch_id = batch_id_new()
     with transaction.atomic():
         job = Job.objects.create(owner=owner, name=f"{batch_id} ({f.filename})"[:200], kind=JobKind.BATCH,
@@ -146,7 +146,7 @@ def batch_create(*, owner, input_file_id: str, endpoint: str, completion_window:
         batch = Batch.objects.create(id=batch_id, owner=owner, job=job, input_file=f, input_file_name=f.id,
                                      input_key=f.storage_key, input_sha256=f.sha256, endpoint=endpoint,
                                      completion_window=completion_window, metadata=metadata,
-                                     expires_at=job.deadline, total=0)
+                                     created_at=now, expires_at=job.deadline, total=0)
         transaction.on_commit(lambda: dispatch.send_batch_validate(batch_id=batch_id))
     return batch
 

@@ -239,6 +239,19 @@ def test_batch_create_refusals(service, api):
     assert Batch.objects.count() == 0
 
 
+
+def test_expires_at_is_created_at_plus_the_window_to_the_second_whatever_the_clock_does(service, api, monkeypatch):
+    # found by CI: created_at was a second clock reading (the model's auto_now_add) after the one the
+    # deadline came from; when a second ticked between them, expires_at - created_at was 86,399
+    f = upload(api, jsonl([line("a", "x")])).json()
+    start = timezone.now().replace(microsecond=999_000)
+    readings = iter(start + dt.timedelta(milliseconds=600 * i) for i in range(1000))
+    monkeypatch.setattr(timezone, "now", lambda: next(readings))
+    for window, seconds in (("24h", 24 * 3600), ("1h", 3600), ("90m", 5400)):
+        made = create(api, f["id"], window=window)
+        assert made.status_code == 200, made.content
+        assert made.json()["expires_at"] - made.json()["created_at"] == seconds
+
 @pytest.fixture
 def held_parts(monkeypatch):
     """Parts queued but not run (the test runs them with ``parts.part_run``): ``[(batch id, index)]``."""
