@@ -18,6 +18,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.http import Http404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from embeddings.errors import ApplicationError
@@ -533,8 +534,6 @@ class KeyStateFilter(admin.SimpleListFilter):
         return [("active", "active"), ("revoked", "revoked"), ("expired", "expired")]
 
     def queryset(self, request, queryset):
-        from django.utils import timezone
-
         now = timezone.now()
         live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
         if self.value() == "active":

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 
+from rest_framework import exceptions
 from rest_framework.permissions import BasePermission
 from rest_framework.throttling import BaseThrottle
 
@@ -23,6 +24,19 @@ from embeddings.services.access.scopes import scopes_held
 
 #: The attribute of Django's request the answer's ``x-ratelimit-*`` headers are gathered in.
 HEADERS_ATTR = "ratelimit_headers"
+
+
+class InsufficientScope(ApplicationError, exceptions.PermissionDenied):
+    """403 ``insufficient_scope`` (``extra.required``, ``extra.held``): an ApplicationError for the
+    error shape, and DRF's ``PermissionDenied`` for DRF's own permission probes (an ``OPTIONS``
+    answer lists only the methods the credential may use)."""
+
+    def __init__(self, scope: str | None, held: frozenset[str]) -> None:
+        message = f"this key lacks the scope {scope!r}" if scope else "this operation declares no scope: no key " \
+                                                                        "may call it"
+        ApplicationError.__init__(self, message, code="insufficient_scope", status=403,
+                                  extra={"required": scope, "held": sorted(held)})
+        self.detail = exceptions.ErrorDetail(message, code="insufficient_scope")
 
 
 def required_scope(view, method: str) -> str | None:
@@ -54,15 +68,13 @@ class HasScope(BasePermission):
         scope = required_scope(view, request.method)
         if scope is None:
             if getattr(view, "required_scope", None) is None and isinstance(request.auth, ApiKey):
-                raise ApplicationError("this operation declares no scope: no key may call it",
-                                       code="insufficient_scope", status=403, extra={"required": None, "held": []})
+                raise InsufficientScope(None, frozenset())
             return True  # a method the view does not have: its 405
         held = scopes_held(user=user, auth=request.auth)
         if scope == ADMIN_SCOPE and not (user.is_staff or getattr(request.auth, "staff_owner", False)):
             raise ApplicationError("staff only", code="forbidden", status=403)  # no scope makes a user staff
         if scope not in held:
-            raise ApplicationError(f"this key lacks the scope {scope!r}", code="insufficient_scope", status=403,
-                                   extra={"required": scope, "held": sorted(held)})
+            raise InsufficientScope(scope, held)
         return True
 
 
@@ -75,8 +87,7 @@ def scope_check(request, scope: str) -> None:
     """
     held = scopes_held(user=request.user, auth=request.auth)
     if scope not in held:
-        raise ApplicationError(f"this key lacks the scope {scope!r}", code="insufficient_scope", status=403,
-                               extra={"required": scope, "held": sorted(held)})
+        raise InsufficientScope(scope, held)
 
 
 def _gather(request, headers: dict[str, str]) -> None:

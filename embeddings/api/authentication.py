@@ -17,6 +17,7 @@ from __future__ import annotations
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication, get_authorization_header
+from rest_framework.authtoken.models import Token
 
 from embeddings.models import ADMIN_SCOPE
 from embeddings.services.access.keys import KeyRefused, key_authenticate
@@ -58,8 +59,6 @@ class KeyAuthentication(TokenAuthentication):
             if user.is_staff and ADMIN_SCOPE not in api_key.scopes:
                 user.is_staff = user.is_superuser = False  # this request's copy only: staff powers need admin
             return user, api_key
-        from rest_framework.authtoken.models import Token
-
         token = Token.objects.select_related("user").filter(key=key).first()
         if token is None:
             raise exceptions.AuthenticationFailed("no such key (revoked keys and tokens are refused by name)",

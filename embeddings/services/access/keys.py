@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from rest_framework.authtoken.models import Token
 
 from embeddings.errors import ApplicationError
 from embeddings.models import ADMIN_SCOPE, LIMIT_SETTINGS, USER_SCOPES, ApiKey
@@ -152,8 +153,6 @@ def tokens_migrate() -> list[ApiKey]:
     ``all``, and ``admin`` for a staff owner: what the token could do), named ``migrated token``,
     its ``created_at`` the token's; then the plaintext row deleted. Idempotent: a token whose key
     exists already is only deleted. Returns the keys made."""
-    from rest_framework.authtoken.models import Token
-
     made = []
     for token in Token.objects.select_related("user").order_by("created"):
         with transaction.atomic():

@@ -161,8 +161,8 @@ def images_admit(*, key: ApiKey, images: int) -> dict[str, str]:
 
 
 def _day_left_ms(now: float) -> int:
-    today = dt.datetime.fromtimestamp(now, dt.timezone.utc).date()
-    midnight = dt.datetime.combine(today + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp()
+    today = dt.datetime.fromtimestamp(now, dt.UTC).date()
+    midnight = dt.datetime.combine(today + dt.timedelta(days=1), dt.time(), dt.UTC).timestamp()
     return max(1, int((midnight - now) * 1000))
 
 
@@ -179,7 +179,7 @@ def bulk_images_admit(*, key: ApiKey, images: int) -> dict[str, str]:
     if images > limit:
         raise _too_big("bulk images", "bulk_images_per_day", limit, images)
     now = time.time()
-    day = dt.datetime.fromtimestamp(now, dt.timezone.utc).strftime("%Y%m%d")
+    day = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%d")
     # an unknown count needs room for one image and takes none
     taken = _window(key, f"bulk:{day}", "bulk_images_per_day", images, _day_left_ms(now),
                     room=None if images else limit - 1)
