@@ -24,20 +24,25 @@ from embeddings.services.access import keys as key_services
 _SCOPE_NAMES = f"scopes: {', '.join(SCOPES)}; presets: {', '.join(PRESETS)}"
 
 
+def _limit(help_text: str = "") -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=1, max_value=key_services.LIMIT_MAX, allow_null=True, required=False,
+                                    help_text=help_text or None)
+
+
 class LimitsSerializer(serializers.Serializer):
     """A key's limits: each a whole number of at least 1, or null (the setting's default)."""
 
-    requests_per_minute = serializers.IntegerField(min_value=1, allow_null=True, required=False)
-    images_per_minute = serializers.IntegerField(min_value=1, allow_null=True, required=False,
-                                                 help_text="interactive images (uploads, embeddings' image inputs)")
-    bulk_images_per_day = serializers.IntegerField(min_value=1, allow_null=True, required=False,
-                                                   help_text="bulk images submitted per UTC day")
-    concurrent_bulk_jobs = serializers.IntegerField(min_value=1, allow_null=True, required=False)
+    requests_per_minute = _limit()
+    images_per_minute = _limit("interactive images (uploads, embeddings' image inputs)")
+    bulk_images_per_day = _limit("bulk images submitted per UTC day")
+    concurrent_bulk_jobs = _limit()
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
     """A key as listed: never its secret."""
 
+    scopes = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                   help_text=f"the key's scopes ({', '.join(SCOPES)})")
     state = serializers.SerializerMethodField(help_text="active, revoked or expired")
     limits = serializers.SerializerMethodField(help_text="the limits in force: the key's own, else the defaults")
     custom_limits = serializers.SerializerMethodField(help_text="the limits staff set on this key (null: default)")
@@ -73,9 +78,11 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 class ApiKeyCreateSerializer(serializers.Serializer):
     """``POST /api/keys/``."""
 
-    name = serializers.CharField(max_length=100, help_text="what the key is for (shown in lists)")
+    name = serializers.CharField(max_length=100, trim_whitespace=False, help_text="what the key is for (shown in lists)")
+    # a ChoiceField would answer an unknown name 400 invalid; the service's unknown_scope names the valid ones
     scopes = serializers.ListField(child=serializers.CharField(max_length=50), min_length=1, max_length=50,
-                                   help_text=f"scopes and presets ({_SCOPE_NAMES}); admin is for staff")
+                                   help_text=f"scopes and presets ({_SCOPE_NAMES}); admin is for staff; another "
+                                             f"name: 400 unknown_scope")
     expires_at = serializers.DateTimeField(required=False, allow_null=True, help_text="in the future; null: never")
     limits = LimitsSerializer(required=False, help_text="staff only: this key's own limits")
 
@@ -83,7 +90,7 @@ class ApiKeyCreateSerializer(serializers.Serializer):
 class ApiKeyUpdateSerializer(serializers.Serializer):
     """``PATCH /api/keys/{id}/``: a new name; (staff) limits."""
 
-    name = serializers.CharField(max_length=100, required=False)
+    name = serializers.CharField(max_length=100, trim_whitespace=False, required=False)
     limits = LimitsSerializer(required=False, help_text="staff only; null: the default")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -53,7 +53,7 @@ def _scopes_known(value) -> None:
 
 
 def _limit_field(help_text: str) -> models.PositiveIntegerField:
-    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)],
+    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(2 ** 31 - 1)],
                                        help_text=help_text + "; empty: the setting's default")
 
 

@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 #: (a key is 55, a DRF token 40). Anything else is ``key_malformed`` before any lookup.
 WELL_FORMED = re.compile(r"[A-Za-z0-9_\-]{20,200}\Z")
 _PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+#: The largest limit a key holds (its columns are PostgreSQL integers).
+LIMIT_MAX = 2 ** 31 - 1
 #: ``last_used_at`` is written when older than this (s): one UPDATE per key per minute, not per request.
 TOUCH_EVERY_S = 60.0
 
@@ -53,7 +55,8 @@ class NewKey:
 
 
 def _limits_check(limits: dict) -> dict:
-    """``limits`` (names of :data:`LIMIT_SETTINGS` → a whole number ≥ 1, or ``None``: the default).
+    """``limits`` (names of :data:`LIMIT_SETTINGS` → a whole number in 1..:data:`LIMIT_MAX`, or
+    ``None``: the default).
 
     Raises:
         ApplicationError: 400 ``invalid_limit`` (``extra.limit``, ``extra.value``).
@@ -63,8 +66,8 @@ def _limits_check(limits: dict) -> dict:
         if name not in LIMIT_SETTINGS:
             raise ApplicationError(f"unknown limit {name!r} (limits: {', '.join(LIMIT_SETTINGS)})",
                                    code="invalid_limit", extra={"limit": str(name)[:100], "value": None})
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ApplicationError(f"{name} must be a whole number of at least 1 (or null: the default)",
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMIT_MAX):
+            raise ApplicationError(f"{name} must be a whole number from 1 to {LIMIT_MAX} (or null: the default)",
                                    code="invalid_limit", extra={"limit": name, "value": str(value)[:100]})
         out[name] = value
     return out
