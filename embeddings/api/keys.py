@@ -126,7 +126,8 @@ class KeyListView(GenericAPIView):
         made = key_services.key_create(owner=request.user, name=v["name"], scopes=v["scopes"],
                                        expires_at=v.get("expires_at"), limits=v.get("limits"),
                                        by_staff=request.user.is_staff)
-        return Response({**ApiKeySerializer(made.key).data, "secret": made.secret}, status=status.HTTP_201_CREATED)
+        return Response({**ApiKeySerializer(made.key).data, "secret": made.secret}, status=status.HTTP_201_CREATED,
+                        headers={"Cache-Control": "no-store"})  # the secret: no cache keeps a copy
 
 
 class KeyDetailView(APIView):

@@ -9,6 +9,7 @@ from django import forms
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from embeddings.errors import ApplicationError
@@ -34,6 +35,7 @@ class KeyForm(forms.Form):
             self.fields["scopes"].choices = [c for c in self.fields["scopes"].choices if c[0] != ADMIN_SCOPE]
 
 
+@never_cache  # the answer to a POST holds a secret: no cache keeps a copy
 @login_required
 @require_http_methods(["GET", "POST"])
 def keys(request):
