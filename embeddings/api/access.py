@@ -53,9 +53,9 @@ class HasScope(BasePermission):
     """The request's credential holds its view's scope (:func:`required_scope`).
 
     ``admin`` asked of a user who is not staff is 403 ``forbidden`` ("staff only"), as the staff-only
-    views answer themselves. A view under the API that declares no scope is refused to every key (a route nobody declared is
-    closed, not open); sessions and DRF tokens hold every scope their user may hold
-    (``scopes.scopes_held``).
+    views answer themselves. A view under the API that declares no scope is refused to every key (a
+    route nobody declared is closed, not open); sessions and DRF tokens hold every scope their user
+    may hold (``scopes.scopes_held``).
 
     Raises:
         ApplicationError: 403 ``insufficient_scope`` (``extra.required``, ``extra.held``); 403 ``forbidden``.

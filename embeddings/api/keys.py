@@ -78,7 +78,8 @@ class ApiKeyCreatedSerializer(ApiKeySerializer):
 class ApiKeyCreateSerializer(serializers.Serializer):
     """``POST /api/keys/``."""
 
-    name = serializers.CharField(max_length=100, trim_whitespace=False, help_text="what the key is for (shown in lists)")
+    name = serializers.CharField(max_length=100, trim_whitespace=False,
+                                 help_text="what the key is for (shown in lists)")
     # a ChoiceField would answer an unknown name 400 invalid; the service's unknown_scope names the valid ones
     scopes = serializers.ListField(child=serializers.CharField(max_length=50), min_length=1, max_length=50,
                                    help_text=f"scopes and presets ({_SCOPE_NAMES}); admin is for staff; another "

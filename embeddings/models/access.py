@@ -53,7 +53,8 @@ def _scopes_known(value) -> None:
 
 
 def _limit_field(help_text: str) -> models.PositiveIntegerField:
-    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1), MaxValueValidator(2 ** 31 - 1)],
+    return models.PositiveIntegerField(null=True, blank=True,
+                                       validators=[MinValueValidator(1), MaxValueValidator(2 ** 31 - 1)],
                                        help_text=help_text + "; empty: the setting's default")
 
 
