@@ -1,7 +1,8 @@
 """A key's limits across web processes (issue 55): the web process alone (gunicorn, 2 processes,
 ``project.processes``) on its own fresh database (``database_url``: SQLite in the stack's folder,
 or a new PostgreSQL database, never ``DATABASE_URL``'s own) and a private Redis. Requests sent at
-once from 16 threads reach both processes; Redis admits exactly the limit between them."""
+once from 16 threads are taken by whichever of the two processes accepts each (their counters are
+not shared in memory); Redis admits exactly the limit between them."""
 from __future__ import annotations
 
 import concurrent.futures
