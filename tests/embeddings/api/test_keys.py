@@ -218,3 +218,35 @@ def test_bulk_limits_refuse_at_submission_and_make_nothing(staff, limits_redis):
                                  "retry_after_s": 30}
     assert r["Retry-After"] == "30"
     assert Job.objects.count() == 1  # nothing was made
+
+
+def test_interactive_images_are_counted_before_any_work(user, limits_redis):
+    from embeddings.services.access import limits
+    from tests.embeddings.conftest import jpeg_bytes, upload
+
+    made = key_create(owner=user, name="k", scopes=["images:write", "embeddings"])
+    ApiKey.objects.filter(pk=made.key.pk).update(images_per_minute=2)
+    c = bearer(made.secret)
+    files = [upload(f"{i}.jpg", jpeg_bytes(i)) for i in range(3)]
+    r = c.post("/api/images/", {"files": files}, format="multipart")
+    assert (r.status_code, r.json()["code"], r.json()["extra"]["limit"]) == (413, "exceeds_key_limit",
+                                                                              "images_per_minute")
+    made.key.refresh_from_db()
+    limits.images_admit(key=made.key, images=2)  # the minute's images are used up
+    r = c.post("/api/images/", {"files": [upload("a.jpg", jpeg_bytes(1))]}, format="multipart")
+    assert (r.status_code, r.json()["code"], r["x-ratelimit-remaining-images"]) == (429, "rate_limited", "0")
+    assert r["x-ratelimit-remaining-requests"] is not None and 1 <= int(r["Retry-After"]) <= 60
+    pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9" \
+            "awAAAABJRU5ErkJggg=="
+    r = c.post("/api/embeddings/", {"inputs": [{"image": pixel}]}, format="json")
+    assert (r.status_code, r.json()["code"]) == (429, "rate_limited")
+    r = c.post("/v1/embeddings", {"model": "ViT-B-32", "input": [pixel] * 3}, format="json")
+    assert r.status_code == 413 and r.json()["error"]["code"] == "exceeds_key_limit"
+    r = c.post("/v1/embeddings", {"model": "ViT-B-32", "input": pixel}, format="json")
+    assert (r.status_code, r.json()["error"]["code"], r.json()["error"]["type"]) == (429, "rate_limited",
+                                                                                     "rate_limit_error")
+    assert 1 <= int(r["Retry-After"]) <= 60
+    only = bearer(key_create(owner=user, name="e", scopes=["embeddings"]).secret)
+    r = only.post("/api/embeddings/", {"inputs": [{"image": pixel}], "store": True}, format="json")
+    assert (r.status_code, r.json()["code"], r.json()["extra"]["required"]) == (403, "insufficient_scope",
+                                                                                "images:write")  # store uploads
