@@ -2,7 +2,8 @@
 action that retries failed images; near-duplicate scans and groups, read-only. Deleting (one object
 or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
 the API (``image_deleted``). OpenAI files and batches, read-only, linked to each other and to the
-batch's job; a file is deleted and a batch cancelled through their services."""
+batch's job; a file is deleted and a batch cancelled through their services. API keys: staff
+revoke them and set their limits (never see a secret; a key is made through the API or the site)."""
 from __future__ import annotations
 
 import json
@@ -17,10 +18,13 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.http import Http404
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from embeddings.errors import ApplicationError
 from embeddings.models import (
+    LIMIT_SETTINGS,
+    ApiKey,
     Batch,
     BatchFile,
     BatchPart,
@@ -39,6 +43,7 @@ from embeddings.models import (
     WebhookDelivery,
     WebhookEndpoint,
 )
+from embeddings.services.access import keys as key_services
 from embeddings.services.batches import batches as batch_services
 from embeddings.services.batches import files as file_services
 from embeddings.services.catalogue import jobs as job_services
@@ -514,4 +519,64 @@ class BatchAdmin(CheckedActionsMixin, admin.ModelAdmin):
         return False  # made through the API (``POST /v1/batches``), which validates its file
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+
+# --- API keys (issue 55, docs/api-keys.md) ------------------------------------------------------------
+# Made through the API, the site or `manage.py apikeys` (the secret is shown there, once); here staff
+# revoke keys and set their limits. Never deleted: a revoked row still names who made what.
+
+class KeyStateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return [("active", "active"), ("revoked", "revoked"), ("expired", "expired")]
+
+    def queryset(self, request, queryset):
+        now = timezone.now()
+        live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
+        if self.value() == "active":
+            return queryset.filter(live)
+        if self.value() == "revoked":
+            return queryset.filter(revoked_at__isnull=False)
+        if self.value() == "expired":
+            return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
+        return queryset
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    list_display = ("prefix", "name", "owner", "state", "scope_list", "created_at", "last_used_at", "expires_at",
+                    "revoked_at")
+    list_filter = (KeyStateFilter,)
+    search_fields = ("prefix", "name", "owner__username")
+    fields = ("prefix", "name", "owner", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at",
+              *LIMIT_SETTINGS)
+    readonly_fields = ("prefix", "owner", "scopes", "created_at", "last_used_at", "revoked_at")
+    actions = ("revoke",)
+
+    @admin.display(description="state")
+    def state(self, key: ApiKey) -> str:
+        return key.state()
+
+    @admin.display(description="scopes")
+    def scope_list(self, key: ApiKey) -> str:
+        return ", ".join(key.scopes)
+
+    @admin.action(description="Revoke the selected keys")
+    def revoke(self, request, queryset):
+        for key in queryset:
+            key_services.key_revoke(key=key)
+        self.message_user(request, f"{queryset.count()} keys revoked.", messages.SUCCESS)
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

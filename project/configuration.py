@@ -415,6 +415,17 @@ VARS: tuple[Var, ...] = (
         "count; an archive may always expand to `MAX_IMAGE_BYTES`)"),
     Var("INGEST_ROOTS", list, [], "limits",
         "server folders staff may ingest from, comma-separated (path traversal and symlinks out are refused)"),
+    # per-key limits (docs/api-keys.md): the defaults of keys whose limit staff left empty; a session or a
+    # DRF token not yet migrated to a key is not limited by key
+    Var("API_KEY_REQUESTS_PER_MINUTE", int, 3000, "limits",
+        "API requests one API key may make per minute (a window from its first request); more: 429 `rate_limited`"),
+    Var("API_KEY_IMAGES_PER_MINUTE", int, 1200, "limits",
+        "interactive images (uploads to `POST /api/images/`, image inputs of the embeddings endpoints) one key may "
+        "send per minute"),
+    Var("API_KEY_BULK_IMAGES_PER_DAY", int, 1_000_000, "limits",
+        "bulk images one key may submit per day (jobs; a job is refused at submission, never cut)"),
+    Var("API_KEY_CONCURRENT_BULK_JOBS", int, 10, "limits",
+        "bulk jobs of one key that may be unfinished at once (more: refused at submission)"),
 )
 
 BY_NAME: dict[str, Var] = {v.name: v for v in VARS}

@@ -69,6 +69,8 @@ MIDDLEWARE = [
     # CSRF check reads the body, after the user is known (the site's error page shows who is signed in)
     "embeddings.transport.RequestGuardMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
+    # a key's x-ratelimit-* headers on every answer (embeddings/api/access.py)
+    "embeddings.api.access.RateLimitHeadersMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
@@ -145,6 +147,16 @@ INTERACTIVE_MAX_FILES = config["INTERACTIVE_MAX_FILES"]
 ZIP_MAX_ENTRIES = config["ZIP_MAX_ENTRIES"]
 ZIP_MAX_UNCOMPRESSED_BYTES = config["ZIP_MAX_UNCOMPRESSED_BYTES"]
 ZIP_MAX_RATIO = config["ZIP_MAX_RATIO"]
+#: Per-key limits' defaults (embeddings.services.access.limits; docs/api-keys.md): a key's own value,
+#: set by staff, wins. Must each be at least 1.
+API_KEY_REQUESTS_PER_MINUTE = config["API_KEY_REQUESTS_PER_MINUTE"]
+API_KEY_IMAGES_PER_MINUTE = config["API_KEY_IMAGES_PER_MINUTE"]
+API_KEY_BULK_IMAGES_PER_DAY = config["API_KEY_BULK_IMAGES_PER_DAY"]
+API_KEY_CONCURRENT_BULK_JOBS = config["API_KEY_CONCURRENT_BULK_JOBS"]
+for _name in ("API_KEY_REQUESTS_PER_MINUTE", "API_KEY_IMAGES_PER_MINUTE", "API_KEY_BULK_IMAGES_PER_DAY",
+              "API_KEY_CONCURRENT_BULK_JOBS"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1, not {globals()[_name]}")
 #: Server-side folders staff may ingest from (path traversal and symlinks out are refused).
 INGEST_ROOTS = [Path(p).resolve() for p in config["INGEST_ROOTS"]]
 
@@ -172,14 +184,19 @@ WEBHOOK_RETRY_SCHEDULE_S = [float(s) for s in config["WEBHOOK_RETRY_SCHEDULE_S"]
 WEBHOOK_MAX_ENDPOINTS = config["WEBHOOK_MAX_ENDPOINTS"]
 
 REST_FRAMEWORK = {
+    # API keys (and DRF tokens not yet migrated) as "Authorization: Token <key>" and as "Bearer <key>"
+    # (OpenAI clients send that); docs/api-keys.md
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        # the same tokens as "Authorization: Bearer <token>" (OpenAI clients send that)
+        "embeddings.api.authentication.KeyAuthentication",
         "embeddings.api.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # every view declares the scope it needs (embeddings/api/access.py): 403 insufficient_scope
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated", "embeddings.api.access.HasScope"],
+    # a key's requests per minute, counted in Redis across web processes: 429 rate_limited
+    "DEFAULT_THROTTLE_CLASSES": ["embeddings.api.access.KeyRequestLimit"],
+    # each operation's scope in the schema (x-required-scope)
+    "DEFAULT_SCHEMA_CLASS": "embeddings.api.schema_scopes.ScopedAutoSchema",
     "EXCEPTION_HANDLER": "embeddings.api.errors.exception_handler",
     # No multipart part vanishes, and an unparseable Content-Type is a 400 (embeddings/api/parsers.py)
     "DEFAULT_PARSER_CLASSES": [

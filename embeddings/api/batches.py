@@ -10,6 +10,7 @@ from rest_framework import serializers
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.access import bulk_job
 from embeddings.api.embeddings import openai_errors, openai_exception_handler
 from embeddings.api.parsers import AnyAccept
 from embeddings.api.parsers import DrfMultiPartParser as MultiPartParser
@@ -213,6 +214,8 @@ def list_params(default: int, bound: int) -> list[OpenApiParameter]:
 class FileListView(OpenAIView):
     """``POST /v1/files`` (upload a batch input), ``GET /v1/files`` (yours, newest first)."""
 
+    required_scope = {"GET": "jobs:read", "POST": "jobs:write"}
+
     parser_classes = (MultiPartParser,)
 
     @extend_schema(operation_id="openai_files_create", request={"multipart/form-data": FileUploadSerializer},
@@ -258,6 +261,8 @@ class FileListView(OpenAIView):
 class FileDetailView(OpenAIView):
     """``GET``, ``DELETE /v1/files/{file_id}``."""
 
+    required_scope = {"GET": "jobs:read", "DELETE": "jobs:write"}
+
     @extend_schema(operation_id="openai_files_retrieve", responses={200: FileObjectSerializer,
                                                                     **openai_errors(401, 404)})
     def get(self, request, file_id: str):
@@ -275,6 +280,8 @@ class FileDetailView(OpenAIView):
 class FileContentView(OpenAIView):
     """``GET /v1/files/{file_id}/content``: the file's bytes, streamed, whatever ``Accept`` says
     (OpenAI's client sends ``application/binary``)."""
+
+    required_scope = "jobs:read"
 
     content_negotiation_class = AnyAccept
 
@@ -295,6 +302,8 @@ class FileContentView(OpenAIView):
 class BatchListView(OpenAIView):
     """``POST /v1/batches`` (run a file's lines as a bulk job), ``GET /v1/batches`` (yours, newest first)."""
 
+    required_scope = {"GET": "jobs:read", "POST": "jobs:write"}
+
     parser_classes = (JSONParser,)
 
     @extend_schema(operation_id="openai_batches_create", request=BatchRequestSerializer,
@@ -308,9 +317,12 @@ class BatchListView(OpenAIView):
         for name in ("input_file_id", "endpoint", "completion_window"):
             if not isinstance(data.get(name), str):
                 raise ApplicationError(f"{name} is required (a string)", code="invalid_input", extra={"param": name})
-        b = batch_services.batch_create(owner=request.user, input_file_id=data["input_file_id"],
-                                        endpoint=data["endpoint"], completion_window=data["completion_window"],
-                                        metadata=data.get("metadata"))
+        # a line may be a text or an image: admitted under the day's bulk limit, a slot of the key's jobs
+        with bulk_job(request, 0) as made:
+            b = batch_services.batch_create(owner=request.user, input_file_id=data["input_file_id"],
+                                            endpoint=data["endpoint"], completion_window=data["completion_window"],
+                                            metadata=data.get("metadata"))
+            made(b.job_id)
         return Response(batch_view(b))
 
     @extend_schema(operation_id="openai_batches_list", parameters=list_params(LIST_DEFAULT, LIST_MAX),
@@ -324,6 +336,8 @@ class BatchListView(OpenAIView):
 class BatchDetailView(OpenAIView):
     """``GET /v1/batches/{batch_id}``."""
 
+    required_scope = "jobs:read"
+
     @extend_schema(operation_id="openai_batches_retrieve", responses={200: BatchObjectSerializer,
                                                                       **openai_errors(401, 404)})
     def get(self, request, batch_id: str):
@@ -333,6 +347,8 @@ class BatchDetailView(OpenAIView):
 class BatchCancelView(OpenAIView):
     """``POST /v1/batches/{batch_id}/cancel``: queued lines never run (``batch_cancelled``), running
     ones finish and are kept."""
+
+    required_scope = "jobs:write"
 
     @extend_schema(operation_id="openai_batches_cancel", request=None,
                    responses={200: BatchObjectSerializer, **openai_errors(401, 404, 409)})

@@ -126,6 +126,8 @@ def _choice(request, name: str, values, default=None):
 class DuplicateListView(GenericAPIView):
     """``GET /api/duplicates/``: the caller's duplicate groups."""
 
+    required_scope = "duplicates"
+
     pagination_class = NewestFirst
     serializer_class = DuplicateGroupSerializer
 
@@ -150,6 +152,8 @@ class DuplicateListView(GenericAPIView):
 class DuplicateDetailView(APIView):
     """``GET /api/duplicates/{id}/``."""
 
+    required_scope = "duplicates"
+
     @extend_schema(operation_id="duplicates_retrieve", responses={200: DuplicateGroupSerializer, **errors(404)})
     def get(self, request, group_id):
         return Response(DuplicateGroupSerializer(review.group_of(request.user, group_id)).data)
@@ -157,6 +161,8 @@ class DuplicateDetailView(APIView):
 
 class DuplicateKeepView(APIView):
     """``POST /api/duplicates/{id}/keep/``: keep one image, delete the rest."""
+
+    required_scope = "duplicates"
 
     parser_classes = (JSONParser, FormParser)
 
@@ -176,6 +182,8 @@ class DuplicateKeepView(APIView):
 class DuplicateDismissView(APIView):
     """``POST /api/duplicates/{id}/not-duplicates/``."""
 
+    required_scope = "duplicates"
+
     @extend_schema(operation_id="duplicates_not_duplicates", request=None,
                    responses={200: DuplicateGroupSerializer, **errors(404, 409)},
                    description="These images are not duplicates: the group becomes `dismissed` and every pair of "
@@ -187,6 +195,8 @@ class DuplicateDismissView(APIView):
 
 class DuplicateScanView(APIView):
     """``GET`` / ``POST /api/duplicates/scan/`` (a JSON body: a form cannot say ``null``)."""
+
+    required_scope = "duplicates"
 
     parser_classes = (JSONParser,)
 

@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings.api import json_input
+from embeddings.api.access import images_taken, scope_check
 from embeddings.api.catalogue_fields import ExternalIdField, with_identities
 from embeddings.api.errors import ErrorSerializer, exception_handler
 from embeddings.api.form_input import FormSerializer, StrictBooleanField
@@ -263,6 +264,8 @@ def _identities(entries: list[dict], offset: int) -> list[dict]:
 class EmbeddingsView(APIView):
     """``POST /api/embeddings/``: vectors of texts and images, in input order."""
 
+    required_scope = "embeddings"
+
     parser_classes = (JSONParser, MultiPartParser, FormParser)
 
     @extend_schema(
@@ -317,6 +320,9 @@ class EmbeddingsView(APIView):
         inputs = [embed_services.EmbedInput(file=f) for f in files_in]
         inputs += [embed_services.EmbedInput(text=e.get("text"), image=e.get("image"), image_url=e.get("image_url"),
                                              **ident) for e, ident in zip(entries, ids)]
+        if v["store"]:  # the images become the caller's images: an upload
+            scope_check(request, "images:write")
+        images_taken(request, sum(i.text is None for i in inputs))
         outcome = embed_services.embeddings_create(user=request.user, inputs=inputs, deadline_s=deadline_s,
                                                    store=v["store"])
         encoding = v["encoding_format"]
@@ -370,6 +376,8 @@ class OpenAIEmbeddingsView(APIView):
     """``POST /v1/embeddings``: OpenAI's embeddings endpoint over this service's spaces; every error
     in OpenAI's shape; any refused input fails the whole request (OpenAI answers all or nothing)."""
 
+    required_scope = "embeddings"
+
     parser_classes = (JSONParser,)
 
     def get_exception_handler(self):
@@ -404,6 +412,7 @@ class OpenAIEmbeddingsView(APIView):
         if v.get("dimensions") is not None and v["dimensions"] != space.dim:
             raise ApplicationError(f"dimensions {v['dimensions']}: {space.model_id} has {space.dim} (vectors are not "
                                    f"shortened)", code="invalid_dimensions", extra={"param": "dimensions"})
+        images_taken(request, sum(i.text is None for i in inputs))
         outcome = embed_services.embeddings_create(user=request.user, inputs=inputs,
                                                    deadline_s=deadline_for(None), space=space)
         refused = [it for it in outcome.items if "vector" not in it]

@@ -31,6 +31,8 @@ class VectorExportQuerySerializer(FormSerializer):
 class VectorExportView(APIView):
     """``GET /api/exports/vectors.{format}``: ``parquet``, ``jsonl`` or ``npz``."""
 
+    required_scope = "exports"
+
     content_negotiation_class = AnyAccept
 
     @extend_schema(

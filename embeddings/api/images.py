@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from embeddings import spaces
+from embeddings.api.access import images_taken
 from embeddings.api.catalogue_fields import ExternalIdField, with_identities
 from embeddings.api.errors import ErrorSerializer
 from embeddings.api.form_input import FormSerializer
@@ -185,6 +186,8 @@ def _upload_refusal(status_code: int) -> OpenApiResponse:
 class ImageUploadView(GenericAPIView):
     """``POST /api/images/``: 1..N images on the interactive lane; ``GET``: the caller's images."""
 
+    required_scope = {"GET": "images:read", "POST": "images:write"}
+
     parser_classes = (MultiPartParser, FormParser)
     pagination_class = NewestFirst
     serializer_class = ImageSerializer
@@ -217,6 +220,7 @@ class ImageUploadView(GenericAPIView):
         q.is_valid(raise_exception=True)
         deadline_s = request_services.deadline_for(q.validated_data.get("deadline"))
         sources = with_identities(data, from_uploads(uploads))
+        images_taken(request, len(sources))
         outcome = request_services.images_upload(
             owner=request.user, sources=sources, deadline_s=deadline_s, k=q.validated_data["k"]
         )
@@ -248,6 +252,8 @@ class ImageUploadView(GenericAPIView):
 
 class ImageDetailView(APIView):
     """``GET`` / ``PATCH`` / ``DELETE /api/images/{id}/`` (delete removes the vector too)."""
+
+    required_scope = {"GET": "images:read", "PATCH": "images:write", "DELETE": "images:write"}
 
     parser_classes = (JSONParser,)
 

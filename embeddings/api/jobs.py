@@ -11,6 +11,7 @@ from rest_framework.parsers import FormParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings.api.access import bulk_job
 from embeddings.api.catalogue_fields import with_identities
 from embeddings.api.form_input import FormSerializer
 from embeddings.api.pagination import NewestFirst
@@ -187,6 +188,8 @@ def _renamed(sources) -> list[dict]:
 class JobListView(GenericAPIView):
     """``POST /api/jobs/``: a bulk job from files, a zip, or (staff) a server folder; ``GET``: jobs."""
 
+    required_scope = {"GET": "jobs:read", "POST": "jobs:write"}
+
     parser_classes = (MultiPartParser, FormParser, JSONParser)
     pagination_class = NewestFirst
     serializer_class = JobSerializer
@@ -215,7 +218,10 @@ class JobListView(GenericAPIView):
             if remote > 1 or uploaded_files(files, "files", "file", "zip") or v.get("folder"):
                 raise ApplicationError("a job reads one source: files and zips, a folder, a manifest, a manifest_key "
                                        "or a prefix", code="mixed_sources")
-            return self._remote(request.user, v, manifests[0] if manifests else None)
+            with bulk_job(request, 0) as made:  # the rows are not known yet: admitted under the day's limit
+                response = self._remote(request.user, v, manifests[0] if manifests else None)
+                made(response.data["id"])
+            return response
         sources = with_identities(data, from_uploads(uploaded_files(files, "files", "file")))
         for archive in uploaded_files(files, "zip"):
             sources += from_zip(archive, max_entries=settings.ZIP_MAX_ENTRIES,
@@ -227,8 +233,10 @@ class JobListView(GenericAPIView):
             sources += from_folder(v["folder"], roots=settings.INGEST_ROOTS)
         if not sources:
             raise ApplicationError("send files, a zip, or (staff) a folder", code="no_files")
-        job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
-                                      deadline=v["deadline"], callbacks=v["callbacks"])
+        with bulk_job(request, len(sources)) as made:
+            job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
+                                          deadline=v["deadline"], callbacks=v["callbacks"])
+            made(job.id)
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
                          "renamed": _renamed(sources), **_callbacks_shown(v["callbacks"])},
                         status=status.HTTP_202_ACCEPTED)
@@ -258,6 +266,8 @@ class JobListView(GenericAPIView):
 class JobDetailView(APIView):
     """``GET /api/jobs/{id}/``: status, counts, throughput, ETA, failures, stage timings."""
 
+    required_scope = "jobs:read"
+
     @extend_schema(operation_id="jobs_retrieve", responses={200: JobProgressSerializer, **errors(404)})
     def get(self, request, job_id):
         job = get_object_or_404(jobs_visible_to(request.user), id=job_id)
@@ -267,6 +277,8 @@ class JobDetailView(APIView):
 
 class JobActionView(APIView):
     """``POST /api/jobs/{id}/{pause|resume|cancel}/``."""
+
+    required_scope = "jobs:write"
 
     targets = {"pause": "paused", "resume": "queued", "cancel": "cancelled"}
 

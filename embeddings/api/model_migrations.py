@@ -90,6 +90,8 @@ def _staff(request) -> None:
 class MigrationListView(APIView):
     """``GET /api/migrations/``: every embedding space; ``POST``: start a migration."""
 
+    required_scope = "admin"
+
     parser_classes = (JSONParser, FormParser)
 
     @extend_schema(operation_id="migrations_list", responses={200: SpaceSerializer(many=True), **errors(403)},
@@ -118,6 +120,8 @@ class MigrationDetailView(APIView):
     """``GET /api/migrations/{id}/``: the space, its job's progress, gate report and cutoffs;
     ``DELETE``: drop it (its collection and copies; 409 for the active space)."""
 
+    required_scope = "admin"
+
     @extend_schema(operation_id="migrations_retrieve", responses={200: MigrationSerializer, **errors(403)},
                    description=STAFF_ONLY, extensions={"x-staff-only": True})
     def get(self, request, space_id):
@@ -136,6 +140,8 @@ class MigrationDetailView(APIView):
 
 class MigrationActionView(APIView):
     """``POST /api/migrations/{id}/{promote|rollback|gate}/``."""
+
+    required_scope = "admin"
 
     parser_classes = (JSONParser, FormParser)
     actions = ("gate", "promote", "rollback")

@@ -25,14 +25,19 @@ from embeddings.api.errors import ErrorSerializer
 from embeddings.api.parsers import AnyAccept
 from workers.vector_store import filters
 
+#: A 429 any key can meet (``services.access.limits``): the 429 of an operation that has no other.
+KEY_LIMITED = ("a key over one of its limits (code: rate_limited; extra.limit names it; Retry-After: whole "
+               "seconds to its window's reset; docs/api-keys.md)")
 #: What each error status means in this service (README "API"); the ``code`` values are stable.
 ERROR_STATUS = {
     400: "the request is invalid (code: invalid, invalid_query, no_files, too_many_files, malformed_request, "
          "malformed_multipart, unexpected_parts, too_many_parts, parse_error, json_too_deep, zip_unsafe, "
          "invalid_characters: a control character in the path or the query string, a refused query image's "
          "reason ...; an extra that would list many items lists 10 and counts the rest)",
-    401: "no or a wrong token / session (code: not_authenticated, authentication_failed)",
-    403: "staff only (code: forbidden, permission_denied)",
+    401: "no credential (code: not_authenticated), or a key that authenticates nothing (code: key_malformed, "
+         "key_unknown, key_revoked, key_expired, user_inactive; docs/api-keys.md)",
+    403: "a key without the operation's scope (code: insufficient_scope; extra.required, extra.held), or staff "
+         "only (code: forbidden, permission_denied)",
     404: "no such resource, or one the caller may not see (code: not_found)",
     406: "Accept names only media types this operation does not answer (code: not_acceptable)",
     409: "the resource is not in a state that allows it (code: invalid_transition, not_embedded, vector_missing)",
@@ -43,7 +48,7 @@ ERROR_STATUS = {
     415: "not an image, an unsupported image format, or a Content-Type the endpoint does not read",
     422: "the model gave no usable vector for an input: NaN or infinity (code: non_finite_embedding) or all zeros "
          "(code: zero_embedding); nothing was stored, and the same input gives the same vector",
-    429: "the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
+    429: KEY_LIMITED + ", or the interactive lane is overloaded (code: overloaded): the predicted wait plus a learnt margin is "
          "longer than the deadline. extra.wait_ahead_s (s, 3 decimals) is about what a request admitted at "
          "this moment waits, learnt from what the requests admitted around earlier refusals of deadlines "
          "within about ×1.25 of its own waited (wait_ahead_samples: how many refusals; 0: not yet) from a "
@@ -63,6 +68,11 @@ ERROR_STATUS = {
          "(code: vectors_unavailable, worker_error, broker_full, broker_unavailable)",
     504: "the search or the embeddings did not finish in time (code: deadline_exceeded)",
 }
+
+#: How the schema shows a 429's ``Retry-After`` where the view did not declare the header itself.
+_RETRY_AFTER_HEADER = {"Retry-After": {"schema": {"type": "integer"}, "required": True,
+                                       "description": "whole seconds to wait before retrying"}}
+
 
 #: ``Retry-After`` (whole seconds) on the statuses that carry it (services.admission, services.calls).
 RETRY_AFTER = OpenApiParameter(
@@ -101,8 +111,8 @@ def _openai_error_ref() -> dict:
 
 
 def postprocess(result: dict, generator, request, public) -> dict:
-    """drf-spectacular postprocessing hook: 401 on every secured operation, 404 on every operation
-    with a path parameter, 400 and 406 on every operation, 411 on every operation with a body, in the
+    """drf-spectacular postprocessing hook: 401 on every secured operation, 403 and 429 on every one
+    that declares a scope (a key's scope and limits), 404 on every operation with a path parameter, 400 and 406 on every operation, 411 on every operation with a body, in the
     ``Error`` shape, where the view did not say; the
     ``MetadataFilter`` components of the search filter."""
     for path, item in result.get("paths", {}).items():
@@ -124,6 +134,10 @@ def postprocess(result: dict, generator, request, public) -> dict:
                         and not ({"pattern", "format", "enum"} & set(schema)):
                     schema["pattern"] = NO_CONTROL_CHARACTERS
             shape = _openai_error_ref() if path.startswith("/v1/") else _error_ref()
+            if secured and "x-required-scope" in op:  # a key: its scope (403) and its limits (429)
+                responses.setdefault("403", {"description": ERROR_STATUS[403], **shape})
+                responses.setdefault("429", {"description": KEY_LIMITED, "headers": _RETRY_AFTER_HEADER,
+                                             **shape})
             for status, applies in ((400, True), (406, True), (411, method in _BODY_METHODS)):
                 if applies and str(status) not in responses:
                     responses[str(status)] = {"description": ERROR_STATUS[status], **shape}

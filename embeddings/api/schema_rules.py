@@ -15,7 +15,7 @@ from django.conf import settings
 
 from embeddings import spaces
 from embeddings.api.vector_fields import INCLUDE_CHOICES
-from embeddings.models import WebhookEvent
+from embeddings.models import PRESETS, SCOPES, WebhookEvent
 from embeddings.objects import S3_URI_PATTERN
 from embeddings.services.webhooks.endpoints import CALLBACK_URL_PATTERN, MAX_JOB_CALLBACKS
 
@@ -59,6 +59,9 @@ def postprocess(result: dict, generator, request, public) -> dict:
                                                additionalProperties=False)
     if "MigrationCreateRequest" in schemas:
         _configured_models(schemas["MigrationCreateRequest"])
+    scopes = schemas.get("ApiKeyCreateRequest", {}).get("properties", {}).get("scopes")
+    if scopes:  # services.access.scopes.scopes_resolve: another name is 400 unknown_scope
+        scopes["items"] = {"type": "string", "enum": [*SCOPES, *PRESETS]}
     for path_item in result.get("paths", {}).values():
         for op in path_item.values():
             for parameter in op.get("parameters", []) if isinstance(op, dict) else ():

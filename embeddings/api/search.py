@@ -275,6 +275,8 @@ class SearchView(APIView):
     """``POST /api/search/``: by text, by an uploaded image, by a stored image's id, or by positive
     and negative examples of those kinds."""
 
+    required_scope = "search"
+
     parser_classes = (MultiPartParser, FormParser, JSONParser)
 
     @extend_schema(

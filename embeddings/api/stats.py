@@ -32,6 +32,8 @@ class StatsView(APIView):
     """``GET /api/stats/`` (staff): images per status in the database, points in the collection, and
     stage timings per lane."""
 
+    required_scope = "admin"
+
     @extend_schema(operation_id="stats", responses={200: StatsSerializer, **errors(403, 503)},
                    parameters=[RETRY_AFTER], description="**Staff only** (403 `forbidden` for other users).",
                    extensions={"x-staff-only": True})

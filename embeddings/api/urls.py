@@ -7,12 +7,15 @@ from embeddings.api import exports
 from embeddings.api import duplicates
 from embeddings.api import images
 from embeddings.api import jobs
+from embeddings.api import keys
 from embeddings.api import search
 from embeddings.api import stats
 from embeddings.api import tokens
 
 urlpatterns = [
     path("auth/token/", tokens.TokenView.as_view(), name="api-token"),
+    path("keys/", keys.KeyListView.as_view(), name="keys"),
+    path("keys/<int:key_id>/", keys.KeyDetailView.as_view(), name="key-detail"),
     path("images/", images.ImageUploadView.as_view(), name="images"),
     path("images/<uuid:image_id>/", images.ImageDetailView.as_view(), name="image-detail"),
     path("jobs/", jobs.JobListView.as_view(), name="jobs"),

@@ -100,6 +100,8 @@ def _endpoint(request, webhook_id) -> WebhookEndpoint:
 class WebhookListView(GenericAPIView):
     """``GET /api/webhooks/``: the caller's endpoints; ``POST``: a new one (its secret shown once)."""
 
+    required_scope = "webhooks"
+
     parser_classes = (JSONParser, FormParser)
     pagination_class = NewestFirst
     serializer_class = WebhookSerializer
@@ -132,6 +134,8 @@ class WebhookListView(GenericAPIView):
 class WebhookDetailView(APIView):
     """``GET``, ``PATCH``, ``DELETE /api/webhooks/{id}/``."""
 
+    required_scope = "webhooks"
+
     parser_classes = (JSONParser, FormParser)
 
     @extend_schema(operation_id="webhooks_retrieve", responses={200: WebhookSerializer, **errors(404)})
@@ -157,6 +161,8 @@ class WebhookDetailView(APIView):
 class WebhookRotateView(APIView):
     """``POST /api/webhooks/{id}/rotate/``: a new secret, shown once."""
 
+    required_scope = "webhooks"
+
     @extend_schema(operation_id="webhooks_rotate", request=None, responses={200: WebhookCreatedSerializer,
                                                                             **errors(404)},
                    description="A new secret, shown this once. For 24 hours the old one signs too (a second "
@@ -169,6 +175,8 @@ class WebhookRotateView(APIView):
 
 class DeliveryListView(GenericAPIView):
     """``GET /api/webhooks/{id}/deliveries/``: the endpoint's messages, newest first."""
+
+    required_scope = "webhooks"
 
     pagination_class = NewestFirst
     serializer_class = WebhookDeliverySerializer
@@ -196,6 +204,8 @@ class DeliveryListView(GenericAPIView):
 
 class DeliveryRedeliverView(APIView):
     """``POST /api/webhooks/{id}/deliveries/{delivery_id}/redeliver/``."""
+
+    required_scope = "webhooks"
 
     @extend_schema(operation_id="webhooks_deliveries_redeliver", request=None,
                    responses={202: WebhookDeliverySerializer, **errors(404)},

@@ -41,3 +41,11 @@ from .batches import (  # noqa: F401
     PartState,
     BatchPart,
 )
+from .access import (  # noqa: F401
+    SCOPES,
+    ADMIN_SCOPE,
+    USER_SCOPES,
+    PRESETS,
+    LIMIT_SETTINGS,
+    ApiKey,
+)

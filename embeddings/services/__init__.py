@@ -9,6 +9,7 @@ One wing (a package) per feature; no two wings import each other, directly or ro
 - ``webhooks/``: signed webhooks: endpoints, events (emitted by the catalogue and the lifecycle), delivery.
 - ``exports/``: vector exports: which rows, a page at a time, and the files they are written into.
 - ``interactive/``: the interactive door: upload, search, examples, embed, and the wait beneath them.
+- ``access/``: API keys (made, checked, revoked, migrated from DRF tokens), scopes and per-key limits.
 - ``queues/``: the worker side of each queue (chunks, interactive batches, queries, points).
 
 Loose modules are what several wings share: ``reconcile`` (the reconciler's rounds) and

@@ -48,6 +48,8 @@ class ThumbnailView(APIView):
     """``GET /api/images/{id}/thumbnail/``: ``image/jpeg`` (``image/webp`` when an older release drew
     it), 256 px on the long side."""
 
+    required_scope = "images:read"
+
     content_negotiation_class = AnyAccept  # the image whatever Accept says (DRF: 406 to image/jpeg)
 
     @extend_schema(operation_id="images_thumbnail",

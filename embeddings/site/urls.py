@@ -2,7 +2,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from embeddings.site import duplicates, views
+from embeddings.site import duplicates, keys, views
 
 urlpatterns = [
     path("", views.home, name="site-home"),
@@ -15,6 +15,8 @@ urlpatterns = [
     path("jobs/<uuid:job_id>/", views.job_detail, name="site-job"),
     path("images/<uuid:image_id>/", views.image_detail, name="site-image"),
     path("images/<uuid:image_id>/delete/", views.image_remove, name="site-image-delete"),
+    path("keys/", keys.keys, name="site-keys"),
+    path("keys/<int:key_id>/revoke/", keys.key_revoke, name="site-key-revoke"),
     path("duplicates/", duplicates.duplicates, name="site-duplicates"),
     path("duplicates/scan/", duplicates.duplicates_scan, name="site-duplicates-scan"),
     path("duplicates/<uuid:group_id>/keep/", duplicates.duplicates_keep, name="site-duplicates-keep"),

@@ -105,6 +105,9 @@ checks.positive_data_acceptance.expected-statuses = [
 include-operation-id = "openai_batches_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
 [[operations]]
+include-operation-id = "keys_create"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
+[[operations]]
 include-operation-id = "migrations_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "411", "401", "403", "404", "409", "429", "5xx"]
 """

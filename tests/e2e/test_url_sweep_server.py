@@ -48,8 +48,8 @@ def _png(seed: int) -> bytes:
 
 @pytest.fixture(scope="module")
 def sweep_world(stack, api) -> tuple[World, dict[str, dict]]:
-    """The ids of a user's image, job, webhook endpoint, batch input file and batch and of the active
-    space (admin pages and deliveries: ids of no object; a token user is sent to sign in there
+    """The ids of a user's image, job, webhook endpoint, batch input file, batch and API key and of
+    the active space (admin pages and deliveries: ids of no object; a token user is sent to sign in there
     anyway), and the ``Authorization`` header of each user."""
     user = Api(stack.web_url, stack.manage("apiuser", "e2e-url-sweep-user").strip())
     r = user.post("/api/images/", files={"files": ("a.png", _png(1), "image/png")}, data={"k": "0"})
@@ -69,11 +69,15 @@ def sweep_world(stack, api) -> tuple[World, dict[str, dict]]:
     r = user.post("/v1/batches", json={"input_file_id": batch_file, "endpoint": "/v1/embeddings",
                                        "completion_window": "24h"})
     assert r.status_code == 200, r.text[:300]
+    batch = r.json()["id"]
+    r = user.post("/api/keys/", json={"name": "sweep", "scopes": ["all"]})
+    assert r.status_code == 201, r.text[:300]
+    key = r.json()["id"]
     spaces = api.get("/api/migrations/").json()
     space = next(s["id"] for s in spaces if s["state"] == "active")
     ids = {"image_id": image, "job_id": job, "webhook_id": webhook, "delivery_id": "999999999",
            "space_id": str(space), "id": "1", "group_id": UNKNOWN_UUID, "file_id": batch_file,
-           "batch_id": r.json()["id"]}
+           "batch_id": batch, "key_id": str(key)}
     world = World({}, {}, ids, collections.defaultdict(lambda: UNKNOWN_UUID), "1")
     auth = {"anonymous": {}, "user-token": {"Authorization": user.s.headers["Authorization"]},
             "staff": {"Authorization": api.s.headers["Authorization"]}}

@@ -235,6 +235,9 @@ def make_world(user, staff) -> World:
     for im in (image["id"], second.id):
         DuplicateMember.objects.create(group=dup, image_id=im, score=1.0, representative=im == image["id"])
     pair = NotDuplicate.objects.create(owner=user, sha_a="a" * 64, sha_b="b" * 64)
+    from embeddings.services.access.keys import key_create
+
+    api_key = key_create(owner=user, name="sweep", scopes=["all"]).key  # /api/keys/{id}/, /keys/{id}/revoke/
     # OpenAI's Batch API (/v1/files, /v1/batches): an input file and a batch of it (run to its end
     # by eager Celery)
     line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ViT-B-32", "input": "a"}}
@@ -247,14 +250,14 @@ def make_world(user, staff) -> World:
     assert r.status_code == 200, r.content
     ids = {"image_id": image["id"], "job_id": job, "webhook_id": str(endpoint.id), "delivery_id": str(delivery.id),
            "space_id": str(space.pk), "id": str(user.pk), "group_id": str(dup.id), "file_id": batch_file,
-           "batch_id": json.loads(r.content)["id"]}
+           "batch_id": json.loads(r.content)["id"], "key_id": str(api_key.pk)}
     admin_pks = {"embeddings.image": image["id"], "embeddings.job": job, "embeddings.batchstat": str(stat.pk),
                  "embeddings.embeddingspace": str(space.pk), "embeddings.webhookendpoint": str(endpoint.id),
                  "embeddings.webhookdelivery": str(delivery.id), "auth.user": str(user.pk),
                  "auth.group": str(group.pk), "authtoken.tokenproxy": str(user.pk),  # TokenAdmin: the user's pk
                  "embeddings.duplicatescan": str(scan.pk), "embeddings.duplicategroup": str(dup.id),
                  "embeddings.notduplicate": str(pair.pk), "embeddings.batchfile": batch_file,
-                 "embeddings.batch": ids["batch_id"]}
+                 "embeddings.batch": ids["batch_id"], "embeddings.apikey": str(api_key.pk)}
     assert Image.objects.filter(id=image["id"], status="embedded").exists()
     return World(clients, {"user": user, "staff": staff}, ids, admin_pks,
                  str(ContentType.objects.get_for_model(Image).pk))
@@ -514,7 +517,7 @@ class Case:
 def destructive(case: Case) -> bool:
     """Cases that remove or change the real objects the others use: run last."""
     return case.method == "DELETE" or "/delete/" in case.url or "/logout/" in case.url or (
-        case.method != "GET" and re.search(r"/(cancel|promote|rollback|rotate|password)/", case.url) is not None)
+        case.method != "GET" and re.search(r"/(cancel|promote|rollback|rotate|password|revoke)/", case.url) is not None)
 
 
 def _page(text: str) -> bool:

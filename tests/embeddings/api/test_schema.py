@@ -70,14 +70,14 @@ def test_each_error_status_uses_the_error_component_and_retry_after(served):
     error = served["components"]["schemas"]["Error"]
     assert error["required"] == ["code", "extra", "message"]
     responses = _op(served, "/api/search/", "post")["responses"]
-    assert sorted(responses) == ["200", "400", "401", "404", "406", "409", "411", "413", "415", "422", "429", "503",
-                                 "504"]
+    assert sorted(responses) == ["200", "400", "401", "403", "404", "406", "409", "411", "413", "415", "422", "429",
+                                 "503", "504"]
     for status in ("401", "404", "409", "429", "503", "504"):
         assert responses[status]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Error"}
     for status in ("429", "503"):
         assert responses[status]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
     upload = _op(served, "/api/images/", "post")["responses"]
-    assert sorted(upload) == ["200", "202", "400", "401", "406", "411", "413", "415", "422", "429", "503"]
+    assert sorted(upload) == ["200", "202", "400", "401", "403", "406", "411", "413", "415", "422", "429", "503"]
     refusal = _ref(served, upload["415"]["content"]["application/json"]["schema"]["$ref"])
     assert refusal == {"oneOf": [{"$ref": "#/components/schemas/UploadResponse"},
                                  {"$ref": "#/components/schemas/Error"}]}
@@ -89,11 +89,17 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
     # issue 42: /api/embeddings/, /v1/embeddings, the export, webhooks (list, create, retrieve, update,
     # destroy, rotate, deliveries, redeliver); issue 45: duplicates (list, retrieve, keep,
     # not-duplicates, scan retrieve and start); issue 56: /v1/files (create, list, retrieve, delete,
-    # content), /v1/batches (create, list, retrieve, cancel)
-    assert len(ops) == 45
+    # content), /v1/batches (create, list, retrieve, cancel); issue 55: /api/keys/ (list, create, retrieve,
+    # partial update, revoke)
+    assert len(ops) == 50
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)
+        # a key's scope and limits (docs/api-keys.md): every secured operation names its scope
+        assert bool(secured) == ("x-required-scope" in op), (path, method)
+        if secured:
+            assert "403" in op["responses"] and "429" in op["responses"], (path, method)
+            assert f"Scope: `{op['x-required-scope']}`" in op["description"], (path, method)
         if "{" in path:
             assert "404" in op["responses"], (path, method)
         # refused before any view (embeddings.transport): control characters, a body without a length

@@ -52,6 +52,7 @@ CANNOT_SAY: dict[str, set[str]] = {
     # a batch input file's lines (JSON requests) and its line count are its content
     "openai_files_create": {"empty_file", "too_many_lines"},
     "webhooks_create": ADDRESS | {"invalid_events"},  # migration.* events: staff accounts only
+    "keys_create": {"invalid_expiry"},  # expires_at in the future: relative to the moment it arrives
     "webhooks_partial_update": ADDRESS | {"invalid_events"},
 }
 
