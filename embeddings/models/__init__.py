@@ -41,3 +41,8 @@ from .batches import (  # noqa: F401
     PartState,
     BatchPart,
 )
+from .usage import (  # noqa: F401
+    UsageKind,
+    IMAGE_KINDS,
+    UsageRecord,
+)
