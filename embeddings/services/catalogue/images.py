@@ -27,6 +27,7 @@ from embeddings.models import (
 from embeddings.services.catalogue import copies
 from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
+from embeddings.services.usage import meter as usage_meter
 from embeddings.storage import file_key, preview_delete, thumbnail_delete
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
@@ -95,8 +96,10 @@ def images_create(
     lane: str,
     job: Job | None = None,
     deadline: dt.datetime | None = None,
+    key_prefix: str = "",
 ) -> list[Image]:
-    """Store each source and create its :class:`Image` row, in input order.
+    """Store each source and create its :class:`Image` row, in input order; ``key_prefix``: the
+    API key of the request (``usage.keys.key_prefix_of``; a job's rows take the job's).
 
     - Obvious non-images (empty, too large, unknown magic bytes) are created ``failed`` with the
       reason and never queued.
@@ -104,6 +107,8 @@ def images_create(
       with ``duplicate_of`` (also within the same request), carrying the original's width, height
       and format (empty until the original is embedded: :func:`images_mark_embedded` fills them).
     - Everything else is ``queued``; the caller dispatches it after the transaction commits.
+
+    The skipped duplicates are metered in the creating transaction (``usage.meter.duplicates_skipped``).
 
     The database decides who is the original (constraint ``image_one_original``), not a look-up:
     a row that loses a concurrent insert of the same bytes (another request, another process)
@@ -121,7 +126,8 @@ def images_create(
     for attempt in range(3):
         try:
             rows, changed = _create_rows(owner=owner, job=job, lane=lane, deadline=deadline, model_id=model_id,
-                                         stored=stored, unreadable=unreadable)
+                                         stored=stored, unreadable=unreadable,
+                                         key_prefix=key_prefix or (job.key_prefix if job is not None else ""))
             break
         except IntegrityError as e:
             # another request took one of these external ids between our look-up and our insert:
@@ -133,7 +139,8 @@ def images_create(
     return rows
 
 
-def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) -> tuple[list[Image], list[Image]]:
+def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable,
+                 key_prefix: str) -> tuple[list[Image], list[Image]]:
     """The rows of :func:`images_create` for its stored sources, decided and written in one
     transaction → ``(rows, holders of an external id whose metadata changed)``."""
     rows: list[Image] = []
@@ -158,6 +165,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
                 owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
                 original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id),
                 deadline=deadline, claimed_external_id=src.external_id or "", metadata=src.metadata or {},
+                key_prefix=key_prefix,
             )
             rejected = unreadable.get(n) or quick_check(head, size)
             original = seen.get(sha) or existing.get(sha)
@@ -176,6 +184,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
         dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
+        usage_meter.duplicates_skipped(rows)
     return rows, changed
 
 
@@ -437,11 +446,15 @@ def _update_per_row_arrays(*, key_field, ids: list, facts: list[tuple], status: 
         return cursor.rowcount
 
 
-def images_mark_embedded(items: Sequence[dict]) -> set[str]:
+def images_mark_embedded(items: Sequence[dict], *, compute_s_each: float = 0.0) -> set[str]:
     """Mark images embedded after their points are written, each only if it is still ``queued``:
     a job cancelled (or an interactive request expired) while its vectors were being written keeps
     its decision. Their skipped duplicates get the same width, height and format.
     ``items``: ``{"id", "width", "height", "format"}`` dicts.
+
+    The images marked are metered in the same transaction (``usage.meter.images_embedded``, with
+    ``compute_s_each`` worker seconds each): what this call marks is counted once, and a later
+    delivery of the same work marks, and counts, nothing.
 
     Two statements per call whatever its length (issue 11), in one transaction: one ``UPDATE ...
     WHERE status = 'queued' RETURNING id`` of the rows with per-row values (:func:`_update_per_row`),
@@ -471,6 +484,7 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
             return set()
         # their skipped copies carry their facts (they were created while it was queued)
         _update_per_row(key="duplicate_of", rows={i: facts[i] for i in live}, status=ImageStatus.SKIPPED)
+        usage_meter.images_embedded(live, compute_s_each=compute_s_each)
     return live
 
 
