@@ -2,7 +2,8 @@
 action that retries failed images; near-duplicate scans and groups, read-only. Deleting (one object
 or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
 the API (``image_deleted``). OpenAI files and batches, read-only, linked to each other and to the
-batch's job; a file is deleted and a batch cancelled through their services."""
+batch's job; a file is deleted and a batch cancelled through their services. Usage counter rows,
+read-only."""
 from __future__ import annotations
 
 import json
@@ -35,6 +36,7 @@ from embeddings.models import (
     JobKind,
     JobStatus,
     NotDuplicate,
+    UsageRecord,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
@@ -512,6 +514,27 @@ class BatchAdmin(CheckedActionsMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # made through the API (``POST /v1/batches``), which validates its file
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    """Usage counter rows (docs/usage.md), read-only: they are written only by metering, in the
+    transaction of the work they count (deleting one, or its owner, takes that usage out of every
+    report). Filters: kind, day, model; search: owner, key prefix."""
+
+    list_display = ("day", "owner", "key_prefix", "model_id", "kind", "units", "bytes", "compute_s")
+    list_filter = ("kind", "day", "model_id")
+    search_fields = ("owner__username", "key_prefix")
+    date_hierarchy = "day"
+    fields = list_display
+    readonly_fields = fields
+    list_select_related = ("owner",)
+
+    def has_add_permission(self, request):
+        return False
 
     def has_change_permission(self, request, obj=None):
         return False
