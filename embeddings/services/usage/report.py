@@ -119,8 +119,9 @@ def usage_report(query: UsageQuery) -> dict:
     if query.owner_id is not None:
         rows = rows.filter(owner_id=query.owner_id)
     fields = [GROUPS[n] for n in query.group_by]
-    sums = (rows.values(*fields, "kind").annotate(units=Sum("units"), nbytes=Sum("bytes"), compute=Sum("compute_s"))
-            .order_by(*fields, "kind"))
+    per = fields if "kind" in fields else [*fields, "kind"]  # every row's kind says which column it adds to
+    sums = (rows.values(*per).annotate(units=Sum("units"), nbytes=Sum("bytes"), compute=Sum("compute_s"))
+            .order_by(*per))
     groups: dict[tuple, dict] = {}
     total = _empty()
     for r in sums:
