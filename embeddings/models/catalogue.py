@@ -237,8 +237,9 @@ class Image(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     embedded_at = models.DateTimeField(null=True, blank=True)
-    #: The API key whose request created the row (its public prefix); ``""``: a session, a legacy
-    #: token, or a row of a job (whose ``key_prefix`` counts). A copy carries its source row's.
+    #: The API key whose request created the row, or its job (its public prefix); ``""``: a session
+    #: or a legacy token. A copy in another space carries its source row's. Its usage is metered to
+    #: it (docs/usage.md), read by the very ``UPDATE`` that marks the row embedded.
     key_prefix = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:

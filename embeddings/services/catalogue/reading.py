@@ -278,7 +278,7 @@ def _display_name(origin: str, n: int) -> str:
 def _failed(job: Job, n: int, code: str, detail: str) -> Image:
     return Image(owner_id=job.owner_id, job=job, lane=Lane.BULK, status=ImageStatus.FAILED, reason=code[:32],
                  reason_detail=detail[:2000], sha256="", size_bytes=0, storage_key="", original_name=f"row {n}",
-                 model_id=job.model_id, point_id=None, row=n)
+                 model_id=job.model_id, point_id=None, row=n, key_prefix=job.key_prefix)
 
 
 def _slice_rows(job: Job, items: list[ManifestRow | RowError], *, claim_all: bool = False) -> list[Image]:
@@ -319,7 +319,8 @@ def _slice_rows(job: Job, items: list[ManifestRow | RowError], *, claim_all: boo
         out.append(Image(owner_id=job.owner_id, job=job, lane=Lane.BULK, status=ImageStatus.QUEUED, sha256="",
                          size_bytes=0, storage_key="", origin=origin, original_name=_display_name(origin, it.row),
                          model_id=job.model_id, point_id=None, row=it.row, metadata=it.metadata or {},
-                         external_id="" if claim or not ext else ext, claimed_external_id=ext if claim else ""))
+                         external_id="" if claim or not ext else ext, claimed_external_id=ext if claim else "",
+                         key_prefix=job.key_prefix))
     return out
 
 

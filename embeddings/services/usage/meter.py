@@ -95,34 +95,22 @@ def usage_add(entries: Iterable[Usage]) -> int:
     return len(sums)
 
 
-def images_embedded(image_ids: Iterable[str], *, compute_s_each: float = 0.0) -> None:
+def images_embedded(marked: Iterable[tuple], *, compute_s_each: float = 0.0) -> None:
     """Count images just marked embedded, in the transaction that marked them (only there: the mark
-    is what makes the count exactly once). Each is an ``image_reembed`` when it is a copy in
-    another space (``source`` set), else ``image_interactive`` or ``image_bulk`` by its lane; its key
-    is the row's own, else its job's; a copy's is its source row's (the key that brought the image
-    in), else the copy's job's.
+    is what makes the count exactly once). Each is an ``image_reembed`` when it is a copy in another
+    space, else ``image_interactive`` or ``image_bulk`` by its lane, for the key its row carries
+    (a job's rows carry the job's, a copy its source row's: the key that brought the image in).
 
     Args:
-        image_ids: the ids the mark's ``UPDATE`` changed (``images_mark_embedded``'s answer).
+        marked: ``(owner_id, key_prefix, model_id, lane, is a copy)`` of each row the mark's
+            ``UPDATE`` changed, as it returned them (``catalogue.images.images_mark_embedded``).
         compute_s_each: worker seconds per image of the work that computed them (its batch's or
             chunk's compute time over its images).
     """
-    ids = list(image_ids)
-    if not ids:
-        return
-    entries = []
-    for owner_id, key, job_key, source_key, source_job_key, model_id, lane, source_id in (
-            Image.objects.filter(id__in=ids).values_list("owner_id", "key_prefix", "job__key_prefix",
-                                                         "source__key_prefix", "source__job__key_prefix",
-                                                         "model_id", "lane", "source_id")):
-        if source_id is not None:
-            kind, key = UsageKind.IMAGE_REEMBED, key or source_key or source_job_key or job_key
-        else:
-            kind = UsageKind.IMAGE_INTERACTIVE if lane == Lane.INTERACTIVE else UsageKind.IMAGE_BULK
-            key = key or job_key
-        entries.append(Usage(owner_id=owner_id, kind=kind, units=1, key_prefix=key or "", model_id=model_id,
-                             compute_s=compute_s_each))
-    usage_add(entries)
+    usage_add(Usage(owner_id=owner_id, units=1, key_prefix=key or "", model_id=model_id, compute_s=compute_s_each,
+                    kind=UsageKind.IMAGE_REEMBED if copy else
+                    UsageKind.IMAGE_INTERACTIVE if lane == Lane.INTERACTIVE else UsageKind.IMAGE_BULK)
+              for owner_id, key, model_id, lane, copy in marked)
 
 
 def duplicates_skipped(rows: Iterable[Image], *, key_prefix: str = "") -> None:

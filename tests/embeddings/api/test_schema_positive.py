@@ -53,6 +53,9 @@ CANNOT_SAY: dict[str, set[str]] = {
     "openai_files_create": {"empty_file", "too_many_lines"},
     "webhooks_create": ADDRESS | {"invalid_events"},  # migration.* events: staff accounts only
     "webhooks_partial_update": ADDRESS | {"invalid_events"},
+    # two dates' order and distance (no rule relates two parameters); a calendar date (format: date
+    # is a pattern to the generator: 2026-02-30 passes it)
+    "usage": {"usage_range_inverted", "usage_range_too_long", "invalid_date"},
 }
 
 
