@@ -157,8 +157,8 @@ def _priced(row: dict) -> dict:
     images = row["images_interactive"] + row["images_bulk"] + row["images_reembed"]
     out["images"] = images
     out["compute_s"] = round(row["compute_s"], 6)
-    out["cost"] = round(row["compute_s"] / 3600 * price, 9)
-    out["cost_per_image"] = round(row["image_compute_s"] / 3600 * price / images, 12) if images else None
+    out["cost"] = row["compute_s"] / 3600 * price
+    out["cost_per_image"] = row["image_compute_s"] / 3600 * price / images if images else None
     return out
 
 
