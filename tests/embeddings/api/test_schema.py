@@ -89,8 +89,8 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
     # issue 42: /api/embeddings/, /v1/embeddings, the export, webhooks (list, create, retrieve, update,
     # destroy, rotate, deliveries, redeliver); issue 45: duplicates (list, retrieve, keep,
     # not-duplicates, scan retrieve and start); issue 56: /v1/files (create, list, retrieve, delete,
-    # content), /v1/batches (create, list, retrieve, cancel)
-    assert len(ops) == 45
+    # content), /v1/batches (create, list, retrieve, cancel); issue 55: /api/usage/
+    assert len(ops) == 46
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)
