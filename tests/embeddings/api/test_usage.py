@@ -172,3 +172,34 @@ def test_the_admin_lists_usage_read_only(service, user, staff, client):
     page = client.get(f"/admin/embeddings/usagerecord/{row.pk}/change/").content.decode()
     assert 'name="units"' not in page  # read-only: shown, not a field
     assert client.get("/admin/embeddings/usagerecord/add/").status_code == 403
+
+
+def test_a_batchs_output_lines_are_metered_for_its_key_and_its_error_lines_not(service, user):
+    """An OpenAI batch (run to its end by eager Celery): the inputs of its output lines count (texts,
+    bulk images) for the key that created it, once, with the part that recorded them; an error
+    line's inputs do not."""
+    import json
+
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    api = keyed(user, "ck_batch001")
+    image = "data:image/jpeg;base64," + b64(jpeg_bytes(30))
+    lines = [{"custom_id": "a", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "ViT-B-32", "input": ["a cat", "a dog"]}},
+             {"custom_id": "b", "method": "POST", "url": "/v1/embeddings", "body": {"model": "ViT-B-32", "input": image}},
+             {"custom_id": "c", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": "ViT-B-32", "input": ["a bird", "data:image/jpeg;base64,bm90IGFuIGltYWdl"]}}]
+    body = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    r = api.post("/v1/files", {"file": SimpleUploadedFile("in.jsonl", body), "purpose": "batch"})
+    assert r.status_code == 200, r.content
+    r = api.post("/v1/batches", {"input_file_id": r.json()["id"], "endpoint": "/v1/embeddings",
+                                 "completion_window": "24h"}, format="json")
+    assert r.status_code == 200, r.content
+    batch = api.get(f"/v1/batches/{r.json()['id']}").json()
+    assert (batch["status"], batch["request_counts"]["completed"], batch["request_counts"]["failed"]) == (
+        "completed", 2, 1)
+    data = client_for(user).get("/api/usage/?group_by=key,kind").json()["data"]
+    assert {(row["key"], row["kind"]): counts(row) for row in data} == {
+        ("ck_batch001", "image_bulk"): {**ZERO, "images_bulk": 1, "images": 1},
+        ("ck_batch001", "text"): {**ZERO, "texts": 2}}
+    assert all(row["compute_s"] > 0 for row in data)
