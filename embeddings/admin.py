@@ -3,7 +3,8 @@ action that retries failed images; near-duplicate scans and groups, read-only. D
 or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
 the API (``image_deleted``). OpenAI files and batches, read-only, linked to each other and to the
 batch's job; a file is deleted and a batch cancelled through their services. API keys: staff
-revoke them and set their limits (never see a secret; a key is made through the API or the site)."""
+revoke them and set their limits (never see a secret; a key is made through the API or the site).
+Usage counter rows, read-only."""
 from __future__ import annotations
 
 import json
@@ -39,6 +40,7 @@ from embeddings.models import (
     JobKind,
     JobStatus,
     NotDuplicate,
+    UsageRecord,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
@@ -579,4 +581,25 @@ class ApiKeyAdmin(CheckedActionsMixin, admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(CheckedActionsMixin, admin.ModelAdmin):
+    """Usage counter rows (docs/usage.md), read-only: they are written only by metering, in the
+    transaction of the work they count (deleting one, or its owner, takes that usage out of every
+    report). Filters: kind, model, key prefix; search: owner, key prefix; newest day first."""
+
+    list_display = ("day", "owner", "key_prefix", "model_id", "kind", "units", "bytes", "compute_s")
+    # no date filter: the admin's date lookups turn a huge year in the query string into a 500
+    list_filter = ("kind", "model_id", "key_prefix")
+    search_fields = ("owner__username", "key_prefix")
+    fields = list_display
+    readonly_fields = fields
+    list_select_related = ("owner",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
         return False

@@ -29,6 +29,9 @@ Metrics (``lane`` is ``bulk`` or ``interactive``):
   chunks) by what was read (``docs/previews.md``): ``used`` (the preview), ``missing`` and
   ``unreadable`` (the original, a preview was expected: fallbacks), ``too_small`` (the original,
   the model's input exceeds the preview: by design).
+- ``clip_usage_units_total{kind,lane,model}``, ``clip_usage_compute_seconds_total{kind,lane,model}`` and
+  ``clip_usage_fetched_bytes_total{kind,lane,model}`` counters: usage as it is committed
+  (docs/usage.md), never labelled by key or owner (those are ``GET /api/usage/``'s).
 - ``clip_images{status}`` gauge: images per status in the database, read at scrape time.
 - ``clip_bulk_backlog_images{priority}`` gauge: images of queued or running bulk jobs not embedded
   yet, per job priority, read at scrape time (web ``/metrics`` only): what the bulk lane's
@@ -164,6 +167,29 @@ def count_refused_embeddings(*, lane: str, reasons) -> None:
         n = sum(1 for r in reasons if r == reason)
         if n:
             EMBEDDINGS_REFUSED.labels(lane=lane, reason=reason.value).inc(n)
+
+
+#: Usage as it is committed (``services.usage.meter``), by kind (``models.UsageKind``), the lane it
+#: ran on and the embedding space: never by key or owner, so the label set stays bounded (kinds ×
+#: lanes × spaces); per key and owner, usage is ``GET /api/usage/``.
+USAGE_UNITS = Counter("clip_usage_units", "Metered units committed (images, texts, searches, fetches, duplicates), "
+                      "by kind, lane and model", ["kind", "lane", "model"])
+USAGE_COMPUTE = Counter("clip_usage_compute_seconds", "Worker compute seconds of the metered units, by kind, lane "
+                        "and model", ["kind", "lane", "model"])
+USAGE_BYTES = Counter("clip_usage_fetched_bytes", "Bytes fetched for metered work, by kind, lane and model",
+                      ["kind", "lane", "model"])
+
+
+def count_usage(*, kind: str, lane: str, model: str, units: int, compute_s: float, nbytes: int) -> None:
+    """Add committed usage to ``clip_usage_units_total``, ``clip_usage_compute_seconds_total`` and
+    ``clip_usage_fetched_bytes_total`` (``compute_s`` in s, ``nbytes`` in bytes)."""
+    labels = {"kind": kind, "lane": lane, "model": model}
+    if units:
+        USAGE_UNITS.labels(**labels).inc(units)
+    if compute_s:
+        USAGE_COMPUTE.labels(**labels).inc(compute_s)
+    if nbytes:
+        USAGE_BYTES.labels(**labels).inc(nbytes)
 
 
 def observe_utilisation(sample) -> None:

@@ -171,6 +171,12 @@ VARS: tuple[Var, ...] = (
         "a Celery worker serves its host's metrics on this port (`0`: off; GPU hosts without a web process: "
         "`docs/scaling.md`)"),
     Var("METRICS_BIND", str, "0.0.0.0", "metrics", "address of the worker's metrics port"),
+    Var("USAGE_PRICE_PER_WORKER_HOUR", float, 1.0, "metrics",
+        "price of one worker-hour (any currency): usage's cost is compute seconds / 3600 × this, its cost per image "
+        "that over the images embedded (`docs/usage.md`; `benchmarks.bulk --price-per-hour` prices the same hour)"),
+    Var("USAGE_MAX_RANGE_DAYS", int, 93, "metrics",
+        "longest `start`..`end` range of one `GET /api/usage/` (days, both ends counted); longer is a 400 "
+        "`usage_range_too_long`"),
     # --- models ------------------------------------------------------------------------------------
     _pipeline("CLIP_MODEL", "model_name", str, "models",
               "open_clip architecture of the first embedding space; after the first start the active space (a "

@@ -41,6 +41,14 @@ else:
 # GPU hosts without a web process are scrape targets too (issue 11).
 METRICS_PORT = config["METRICS_PORT"]
 METRICS_BIND = config["METRICS_BIND"]
+# Usage metering (docs/usage.md): the price of a worker-hour its cost is counted in, and the longest
+# date range one GET /api/usage/ reads.
+USAGE_PRICE_PER_WORKER_HOUR = config["USAGE_PRICE_PER_WORKER_HOUR"]
+if USAGE_PRICE_PER_WORKER_HOUR < 0:
+    raise ImproperlyConfigured(f"USAGE_PRICE_PER_WORKER_HOUR must be >= 0, not {USAGE_PRICE_PER_WORKER_HOUR}")
+USAGE_MAX_RANGE_DAYS = config["USAGE_MAX_RANGE_DAYS"]
+if USAGE_MAX_RANGE_DAYS < 1:
+    raise ImproperlyConfigured(f"USAGE_MAX_RANGE_DAYS must be at least 1, not {USAGE_MAX_RANGE_DAYS}")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -239,7 +247,10 @@ SPECTACULAR_SETTINGS = {
                             "OpenAIListObjectEnum": [("list", "list")],
                             "FileObjectEnum": [("file", "file")],
                             "BatchObjectEnum": [("batch", "batch")],
-                            "FilePurposeEnum": "embeddings.models.FilePurpose"},
+                            "FilePurposeEnum": "embeddings.models.FilePurpose",
+                            # GET /api/usage/: what a unit is, and what a report's rows are per
+                            "UsageKindEnum": "embeddings.models.UsageKind",
+                            "UsageGroupByEnum": [(g, g) for g in ("key", "model", "day", "kind", "owner")]},
     # 401 on every secured operation and 404 on every one with a path parameter (embeddings/api/schema.py)
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "embeddings.api.schema.postprocess", "embeddings.api.schema_rules.postprocess"],

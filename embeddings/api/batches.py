@@ -20,6 +20,7 @@ from embeddings.errors import ApplicationError
 from embeddings.models import Batch, BatchFile, BatchStatus, FilePurpose
 from embeddings.services.batches import batches as batch_services
 from embeddings.services.batches import files as file_services
+from embeddings.services.usage.keys import key_prefix_of
 
 #: ``limit`` of the lists: OpenAI's default and bound.
 LIST_DEFAULT, LIST_MAX = 20, 100
@@ -321,7 +322,7 @@ class BatchListView(OpenAIView):
         with bulk_job(request, 0) as made:
             b = batch_services.batch_create(owner=request.user, input_file_id=data["input_file_id"],
                                             endpoint=data["endpoint"], completion_window=data["completion_window"],
-                                            metadata=data.get("metadata"))
+                                            metadata=data.get("metadata"), key_prefix=key_prefix_of(request))
             made(b.job_id)
         return Response(batch_view(b))
 

@@ -25,6 +25,7 @@ from embeddings.messages import decode_vector
 from embeddings.services.catalogue.sources import SourceFile, from_uploads
 from embeddings.services.interactive import embed as embed_services
 from embeddings.services.interactive.upload import deadline_for
+from embeddings.services.usage.keys import key_prefix_of
 
 ENCODINGS = ("float", "base64")
 
@@ -323,8 +324,10 @@ class EmbeddingsView(APIView):
         if v["store"]:  # the images become the caller's images: an upload
             scope_check(request, "images:write")
         images_taken(request, sum(i.text is None for i in inputs))
+        key_prefix = key_prefix_of(request)
         outcome = embed_services.embeddings_create(user=request.user, inputs=inputs, deadline_s=deadline_s,
-                                                   store=v["store"])
+                                                   store=v["store"], key_prefix=key_prefix)
+        embed_services.embeddings_metered(user=request.user, outcome=outcome, key_prefix=key_prefix)
         encoding = v["encoding_format"]
         items = []
         for it in outcome.items:
@@ -413,8 +416,9 @@ class OpenAIEmbeddingsView(APIView):
             raise ApplicationError(f"dimensions {v['dimensions']}: {space.model_id} has {space.dim} (vectors are not "
                                    f"shortened)", code="invalid_dimensions", extra={"param": "dimensions"})
         images_taken(request, sum(i.text is None for i in inputs))
+        key_prefix = key_prefix_of(request)
         outcome = embed_services.embeddings_create(user=request.user, inputs=inputs,
-                                                   deadline_s=deadline_for(None), space=space)
+                                                   deadline_s=deadline_for(None), space=space, key_prefix=key_prefix)
         refused = [it for it in outcome.items if "vector" not in it]
         if refused:
             first = refused[0]
@@ -423,6 +427,7 @@ class OpenAIEmbeddingsView(APIView):
             raise ApplicationError(f"input[{first['index']}] ({first['kind']}): {first['reason']}: {first['detail']}"
                                    f"{more}", code=first["reason"], status=400,
                                    extra={"param": f"input[{first['index']}]"})
+        embed_services.embeddings_metered(user=request.user, outcome=outcome, key_prefix=key_prefix)  # all answered
         encoding = v["encoding_format"]
         tokens = sum(it.get("tokens", 0) if it["kind"] == "text" else outcome.image_tokens for it in outcome.items)
         return Response({

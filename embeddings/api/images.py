@@ -46,6 +46,7 @@ from embeddings.services.catalogue.images import image_delete
 from embeddings.services.catalogue.metadata import normal_external_id
 from embeddings.services.catalogue.sources import from_uploads
 from embeddings.services.interactive import upload as request_services
+from embeddings.services.usage.keys import key_prefix_of
 from embeddings.services.vectors import image_vectors
 
 
@@ -222,7 +223,8 @@ class ImageUploadView(GenericAPIView):
         sources = with_identities(data, from_uploads(uploads))
         images_taken(request, len(sources))
         outcome = request_services.images_upload(
-            owner=request.user, sources=sources, deadline_s=deadline_s, k=q.validated_data["k"]
+            owner=request.user, sources=sources, deadline_s=deadline_s, k=q.validated_data["k"],
+            key_prefix=key_prefix_of(request),
         )
         # images_upload answers one entry per source, in order: a replaced name is shown as sent
         images = [im if src.raw_name is None else {**im, "raw_name": src.raw_name}

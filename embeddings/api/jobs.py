@@ -31,6 +31,7 @@ from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue import reading
 from embeddings.services.catalogue.sources import from_folder, from_uploads, from_zip
 from embeddings.services.webhooks import endpoints as webhook_services
+from embeddings.services.usage.keys import key_prefix_of
 
 
 class JobCreateSerializer(FormSerializer):
@@ -219,7 +220,8 @@ class JobListView(GenericAPIView):
                 raise ApplicationError("a job reads one source: files and zips, a folder, a manifest, a manifest_key "
                                        "or a prefix", code="mixed_sources")
             with bulk_job(request, 0) as made:  # the rows are not known yet: admitted under the day's limit
-                response = self._remote(request.user, v, manifests[0] if manifests else None)
+                response = self._remote(request.user, v, manifests[0] if manifests else None,
+                                        key_prefix_of(request))
                 made(response.data["id"])
             return response
         sources = with_identities(data, from_uploads(uploaded_files(files, "files", "file")))
@@ -235,18 +237,19 @@ class JobListView(GenericAPIView):
             raise ApplicationError("send files, a zip, or (staff) a folder", code="no_files")
         with bulk_job(request, len(sources)) as made:
             job = job_services.job_create(owner=request.user, sources=sources, name=v["name"], priority=v["priority"],
-                                          deadline=v["deadline"], callbacks=v["callbacks"])
+                                          deadline=v["deadline"], callbacks=v["callbacks"],
+                                          key_prefix=key_prefix_of(request))
             made(job.id)
         return Response({"id": str(job.id), "total": job.total, "url": f"/api/jobs/{job.id}/",
                          "renamed": _renamed(sources), **_callbacks_shown(v["callbacks"])},
                         status=status.HTTP_202_ACCEPTED)
 
     @staticmethod
-    def _remote(user, v: dict, manifest) -> Response:
+    def _remote(user, v: dict, manifest, key_prefix: str) -> Response:
         """A job read by the fetch worker: from an uploaded manifest, a bucket manifest or a prefix."""
 
         common = {"owner": user, "name": v["name"], "priority": v["priority"], "deadline": v["deadline"],
-                  "callbacks": v["callbacks"]}
+                  "callbacks": v["callbacks"], "key_prefix": key_prefix}
         if v.get("prefix"):
             exts = [e.strip() for e in (v.get("extensions") or "").split(",") if e.strip()]
             job = reading.job_create_from_prefix(uri=v["prefix"], extensions=exts, **common)

@@ -41,6 +41,7 @@ from embeddings.services.interactive import search as search_services
 from embeddings.services.interactive.examples import MAX_EXAMPLES
 from embeddings.services.interactive.search import MAX_CANDIDATES
 from embeddings.services.lifecycle import cutoff
+from embeddings.services.usage.keys import key_prefix_of
 from workers.vector_store import DEFAULT_STRATEGY, STRATEGIES
 
 
@@ -324,7 +325,8 @@ class SearchView(APIView):
         space = spaces.active()  # the space this search reads (cached: the one search() uses)
         with_vectors = "vector" in v.get("include", set())
         scope = dict(user=request.user, k=v["k"], job_id=str(v["job_id"]) if v.get("job_id") else None, where=where,
-                     with_vectors=with_vectors, diversity=v["diversity"], candidates=v.get("candidates"))
+                     with_vectors=with_vectors, diversity=v["diversity"], candidates=v.get("candidates"),
+                     key_prefix=key_prefix_of(request))
         if by_examples:
             for side, found in uploads.items():
                 (positive if side == "positive" else negative).extend({"image": src} for src in from_uploads(found))

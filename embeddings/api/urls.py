@@ -11,6 +11,7 @@ from embeddings.api import keys
 from embeddings.api import search
 from embeddings.api import stats
 from embeddings.api import tokens
+from embeddings.api import usage
 
 urlpatterns = [
     path("auth/token/", tokens.TokenView.as_view(), name="api-token"),
@@ -30,6 +31,7 @@ urlpatterns = [
          name="duplicate-dismiss"),
     path("embeddings/", embeddings.EmbeddingsView.as_view(), name="embeddings"),
     path("stats/", stats.StatsView.as_view(), name="stats"),
+    path("usage/", usage.UsageView.as_view(), name="usage"),
     path("exports/vectors.<str:fmt>", exports.VectorExportView.as_view(), name="vector-export"),
     path("migrations/", migrations.MigrationListView.as_view(), name="migrations"),
     path("migrations/<int:space_id>/", migrations.MigrationDetailView.as_view(), name="migration-detail"),

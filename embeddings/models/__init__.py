@@ -49,3 +49,8 @@ from .access import (  # noqa: F401
     LIMIT_SETTINGS,
     ApiKey,
 )
+from .usage import (  # noqa: F401
+    UsageKind,
+    IMAGE_KINDS,
+    UsageRecord,
+)

@@ -24,6 +24,7 @@ SCOPES = {
     "webhooks": "manage webhook endpoints and their deliveries",
     "duplicates": "scan for and review duplicate groups",
     "keys": "create, list and revoke the owner's API keys",
+    "usage": "read the owner's usage and its cost (GET /api/usage/)",
     "admin": "staff only: staff powers (every owner's objects, stats, model migrations)",
 }
 ADMIN_SCOPE = "admin"
@@ -31,7 +32,7 @@ ADMIN_SCOPE = "admin"
 USER_SCOPES = tuple(s for s in SCOPES if s != ADMIN_SCOPE)
 #: Named sets a key may be made with instead of listing scopes.
 PRESETS = {
-    "read-only": ("images:read", "jobs:read", "search", "embeddings"),
+    "read-only": ("images:read", "jobs:read", "search", "embeddings", "usage"),
     "ingest-only": ("images:write", "jobs:read", "jobs:write"),
     "all": USER_SCOPES,
 }

@@ -171,6 +171,9 @@ class Job(models.Model):
     #: True while the fetch worker is still reading the source (making rows, sending chunks): the job
     #: is not ``done`` before the last row exists, however fast the first chunks finish.
     reading = models.BooleanField(default=False)
+    #: The API key that created it (its public prefix, ``ApiKey.prefix``); ``""``: a session or a
+    #: legacy token. Its images' usage is metered to it (docs/usage.md).
+    key_prefix = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ("-created_at",)
@@ -234,6 +237,10 @@ class Image(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     embedded_at = models.DateTimeField(null=True, blank=True)
+    #: The API key whose request created the row, or its job (its public prefix); ``""``: a session
+    #: or a legacy token. A copy in another space carries its source row's. Its usage is metered to
+    #: it (docs/usage.md), read by the very ``UPDATE`` that marks the row embedded.
+    key_prefix = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ("created_at",)

@@ -2,7 +2,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from embeddings.site import duplicates, keys, views
+from embeddings.site import duplicates, keys, usage, views
 
 urlpatterns = [
     path("", views.home, name="site-home"),
@@ -21,4 +21,5 @@ urlpatterns = [
     path("duplicates/scan/", duplicates.duplicates_scan, name="site-duplicates-scan"),
     path("duplicates/<uuid:group_id>/keep/", duplicates.duplicates_keep, name="site-duplicates-keep"),
     path("duplicates/<uuid:group_id>/not-duplicates/", duplicates.duplicates_dismiss, name="site-duplicates-dismiss"),
+    path("usage/", usage.usage, name="site-usage"),
 ]

@@ -65,6 +65,11 @@ REASON_WORDS: dict[str, str] = {
     "vector_missing": "An image has no vector to search by.",
     Reason.ZERO_EMBEDDING: "The examples cancel each other out: there is nothing left to search by.",
     "invalid": "Some of the values are not valid.",
+    # the usage page (docs/usage.md)
+    "invalid_date": "A date must be written YYYY-MM-DD.",
+    "usage_range_inverted": "The end is before the start: swap them.",
+    "usage_range_too_long": "That range is longer than one report covers: choose fewer days.",
+    "invalid_owner": "The owner is a user's id, or all.",
     # the request itself (embeddings.transport: the site's error page)
     "bad_request": "This request cannot be read.",
     "invalid_characters": "The address or a field holds a control character (such as NUL) that cannot be used.",

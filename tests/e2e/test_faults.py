@@ -115,8 +115,16 @@ def job_images(api, job_id: str) -> list[dict]:
         page = api.s.get(page["next"], timeout=60).json()
 
 
+def bulk_images_metered(api) -> int:
+    """The module's user's ``image_bulk`` usage so far (``GET /api/usage/``, docs/usage.md)."""
+    r = api.get("/api/usage/?group_by=kind")
+    assert r.status_code == 200, r.text
+    return r.json()["total"]["images_bulk"]
+
+
 def test_bulk_pool_child_killed_mid_chunk_runs_the_chunk_again(stack, api):
     files = images(2 * CHUNK)
+    metered = bulk_images_metered(api)
     job_id = submit_job(api, files)
     wait_job(api, job_id, status=("running",), timeout=60)  # the first chunk has started
     stack.kill("worker-bulk", child=True)
@@ -124,6 +132,8 @@ def test_bulk_pool_child_killed_mid_chunk_runs_the_chunk_again(stack, api):
     assert (j["embedded"], j["skipped"], j["failed"]) == (len(files), 0, 0), j["counts"]
     assert "WorkerLostError" in log_text(stack, "worker-bulk")  # the kill did land mid-task
     assert_counts_match(api, stack)
+    # the killed chunk ran again; each image is metered once, by the write that marked it embedded
+    assert bulk_images_metered(api) - metered == len(files)
 
 
 def test_whole_bulk_worker_killed_mid_chunk_is_recovered_by_the_reconciler(stack, api):

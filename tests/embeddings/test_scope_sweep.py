@@ -33,10 +33,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 #: Routes under /api/ and /v1/ that need no credential, and so no scope.
 PUBLIC = ("/api/auth/token/", "/api/schema/", "/api/docs/")
-#: The operations the sweep must find: (route, method) pairs whose view declares a scope. 30 views:
+#: The operations the sweep must find: (route, method) pairs whose view declares a scope. 31 views:
 #: images 5 (+ thumbnail 1), jobs 4, search 1, duplicates 6, embeddings 2, stats 1, export 1,
-#: migrations 5, webhooks 8, keys 5, /v1/files 5, /v1/batches 4.
-OPERATIONS = 48
+#: migrations 5, webhooks 8, keys 5, usage 1, /v1/files 5, /v1/batches 4.
+OPERATIONS = 49
 
 _METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 

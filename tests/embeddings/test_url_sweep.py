@@ -206,7 +206,7 @@ def make_world(user, staff) -> World:
 
     from embeddings import spaces
     from embeddings.models import (BatchStat, DuplicateGroup, DuplicateMember, DuplicateScan, Image, NotDuplicate,
-                                   WebhookDelivery, WebhookEndpoint)
+                                   UsageRecord, WebhookDelivery, WebhookEndpoint)
 
     token = Token.objects.get_or_create(user=user)[0].key
     staff_token = Token.objects.get_or_create(user=staff)[0].key
@@ -257,7 +257,9 @@ def make_world(user, staff) -> World:
                  "auth.group": str(group.pk), "authtoken.tokenproxy": str(user.pk),  # TokenAdmin: the user's pk
                  "embeddings.duplicatescan": str(scan.pk), "embeddings.duplicategroup": str(dup.id),
                  "embeddings.notduplicate": str(pair.pk), "embeddings.batchfile": batch_file,
-                 "embeddings.batch": ids["batch_id"], "embeddings.apikey": str(api_key.pk)}
+                 "embeddings.batch": ids["batch_id"], "embeddings.apikey": str(api_key.pk),
+                 # the upload's image, metered (docs/usage.md)
+                 "embeddings.usagerecord": str(UsageRecord.objects.order_by("id").first().pk)}
     assert Image.objects.filter(id=image["id"], status="embedded").exists()
     return World(clients, {"user": user, "staff": staff}, ids, admin_pks,
                  str(ContentType.objects.get_for_model(Image).pk))

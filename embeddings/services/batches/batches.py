@@ -116,8 +116,9 @@ def metadata_check(metadata) -> dict | None:
 
 
 def batch_create(*, owner, input_file_id: str, endpoint: str, completion_window: str,
-                 metadata: dict | None = None) -> Batch:
-    """Make a batch of the owner's input file and its bulk job, and queue its validation.
+                 metadata: dict | None = None, key_prefix: str = "") -> Batch:
+    """Make a batch of the owner's input file and its bulk job (its usage metered to API key
+    ``key_prefix``), and queue its validation.
 
     Raises:
         ApplicationError: ``unsupported_endpoint`` (400: only ``/v1/embeddings``),
@@ -142,7 +143,8 @@ def batch_create(*, owner, input_file_id: str, endpoint: str, completion_window:
     with transaction.atomic():
         job = Job.objects.create(owner=owner, name=f"{batch_id} ({f.filename})"[:200], kind=JobKind.BATCH,
                                  priority=JobPriority.BACKGROUND, deadline=now + dt.timedelta(seconds=seconds),
-                                 model_id=runtime.model_id(), chunk_size=settings.PIPELINE.batch_size, total=f.lines)
+                                 model_id=runtime.model_id(), chunk_size=settings.PIPELINE.batch_size, total=f.lines,
+                                 key_prefix=key_prefix)
         batch = Batch.objects.create(id=batch_id, owner=owner, job=job, input_file=f, input_file_name=f.id,
                                      input_key=f.storage_key, input_sha256=f.sha256, endpoint=endpoint,
                                      completion_window=completion_window, metadata=metadata,

@@ -12,8 +12,10 @@ OpenAI's error body naming the input), as ``/v1/embeddings`` answers all or noth
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import logging
+import time
 import uuid
 
 from django.conf import settings
@@ -23,10 +25,11 @@ from django.utils import timezone
 from embeddings import dispatch, lane_control, metrics, runtime
 from embeddings.errors import ApplicationError
 from embeddings.messages import encode_vector
-from embeddings.models import Batch, BatchPart, BatchStatus, Lane, PartState
+from embeddings.models import Batch, BatchPart, BatchStatus, Lane, PartState, UsageKind
 from embeddings.services.batches import batches as batch_services
 from embeddings.services.batches import files as file_services
 from embeddings.services.interactive import embed as embed_services
+from embeddings.services.usage import meter as usage_meter
 from embeddings.spaces import ModelNotConfigured
 from workers import screen
 from workers.errors import ImageRejected, Reason
@@ -51,7 +54,7 @@ def part_run(*, batch_id: str, index: int) -> dict:
         state=PartState.RUNNING, leased_at=timezone.now())
     if not claimed:
         return {"state": "skipped", "completed": 0, "failed": 0}
-    part = BatchPart.objects.select_related("batch").get(batch_id=batch_id, index=index)
+    part = BatchPart.objects.select_related("batch", "batch__job").get(batch_id=batch_id, index=index)
     batch = part.batch
     unrun = None
     if batch.status == BatchStatus.CANCELLING:
@@ -62,7 +65,7 @@ def part_run(*, batch_id: str, index: int) -> dict:
         BatchPart.objects.filter(id=part.id, state=PartState.RUNNING).update(state=unrun)
         batch_services.batch_finish_check(batch_id=batch_id)
         return {"state": unrun.value, "completed": 0, "failed": 0}
-    outputs, errors = _run_lines(batch, part)
+    outputs, errors, used = _run_lines(batch, part)
     store = runtime.blob_store()
     out_key, out_sha, _ = store.put(iter(outputs)) if outputs else ("", "", 0)
     err_key, err_sha, _ = store.put(iter(errors)) if errors else ("", "", 0)
@@ -70,6 +73,9 @@ def part_run(*, batch_id: str, index: int) -> dict:
         done = BatchPart.objects.filter(id=part.id, state=PartState.RUNNING).update(
             state=PartState.DONE, completed=len(outputs), failed=len(errors), output_key=out_key,
             output_sha256=out_sha, error_key=err_key, error_sha256=err_sha)
+        if done:  # metered with the one delivery that records the part (docs/usage.md)
+            usage_meter.usage_add(dataclasses.replace(u, owner_id=batch.owner_id, key_prefix=batch.job.key_prefix)
+                                  for u in used)
         batch_services.batch_finish_check(batch_id=batch_id)
     for key in batch_services.staged_keys(part):  # read: the fetched images are no longer needed
         file_services.blob_release(key)
@@ -112,7 +118,7 @@ def part_fetch(*, batch_id: str, index: int) -> dict:
     if part is None:
         return {"fetched": 0, "refused": 0}
     batch = part.batch
-    fetched = refused = 0
+    fetched = refused = nbytes = 0
     if part.state == PartState.PENDING and not part.staged and batch.status == BatchStatus.IN_PROGRESS:
         wanted = _fetched_inputs(_read(batch, part))
         staged: dict[str, dict] = {}
@@ -122,14 +128,19 @@ def part_fetch(*, batch_id: str, index: int) -> dict:
             futures = {k: pool.submit(fetcher.fetch, inp.image_url) for k, inp in wanted.items()}
             for k, fut in futures.items():
                 try:
-                    key, sha, _ = store.put(iter([fut.result().data]))
+                    key, sha, size = store.put(iter([fut.result().data]))
                     staged[k] = {"key": key, "sha256": sha}
                     fetched += 1
+                    nbytes += size
                 except ImageRejected as e:
                     staged[k] = {"reason": e.reason.value, "detail": e.detail}
                     refused += 1
-        kept = BatchPart.objects.filter(id=part.id, state=PartState.PENDING).update(staged=staged,
-                                                                                   leased_at=timezone.now())
+        with transaction.atomic():  # the part's fetches metered once: with the delivery that keeps them
+            kept = BatchPart.objects.filter(id=part.id, state=PartState.PENDING).update(staged=staged,
+                                                                                       leased_at=timezone.now())
+            if kept:
+                usage_meter.fetched(owner_id=batch.owner_id, key_prefix=batch.job.key_prefix,
+                                    model_id=batch.job.model_id, fetches=fetched, nbytes=nbytes, lane=Lane.BULK)
         if not kept:  # cancelled or expired meanwhile: nothing will read them
             for v in staged.values():
                 if "key" in v:
@@ -218,8 +229,11 @@ def _image_bytes(inp, fetcher, staged: dict | None) -> bytes:
     return embed_services.decode_image_string(inp.image if inp.image is not None else inp.image_url)
 
 
-def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]:
-    """Every line of the part run: ``(output lines, error lines)``, JSON Lines bytes, in line order."""
+def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes], list[usage_meter.Usage]]:
+    """Every line of the part run: ``(output lines, error lines, usage)``, JSON Lines bytes, in line
+    order; ``usage``: the texts and images of the output lines per space (``image_bulk``, ``text``),
+    each input with its space's compute time over the inputs it was given, owner and key left for
+    the caller to fill in."""
     lines = _read(batch, part)
     requests: dict[int, tuple] = {}
     refused: dict[int, _LineError] = {}
@@ -246,10 +260,14 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]
                 data[k] = e
     vectors: dict[tuple[int, int], dict] = {}
     image_tokens: dict[str, int] = {}
+    compute_s: dict[str, float] = {}  # per space: seconds per input it was given
     for model_id in {space.model_id for space, _, _ in requests.values()}:
         mine = [n for n, (space, _, _) in requests.items() if space.model_id == model_id]
+        started = time.perf_counter()
         vectors.update(_embed_space(model_id, {n: requests[n][2] for n in mine}, data, image_tokens))
+        compute_s[model_id] = (time.perf_counter() - started) / max(1, sum(len(requests[n][2]) for n in mine))
     outputs, errors = [], []
+    answered: dict[tuple[str, str], int] = {}  # (space, kind) → inputs of output lines
     for n, (cid, _) in enumerate(lines):
         if n in refused:
             errors.append(batch_services.result_line(cid, response=refused[n].response(), error=None))
@@ -266,6 +284,8 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]
             continue
         tokens = sum(g.get("tokens", 0) if inp.kind == "text" else image_tokens.get(space.model_id, 0)
                      for g, inp in zip(got, inputs))
+        for inp in inputs:
+            answered[(space.model_id, inp.kind)] = answered.get((space.model_id, inp.kind), 0) + 1
         body = {"object": "list", "model": space.model_id,
                 "data": [{"object": "embedding", "index": j,
                           "embedding": g["vector"] if encoding == "base64" else g["floats"]}
@@ -273,7 +293,11 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes]]
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         outputs.append(batch_services.result_line(
             cid, response={"status_code": 200, "request_id": f"req_{uuid.uuid4().hex}", "body": body}, error=None))
-    return outputs, errors
+    kinds = {"text": UsageKind.TEXT, "image": UsageKind.IMAGE_BULK}
+    # owner and key filled in by the caller; an error line's inputs (and their compute) are not billed
+    used = [usage_meter.Usage(owner_id=0, kind=kinds[kind], units=n, model_id=model_id,
+                              compute_s=compute_s.get(model_id, 0.0) * n) for (model_id, kind), n in answered.items()]
+    return outputs, errors, used
 
 
 def _answer(vector) -> dict:

@@ -35,7 +35,8 @@ def catalogue(space: EmbeddingSpace):
 def copy_of(row: Image, *, space: EmbeddingSpace, job: Job) -> Image:
     return Image(owner_id=row.owner_id, job=job, lane=Lane.BULK, sha256=row.sha256, size_bytes=row.size_bytes,
                  storage_key=row.storage_key, original_name=row.original_name, model_id=space.model_id,
-                 point_id=point_id(row.sha256, space.model_id), source_id=row.id)
+                 point_id=point_id(row.sha256, space.model_id), source_id=row.id,
+                 key_prefix=row.key_prefix)  # metered for the key that brought the image in (docs/usage.md)
 
 
 def copies_insert(copies: list[Image]) -> list[str]:

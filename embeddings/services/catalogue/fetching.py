@@ -46,6 +46,7 @@ from embeddings.services.catalogue.images import (
     make_duplicate,
     quick_check,
 )
+from embeddings.services.usage import meter as usage_meter
 from workers.errors import ImageRejected, Reason
 from workers.ids import point_id
 
@@ -156,6 +157,7 @@ def rows_resolve(fetched: list[tuple[Image, str, str, int, bytes]]) -> list[str]
         changed = claims_settle(rows)
         originals = _save_resolved(rows)
         dual_copies([r for r in rows if r.id in originals])
+        usage_meter.rows_fetched(rows)  # in this transaction: rows that had no bytes, once
     if changed:
         transaction.on_commit(lambda: payloads_refresh(changed, wait=False))
     return [str(r.id) for r in rows if r.id in originals]

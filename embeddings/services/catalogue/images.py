@@ -27,6 +27,7 @@ from embeddings.models import (
 from embeddings.services.catalogue import copies
 from embeddings.services.catalogue.identity import claims_settle, payloads_refresh
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
+from embeddings.services.usage import meter as usage_meter
 from embeddings.storage import file_key, preview_delete, thumbnail_delete
 from workers.decode import sniff_format
 from workers.errors import ImageRejected, Reason
@@ -95,8 +96,10 @@ def images_create(
     lane: str,
     job: Job | None = None,
     deadline: dt.datetime | None = None,
+    key_prefix: str = "",
 ) -> list[Image]:
-    """Store each source and create its :class:`Image` row, in input order.
+    """Store each source and create its :class:`Image` row, in input order; ``key_prefix``: the
+    API key of the request (``usage.keys.key_prefix_of``; a job's rows take the job's).
 
     - Obvious non-images (empty, too large, unknown magic bytes) are created ``failed`` with the
       reason and never queued.
@@ -104,6 +107,8 @@ def images_create(
       with ``duplicate_of`` (also within the same request), carrying the original's width, height
       and format (empty until the original is embedded: :func:`images_mark_embedded` fills them).
     - Everything else is ``queued``; the caller dispatches it after the transaction commits.
+
+    The skipped duplicates are metered in the creating transaction (``usage.meter.duplicates_skipped``).
 
     The database decides who is the original (constraint ``image_one_original``), not a look-up:
     a row that loses a concurrent insert of the same bytes (another request, another process)
@@ -121,7 +126,8 @@ def images_create(
     for attempt in range(3):
         try:
             rows, changed = _create_rows(owner=owner, job=job, lane=lane, deadline=deadline, model_id=model_id,
-                                         stored=stored, unreadable=unreadable)
+                                         stored=stored, unreadable=unreadable,
+                                         key_prefix=key_prefix or (job.key_prefix if job is not None else ""))
             break
         except IntegrityError as e:
             # another request took one of these external ids between our look-up and our insert:
@@ -133,7 +139,8 @@ def images_create(
     return rows
 
 
-def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) -> tuple[list[Image], list[Image]]:
+def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable,
+                 key_prefix: str) -> tuple[list[Image], list[Image]]:
     """The rows of :func:`images_create` for its stored sources, decided and written in one
     transaction → ``(rows, holders of an external id whose metadata changed)``."""
     rows: list[Image] = []
@@ -158,6 +165,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
                 owner=owner, job=job, lane=lane, sha256=sha, size_bytes=size, storage_key=key,
                 original_name=src.name[:255], model_id=model_id, point_id=point_id(sha, model_id),
                 deadline=deadline, claimed_external_id=src.external_id or "", metadata=src.metadata or {},
+                key_prefix=key_prefix,
             )
             rejected = unreadable.get(n) or quick_check(head, size)
             original = seen.get(sha) or existing.get(sha)
@@ -176,6 +184,7 @@ def _create_rows(*, owner, job, lane, deadline, model_id, stored, unreadable) ->
         Image.objects.bulk_create([im for im in rows if im.status != ImageStatus.QUEUED and im._state.adding],
                                   batch_size=500)
         dual_copies([im for im in rows if im.status == ImageStatus.QUEUED and im.duplicate_of_id is None])
+        usage_meter.duplicates_skipped(rows)
     return rows, changed
 
 
@@ -362,13 +371,23 @@ def _requeue(heir: Image) -> None:
     transaction.on_commit(lambda: dispatch.send_job_chunks(job=job, image_ids=[str(heir.id)]))
 
 
+#: What metering counts a marked row by (``usage.meter.images_embedded``), read by the mark itself.
+METERED = ("owner", "key_prefix", "model_id", "lane", "source")
+
+
+def _metered(values) -> tuple:
+    """A marked row's :data:`METERED` values as ``(owner_id, key_prefix, model_id, lane, is a copy)``."""
+    owner_id, key_prefix, model_id, lane, source_id = values
+    return owner_id, key_prefix, model_id, lane, source_id is not None
+
+
 def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict[str, object] | None = None,
                     returning: bool = False) -> int | set[str]:
     """One ``UPDATE`` giving each row its own ``(width, height, format)``: ``SET width = CASE key
     WHEN id THEN value ... ELSE width END, ...`` over the rows whose ``key`` (``id`` or
     ``duplicate_of``) is in ``rows`` and whose status is ``status``; ``sets`` adds plain columns.
-    ``returning``: the same statement also names the rows it changed (``RETURNING id``: PostgreSQL,
-    SQLite ≥ 3.35).
+    ``returning``: the same statement also names the rows it changed, with what metering counts them
+    by (``RETURNING id, ...`` of :data:`METERED`: PostgreSQL, SQLite ≥ 3.35).
 
     Written as SQL because the ORM's ``Case(When(...))`` resolves every branch as an expression,
     which costs more than the statements it saves (measured: 0.45 s of Python per 64-image chunk).
@@ -376,7 +395,8 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
     hex text on SQLite, ``uuid`` on PostgreSQL), so it runs on both backends.
 
     Returns:
-        The number of rows updated; with ``returning``, their ids.
+        The number of rows updated; with ``returning``, ``{id: (owner_id, key_prefix, model_id, lane,
+        is a copy)}`` of each.
     """
     meta = Image._meta
     qn = connection.ops.quote_name
@@ -399,11 +419,11 @@ def _update_per_row(*, key: str, rows: dict[str, tuple], status: str, sets: dict
     sql = (f"UPDATE {qn(meta.db_table)} SET {', '.join(assignments)} WHERE {qn(key_field.column)} IN "
            f"({', '.join(['%s'] * len(ids))}) AND {qn(meta.get_field('status').column)} = %s")
     if returning:
-        sql += f" RETURNING {qn(meta.pk.column)}"
+        sql += " RETURNING " + ", ".join(qn(meta.get_field(f).column) for f in ("id", *METERED))
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, *ids, status])
         if returning:  # hex text on SQLite, uuid on PostgreSQL
-            return {str(meta.pk.to_python(r[0])) for r in cursor.fetchall()}
+            return {str(meta.pk.to_python(r[0])): _metered(r[1:]) for r in cursor.fetchall()}
         return cursor.rowcount
 
 
@@ -429,19 +449,23 @@ def _update_per_row_arrays(*, key_field, ids: list, facts: list[tuple], status: 
            f"%s::text[]) AS v(key, width, height, format) WHERE {table}.{qn(key_field.column)} = v.key "
            f"AND {table}.{qn(meta.get_field('status').column)} = %s")
     if returning:
-        sql += f" RETURNING {table}.{qn(meta.pk.column)}"
+        sql += " RETURNING " + ", ".join(f"{table}.{qn(meta.get_field(f).column)}" for f in ("id", *METERED))
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, ids, widths, heights, formats, status])
         if returning:
-            return {str(r[0]) for r in cursor.fetchall()}
+            return {str(r[0]): _metered(r[1:]) for r in cursor.fetchall()}
         return cursor.rowcount
 
 
-def images_mark_embedded(items: Sequence[dict]) -> set[str]:
+def images_mark_embedded(items: Sequence[dict], *, compute_s_each: float = 0.0) -> set[str]:
     """Mark images embedded after their points are written, each only if it is still ``queued``:
     a job cancelled (or an interactive request expired) while its vectors were being written keeps
     its decision. Their skipped duplicates get the same width, height and format.
     ``items``: ``{"id", "width", "height", "format"}`` dicts.
+
+    The images marked are metered in the same transaction (``usage.meter.images_embedded``, with
+    ``compute_s_each`` worker seconds each): what this call marks is counted once, and a later
+    delivery of the same work marks, and counts, nothing.
 
     Two statements per call whatever its length (issue 11), in one transaction: one ``UPDATE ...
     WHERE status = 'queued' RETURNING id`` of the rows with per-row values (:func:`_update_per_row`),
@@ -462,16 +486,17 @@ def images_mark_embedded(items: Sequence[dict]) -> set[str]:
         if connection.features.can_return_columns_from_insert:  # the same SQLite versions have UPDATE ... RETURNING
             live = _update_per_row(key="id", rows=facts, status=ImageStatus.QUEUED, sets=sets, returning=True)
         else:
-            live = {str(i) for i in Image.objects.select_for_update().filter(id__in=list(facts),
-                                                                             status=ImageStatus.QUEUED)
-                    .order_by().values_list("id", flat=True)}
+            live = {str(i): _metered(rest) for i, *rest in Image.objects.select_for_update().filter(
+                id__in=list(facts), status=ImageStatus.QUEUED).order_by().values_list("id", *(
+                    f"{f}_id" if f in ("owner", "source") else f for f in METERED))}
             if live:
                 _update_per_row(key="id", rows={i: facts[i] for i in live}, status=ImageStatus.QUEUED, sets=sets)
         if not live:
             return set()
         # their skipped copies carry their facts (they were created while it was queued)
         _update_per_row(key="duplicate_of", rows={i: facts[i] for i in live}, status=ImageStatus.SKIPPED)
-    return live
+        usage_meter.images_embedded(live.values(), compute_s_each=compute_s_each)
+    return set(live)
 
 
 def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[str] = (),

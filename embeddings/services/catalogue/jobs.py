@@ -58,8 +58,9 @@ def job_create(
     priority: str = JobPriority.BACKGROUND,
     deadline: dt.datetime | None = None,
     callbacks: Iterable = (),
+    key_prefix: str = "",
 ) -> Job:
-    """Create the job, then store its sources a slice at a time, sending each chunk as soon as its
+    """Create the job (its usage metered to API key ``key_prefix``, ``""``: none), then store its sources a slice at a time, sending each chunk as soon as its
     images are stored (issue 11 item 6: the workers start on a big upload's first images while the
     rest is still being stored, instead of after the whole request).
 
@@ -85,7 +86,7 @@ def job_create(
     sources = list(sources)
     job = Job.objects.create(
         owner=owner, name=name[:200], priority=priority, deadline=deadline, model_id=runtime.model_id(),
-        chunk_size=settings.PIPELINE.batch_size, total=len(sources),
+        chunk_size=settings.PIPELINE.batch_size, total=len(sources), key_prefix=key_prefix,
     )
     webhook_endpoints.job_endpoints_attach(job=job, endpoints=callbacks)
     size = job.chunk_size

@@ -79,10 +79,11 @@ def _refusal(e: ManifestError | ObjectError) -> ApplicationError:
                             extra=getattr(e, "extra", None))
 
 
-def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime | None, callbacks: Iterable = ()) -> Job:
+def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime | None, callbacks: Iterable = (),
+         key_prefix: str = "") -> Job:
     job = Job.objects.create(owner=owner, name=name[:200], priority=priority, deadline=deadline,
                              model_id=runtime.model_id(), chunk_size=settings.PIPELINE.batch_size, total=0,
-                             source=source, reading=True)
+                             source=source, reading=True, key_prefix=key_prefix)
     webhook_endpoints.job_endpoints_attach(job=job, endpoints=callbacks)  # its webhooks exist before its work is sent
     transaction.on_commit(lambda: dispatch.send_job_read(job_id=str(job.id), priority=priority))
     return job
@@ -90,7 +91,8 @@ def _job(*, owner, source: dict, name: str, priority: str, deadline: dt.datetime
 
 def job_create_from_manifest(*, owner, upload=None, key: str | None = None, bucket: str | None = None,
                              name: str = "", priority: str = JobPriority.BACKGROUND,
-                             deadline: dt.datetime | None = None, callbacks: Iterable = ()) -> Job:
+                             deadline: dt.datetime | None = None, callbacks: Iterable = (),
+                             key_prefix: str = "") -> Job:
     """A job whose images are the rows of a manifest: ``upload`` (a file of the request, kept in the
     blob store until read) or ``key`` (``s3://bucket/key`` of an allowed bucket).
 
@@ -135,7 +137,7 @@ def job_create_from_manifest(*, owner, upload=None, key: str | None = None, buck
         raise _refusal(e) from e
     try:
         return _job(owner=owner, source=source, name=name or source["name"], priority=priority, deadline=deadline,
-                    callbacks=callbacks)
+                    callbacks=callbacks, key_prefix=key_prefix)
     except BaseException:
         if blob is not None:  # no job will read it: the request leaves nothing behind
             _drop_manifest_blob(blob, None)
@@ -144,7 +146,7 @@ def job_create_from_manifest(*, owner, upload=None, key: str | None = None, buck
 
 def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), name: str = "",
                            priority: str = JobPriority.BACKGROUND, deadline: dt.datetime | None = None,
-                           callbacks: Iterable = ()) -> Job:
+                           callbacks: Iterable = (), key_prefix: str = "") -> Job:
     """A job whose images are the objects under ``uri`` (``s3://bucket/prefix``), optionally only
     those whose name ends in one of ``extensions`` (``.jpg``; case-insensitive). Listed by the fetch
     worker, page by page.
@@ -162,7 +164,7 @@ def job_create_from_prefix(*, owner, uri: str, extensions: Iterable[str] = (), n
     exts = sorted({(e if e.startswith(".") else f".{e}").lower() for e in extensions if e})
     source = {"kind": "prefix", "uri": f"s3://{b}/{p}", "bucket": b, "prefix": p, "extensions": exts}
     return _job(owner=owner, source=source, name=name or source["uri"], priority=priority, deadline=deadline,
-                callbacks=callbacks)
+                callbacks=callbacks, key_prefix=key_prefix)
 
 
 @contextlib.contextmanager
@@ -276,7 +278,7 @@ def _display_name(origin: str, n: int) -> str:
 def _failed(job: Job, n: int, code: str, detail: str) -> Image:
     return Image(owner_id=job.owner_id, job=job, lane=Lane.BULK, status=ImageStatus.FAILED, reason=code[:32],
                  reason_detail=detail[:2000], sha256="", size_bytes=0, storage_key="", original_name=f"row {n}",
-                 model_id=job.model_id, point_id=None, row=n)
+                 model_id=job.model_id, point_id=None, row=n, key_prefix=job.key_prefix)
 
 
 def _slice_rows(job: Job, items: list[ManifestRow | RowError], *, claim_all: bool = False) -> list[Image]:
@@ -317,7 +319,8 @@ def _slice_rows(job: Job, items: list[ManifestRow | RowError], *, claim_all: boo
         out.append(Image(owner_id=job.owner_id, job=job, lane=Lane.BULK, status=ImageStatus.QUEUED, sha256="",
                          size_bytes=0, storage_key="", origin=origin, original_name=_display_name(origin, it.row),
                          model_id=job.model_id, point_id=None, row=it.row, metadata=it.metadata or {},
-                         external_id="" if claim or not ext else ext, claimed_external_id=ext if claim else ""))
+                         external_id="" if claim or not ext else ext, claimed_external_id=ext if claim else "",
+                         key_prefix=job.key_prefix))
     return out
 
 

@@ -23,11 +23,12 @@ from django.conf import settings
 
 from embeddings import dispatch, lane_control, runtime, spaces
 from embeddings.errors import ApplicationError
-from embeddings.models import EmbeddingSpace, ImageStatus, SpaceState
+from embeddings.models import EmbeddingSpace, ImageStatus, Lane, SpaceState
 from embeddings.services.catalogue.images import quick_check
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks, safe_name
 from embeddings.services.interactive.upload import images_upload
 from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
+from embeddings.services.usage import meter as usage_meter
 from workers.errors import ImageRejected, Reason
 from workers.fetch import Fetcher
 
@@ -71,6 +72,8 @@ class EmbedOutcome:
         space: the embedding space of the vectors.
         image_tokens: what one image counts in the usage (0 when no worker answered).
         deadline_s: the deadline applied (s).
+        compute_s: the worker's time on the inputs not stored (s; 0 when it reported none): the
+            metered compute of the texts and images answered (``usage.meter.answered``).
     """
 
     status: int
@@ -78,6 +81,7 @@ class EmbedOutcome:
     space: EmbeddingSpace
     image_tokens: int
     deadline_s: float
+    compute_s: float = 0.0
 
 
 #: A data URL: ``data:`` and a media type (RFC 2397), whatever the type: one of another type is
@@ -265,6 +269,16 @@ def _sources(inputs: list[EmbedInput], deadline_ts: float) -> dict[int, SourceFi
     return out
 
 
+def _fetches_metered(*, user, inputs: list[EmbedInput], sources: dict[int, SourceFile | ImageRejected],
+                     key_prefix: str, model_id: str) -> None:
+    """Meter the image URLs of a request fetched whole (``fetch``: one unit and its bytes each),
+    whatever becomes of them after."""
+    got = [src.size for i, src in sources.items() if isinstance(src, SourceFile) and _fetched(inputs[i])]
+    if got:
+        usage_meter.fetched(owner_id=user.id, key_prefix=key_prefix, model_id=model_id, fetches=len(got),
+                            nbytes=sum(got), lane=Lane.INTERACTIVE)
+
+
 def _refusal(index: int, kind: str, reason: str, detail: str) -> dict:
     return {"index": index, "kind": kind, "reason": reason, "detail": detail}
 
@@ -293,7 +307,7 @@ def _answered(index: int, kind: str, got: dict) -> dict:
 
 
 def embeddings_create(*, user, inputs: list[EmbedInput], deadline_s: float, store: bool = False,
-                      space: EmbeddingSpace | None = None) -> EmbedOutcome:
+                      space: EmbeddingSpace | None = None, key_prefix: str = "") -> EmbedOutcome:
     """One vector per input, in input order, on the interactive lane within ``deadline_s``.
 
     A refused input fails alone with a reason code (``workers.errors.Reason``: ``invalid_base64``,
@@ -305,6 +319,8 @@ def embeddings_create(*, user, inputs: list[EmbedInput], deadline_s: float, stor
         inputs: 1..``EMBEDDINGS_MAX_INPUTS`` (the caller checks the count).
         store: images become the caller's images (ids, metadata); texts are never stored.
         space: the embedding space (default: the active one). Only the active space with ``store``.
+        key_prefix: the request's API key: stored images carry it (metered when written); what is
+            not stored is metered by the caller once it answers (:func:`embeddings_metered`).
 
     Raises:
         ApplicationError: ``overloaded`` (429, ``Retry-After``), ``deadline_exceeded`` (504: nothing
@@ -318,7 +334,8 @@ def embeddings_create(*, user, inputs: list[EmbedInput], deadline_s: float, stor
         if space.model_id != active.model_id:
             raise ApplicationError("images are stored in the active space only", code="invalid",
                                    extra={"model": space.model_id, "active": active.model_id})
-        return _create_stored(user=user, inputs=inputs, deadline_ts=deadline_ts, space=space, deadline_s=deadline_s)
+        return _create_stored(user=user, inputs=inputs, deadline_ts=deadline_ts, space=space, deadline_s=deadline_s,
+                              key_prefix=key_prefix)
     texts, items = _texts(inputs)
     n_images = sum(1 for inp in inputs if inp.kind == "image")
     # the texts are one pass of the text tower: counted as one image's work
@@ -328,7 +345,9 @@ def embeddings_create(*, user, inputs: list[EmbedInput], deadline_s: float, stor
     answer: dict | None = {"data": [], "image_tokens": 0}
     try:
         work: list[tuple[int, dict]] = [(i, {"text": t}) for i, t in texts]
-        for i, src in _sources(inputs, deadline_ts).items():
+        sources = _sources(inputs, deadline_ts)
+        _fetches_metered(user=user, inputs=inputs, sources=sources, key_prefix=key_prefix, model_id=space.model_id)
+        for i, src in sources.items():
             if isinstance(src, ImageRejected):
                 items[i] = _refusal(i, "image", src.reason.value, src.detail)
                 continue
@@ -352,7 +371,19 @@ def embeddings_create(*, user, inputs: list[EmbedInput], deadline_s: float, stor
         items[i] = _answered(i, inputs[i].kind, got)
     ordered = [items[i] for i in range(len(inputs))]
     return EmbedOutcome(status=_status(ordered), items=ordered, space=space,
-                        image_tokens=answer["image_tokens"], deadline_s=deadline_s)
+                        image_tokens=answer["image_tokens"], deadline_s=deadline_s,
+                        compute_s=answer.get("compute_ms", 0.0) / 1000)
+
+
+def embeddings_metered(*, user, outcome: EmbedOutcome, key_prefix: str) -> None:
+    """Meter an answered embeddings request (docs/usage.md): each text and each image answered with
+    a vector it did not store (a stored image, with its ``image_id``, is metered when its vector is
+    written), with the worker's ``compute_s``. Call it once the answer is decided, only for an
+    answer that carries the vectors."""
+    texts = sum(1 for it in outcome.items if "vector" in it and it["kind"] == "text")
+    images = sum(1 for it in outcome.items if "vector" in it and it["kind"] == "image" and "image_id" not in it)
+    usage_meter.answered(owner_id=user.id, key_prefix=key_prefix, model_id=outcome.space.model_id, texts=texts,
+                         images=images, compute_s=outcome.compute_s)
 
 
 def _status(items: list[dict]) -> int:
@@ -361,11 +392,13 @@ def _status(items: list[dict]) -> int:
 
 
 def _create_stored(*, user, inputs: list[EmbedInput], deadline_ts: float, space: EmbeddingSpace,
-                   deadline_s: float) -> EmbedOutcome:
+                   deadline_s: float, key_prefix: str) -> EmbedOutcome:
     """``store``: the images as an interactive upload with their vectors, the texts beside it."""
     texts, items = _texts(inputs)
     sources: list[tuple[int, SourceFile]] = []
-    for i, src in sorted(_sources(inputs, deadline_ts).items()):
+    read = _sources(inputs, deadline_ts)
+    _fetches_metered(user=user, inputs=inputs, sources=read, key_prefix=key_prefix, model_id=space.model_id)
+    for i, src in sorted(read.items()):
         if isinstance(src, ImageRejected):
             items[i] = _refusal(i, "image", src.reason.value, src.detail)
         else:
@@ -379,7 +412,8 @@ def _create_stored(*, user, inputs: list[EmbedInput], deadline_ts: float, space:
         outcome = None
         if sources:
             outcome = images_upload(owner=user, sources=[s for _, s in sources],
-                                    deadline_s=max(0.01, deadline_ts - time.time()), k=0, vectors=True)
+                                    deadline_s=max(0.01, deadline_ts - time.time()), k=0, vectors=True,
+                                    key_prefix=key_prefix)
         if pending is not None:
             answer = wait_for(pending, deadline_ts)
     finally:
@@ -414,4 +448,5 @@ def _create_stored(*, user, inputs: list[EmbedInput], deadline_ts: float, space:
     else:
         status = 200
     image_tokens = answer.get("image_tokens", 0) if answer else 0
-    return EmbedOutcome(status=status, items=ordered, space=space, image_tokens=image_tokens, deadline_s=deadline_s)
+    return EmbedOutcome(status=status, items=ordered, space=space, image_tokens=image_tokens, deadline_s=deadline_s,
+                        compute_s=(answer or {}).get("compute_ms", 0.0) / 1000)

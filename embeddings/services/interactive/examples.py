@@ -21,6 +21,7 @@ from embeddings.services.interactive.search import (
     stored_point,
 )
 from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
+from embeddings.services.usage import meter as usage_meter
 from workers.errors import Reason
 
 #: Most examples (positive and negative together) in one multi-example search: each is scored
@@ -30,10 +31,12 @@ MAX_EXAMPLES = 64
 
 def search_examples(*, user, k: int, positive: list[dict], negative: list[dict], strategy: str,
                     job_id: str | None = None, deadline_s: float | None = None, where: dict | None = None,
-                    with_vectors: bool = False, diversity: float = 0.0, candidates: int | None = None) -> list[dict]:
+                    with_vectors: bool = False, diversity: float = 0.0, candidates: int | None = None,
+                    key_prefix: str = "") -> list[dict]:
     """Top-``k`` images for positive and negative examples (the store's recommend query of
     ``strategy``, ``workers.vector_store.STRATEGIES``), with the caller, job and metadata filter of
-    ``interactive.search.search``; ``diversity`` / ``candidates`` as there.
+    ``interactive.search.search``; ``diversity`` / ``candidates`` as there. An answered search is
+    metered as one ``search`` (its example texts and images are part of it), to API key ``key_prefix``.
 
     Args:
         positive, negative: examples, each ``{"image_id": uuid}`` (one of the caller's embedded
@@ -90,7 +93,9 @@ def search_examples(*, user, k: int, positive: list[dict], negative: list[dict],
         if admitted is not None:
             lane_control.interactive_answered(admitted, images=max(1, len(staged)),
                                               status=504 if answer is None else 200)
-    return _results_of(answer)
+    results = _results_of(answer)
+    usage_meter.answered(owner_id=user.id, key_prefix=key_prefix, model_id=scope.model_id, searches=1)
+    return results
 
 
 def _check_examples(labelled: list[tuple[str, int, dict]]) -> None:

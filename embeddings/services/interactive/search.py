@@ -22,6 +22,7 @@ from embeddings.selectors import jobs_visible_to
 from embeddings.services.catalogue.images import quick_check
 from embeddings.services.catalogue.sources import SourceFile, iter_blocks
 from embeddings.services.interactive.waiting import REASON_STATUS, wait_for
+from embeddings.services.usage import meter as usage_meter
 from workers.errors import ImageRejected, Reason
 from workers.ids import point_id
 
@@ -37,7 +38,7 @@ _TIMED_OUT = object()
 def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
            image: SourceFile | None = None, image_id: str | None = None, deadline_s: float | None = None,
            where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
-           candidates: int | None = None) -> list[dict]:
+           candidates: int | None = None, key_prefix: str = "") -> list[dict]:
     """Top-``k`` images similar to a text, an uploaded image, or a stored image (by id), among
     those whose metadata passes ``where`` (the API's filter JSON, validated by the caller:
     ``workers.vector_store.filters.parse``), applied inside the vector query. ``with_vectors``:
@@ -47,7 +48,8 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     ``workers.vector_store.default_candidates``); 0: the plain top-k.
 
     Only the caller's images are searched (all images for staff), enforced by a payload filter in
-    the vector store's query. A ``job_id`` must name one of the caller's jobs (any job for staff):
+    the vector store's query. An answered search is metered (``search``, to ``user`` and API key
+    ``key_prefix``; docs/usage.md); a refused one is not. A ``job_id`` must name one of the caller's jobs (any job for staff):
     points are shared per sha256, so a filter on another user's job would reveal which of the
     caller's images that job also holds.
 
@@ -94,6 +96,7 @@ def search(*, user, k: int, job_id: str | None = None, text: str | None = None,
     if "reason" in answer:
         raise ApplicationError(f"{answer['reason']}: {answer.get('detail', '')}", code=answer["reason"],
                                status=REASON_STATUS.get(answer["reason"], 400))
+    usage_meter.answered(owner_id=user.id, key_prefix=key_prefix, model_id=scope.model_id, searches=1)
     return answer["results"]
 
 

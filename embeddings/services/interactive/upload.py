@@ -77,9 +77,10 @@ def image_view(im: Image, neighbours: list | None = None) -> dict:
 
 
 def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int,
-                  vectors: bool = False) -> UploadOutcome:
+                  vectors: bool = False, key_prefix: str = "") -> UploadOutcome:
     """Embed uploaded images on the interactive lane and return each one's top-``k`` neighbours
-    (``vectors``: and each one's stored vector, :attr:`UploadOutcome.vectors`).
+    (``vectors``: and each one's stored vector, :attr:`UploadOutcome.vectors`). ``key_prefix``: the
+    request's API key, which the rows carry for metering (docs/usage.md).
 
     Waits until ``deadline_s`` has passed at most; after that answers 202 and the work continues.
 
@@ -97,7 +98,8 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     deadline_ts = started + deadline_s
     deadline = dt.datetime.fromtimestamp(deadline_ts, tz=dt.timezone.utc)
     t0 = time.perf_counter()
-    images = images_create(owner=owner, sources=sources, lane=Lane.INTERACTIVE, deadline=deadline)
+    images = images_create(owner=owner, sources=sources, lane=Lane.INTERACTIVE, deadline=deadline,
+                           key_prefix=key_prefix)
     lane_control.hops.web_note(rows_ms=(time.perf_counter() - t0) * 1000)
     to_embed = [str(im.id) for im in images if im.status == ImageStatus.QUEUED]
     skipped = [str(im.id) for im in images if im.status == ImageStatus.SKIPPED]

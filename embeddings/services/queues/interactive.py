@@ -166,6 +166,8 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
         ``non_finite_embedding`` / ``zero_embedding`` for an input whose vector cannot be compared
         (``workers.screen``; counted in the interactive lane).
         ``image_tokens``: what one image counts in the usage (``ClipEncoder.image_tokens``).
+        ``compute_ms``: this worker's time on the request (decode, preprocess, forward passes), for
+        metering (docs/usage.md); absent when nothing was computed.
     """
     from workers.batcher import Expired  # deferred: would load torch
     from workers.runner import screened  # deferred: would load torch
@@ -175,6 +177,7 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
 
     if (refused := _query_expired(deadline_ts)) is not None:
         return every(refused)
+    started = time.perf_counter()
     images = {str(i): (it["key"], it["sha256"]) for i, it in enumerate(items) if "key" in it}
     texts = [(i, it["text"]) for i, it in enumerate(items) if "text" in it]
     try:
@@ -213,4 +216,5 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
             out[i] = _query_vector(vector)
             if "vector" in out[i]:
                 out[i]["tokens"] = n
-    return {"data": out, "image_tokens": encoder.image_tokens}
+    return {"data": out, "image_tokens": encoder.image_tokens,
+            "compute_ms": round((time.perf_counter() - started) * 1000, 3)}

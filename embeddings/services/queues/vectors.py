@@ -47,10 +47,10 @@ from workers.vector_store import filters
 
 
 def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
-                  lane: str = Lane.BULK) -> tuple[list[dict], float]:
+                  lane: str = Lane.BULK, compute_s_each: float = 0.0) -> tuple[list[dict], float]:
     """Write the points of the items whose images are still queued, then mark those embedded
-    (:func:`_mark_written`). An item whose vector is not usable is failed instead
-    (``store_writes._unusable``, counted on ``lane``).
+    (:func:`_mark_written`, metering ``compute_s_each`` worker seconds for each image marked). An
+    item whose vector is not usable is failed instead (``store_writes._unusable``, counted on ``lane``).
 
     Args:
         read: ``store_writes.queued_payloads`` of these items or of a larger batch holding them, read
@@ -61,12 +61,13 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     """
     read = read if read is not None else queued_payloads(items)
     live, upsert_ms = write_live(items, read, lane=lane)
-    return _mark_written(live, read[1]), upsert_ms
+    return _mark_written(live, read[1], compute_s_each=compute_s_each), upsert_ms
 
 
-def _mark_written(live: list[dict], payloads: dict[str, dict]) -> list[dict]:
+def _mark_written(live: list[dict], payloads: dict[str, dict], *, compute_s_each: float = 0.0) -> list[dict]:
     """Mark the images of ``live`` (their points written with ``payloads``, by sha256) embedded, in
-    one statement per kind, then settle their points' payloads (``store_writes.payloads_settle``: a
+    one statement per kind (metered in its transaction, ``compute_s_each`` worker seconds each:
+    ``images_mark_embedded``), then settle their points' payloads (``store_writes.payloads_settle``: a
     PATCH committed while they were queued found no embedded row to refresh, so the writer takes
     it); returns those marked now.
 
@@ -77,7 +78,7 @@ def _mark_written(live: list[dict], payloads: dict[str, dict]) -> list[dict]:
     that no embedded row accounts for."""
     if not live:
         return []
-    marked = image_services.images_mark_embedded(live)
+    marked = image_services.images_mark_embedded(live, compute_s_each=compute_s_each)
     for it in live:
         if it["id"] not in marked:
             point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=items_space([it]))
@@ -145,9 +146,11 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     read = queued_payloads(items)
     _settle_redelivered(items, read[0])
     unmarked: list[dict] = []  # points written, images not marked yet
+    compute_s_each = _compute_each(stat_id)
 
     def mark() -> None:
-        metrics.count_images(lane=Lane.BULK, status="embedded", n=len(_mark_written(unmarked, read[1])))
+        metrics.count_images(lane=Lane.BULK, status="embedded",
+                             n=len(_mark_written(unmarked, read[1], compute_s_each=compute_s_each)))
         unmarked.clear()
 
     def send_rest() -> dict:
@@ -179,6 +182,15 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
         _finish_stat(stat_id, upsert_ms=upsert_ms)
     job_services.job_refresh(job_id=job_id)
     return {"written": written, "upsert_ms": round(upsert_ms, 2), "yielded": 0}
+
+
+def _compute_each(stat_id: int | None) -> float:
+    """Worker seconds per image of a bulk chunk, from its ``BatchStat`` (``total_ms`` before the
+    write: the chunk's start to its embed's end, over the images it computed); 0 without one."""
+    if stat_id is None:
+        return 0.0
+    row = BatchStat.objects.filter(id=stat_id).values_list("total_ms", "images").first()
+    return row[0] / 1000 / row[1] if row and row[1] else 0.0
 
 
 def _write_slice(part: list[dict], read: tuple[set[str], dict[str, dict]]) -> tuple[list[dict], float]:
@@ -219,7 +231,9 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     """
     t0 = time.perf_counter()
     items, failed = embedded.get("items", []), embedded.get("failed", [])
-    upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE)[1] if items else 0.0
+    # the request's worker time (prepare and forward passes) over its images, as metered (docs/usage.md)
+    compute_s_each = (embedded.get("timings") or {}).get("total", 0.0) / 1000 / max(1, len(items) + len(failed))
+    upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE, compute_s_each=compute_s_each)[1] if items else 0.0
     embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
                                                           status=ImageStatus.EMBEDDED).values_list("id", flat=True)}
     items = [it for it in items if it["id"] in embedded_now]  # written now, or by another delivery

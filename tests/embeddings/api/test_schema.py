@@ -90,8 +90,8 @@ def test_every_secured_operation_documents_401_and_every_id_404(served):
     # destroy, rotate, deliveries, redeliver); issue 45: duplicates (list, retrieve, keep,
     # not-duplicates, scan retrieve and start); issue 56: /v1/files (create, list, retrieve, delete,
     # content), /v1/batches (create, list, retrieve, cancel); issue 55: /api/keys/ (list, create, retrieve,
-    # partial update, revoke)
-    assert len(ops) == 50
+    # partial update, revoke), /api/usage/
+    assert len(ops) == 51
     for path, method, op in ops:
         secured = op.get("security") and all(op["security"])
         assert ("401" in op["responses"]) == bool(secured), (path, method)

@@ -54,6 +54,9 @@ CANNOT_SAY: dict[str, set[str]] = {
     "webhooks_create": ADDRESS | {"invalid_events"},  # migration.* events: staff accounts only
     "keys_create": {"invalid_expiry"},  # expires_at in the future: relative to the moment it arrives
     "webhooks_partial_update": ADDRESS | {"invalid_events"},
+    # two dates' order and distance (no rule relates two parameters); a calendar date (format: date
+    # is a pattern to the generator: 2026-02-30 passes it)
+    "usage": {"usage_range_inverted", "usage_range_too_long", "invalid_date"},
 }
 
 

@@ -225,10 +225,10 @@ def hook(monkeypatch, moment: str, action) -> None:
     elif moment in ("after_write", "after_mark"):
         real_mark = image_services.images_mark_embedded
 
-        def mark(items):
+        def mark(items, **kw):
             if moment == "after_write":
                 once()
-            out = real_mark(items)
+            out = real_mark(items, **kw)
             if moment == "after_mark":
                 once()
             return out

@@ -11,7 +11,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('embeddings', '0014_batch_created_at'),
+        ('embeddings', '0015_usage'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
