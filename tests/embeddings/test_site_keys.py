@@ -27,7 +27,7 @@ def test_the_keys_page_makes_shows_once_and_revokes(user, other_user, settings, 
     r = c.post("/keys/", {"name": "search script", "preset": "read-only", "scopes": ["exports"], "days": "30"})
     assert r.status_code == 200
     key = ApiKey.objects.get()
-    assert key.scopes == ["images:read", "search", "embeddings", "jobs:read", "exports"]
+    assert key.scopes == ["images:read", "search", "embeddings", "jobs:read", "exports", "usage"]
     assert key.expires_at is not None and key.owner == user
     text = r.content.decode()
     secret = text.split('id="secret">', 1)[1].split("<", 1)[0]

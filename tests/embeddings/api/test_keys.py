@@ -132,7 +132,7 @@ def test_refusals_when_making_a_key(user, staff):
         assert (r.status_code, r.json()["code"]) == (400, "invalid"), r.content
         assert "images_per_minute" in r.json()["extra"]["fields"]["limits"]
     r = api.post("/api/keys/", {"name": "k", "scopes": ["read-only"]}, format="json")
-    assert r.json()["scopes"] == ["images:read", "search", "embeddings", "jobs:read"]
+    assert r.json()["scopes"] == ["images:read", "search", "embeddings", "jobs:read", "usage"]
     key_id = r.json()["id"]
     r = api.patch(f"/api/keys/{key_id}/", {"limits": {"requests_per_minute": 5}}, format="json")
     assert (r.status_code, r.json()["code"]) == (403, "forbidden")
