@@ -554,7 +554,7 @@ class ApiKeyAdmin(CheckedActionsMixin, admin.ModelAdmin):
     list_filter = (KeyStateFilter,)
     search_fields = ("prefix", "name", "owner__username")
     fields = ("prefix", "name", "owner", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at",
-              *LIMIT_SETTINGS)
+              *LIMIT_SETTINGS, "bulk_weight")
     readonly_fields = ("prefix", "owner", "scopes", "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)
 

@@ -31,11 +31,11 @@ from typing import Callable
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Case, IntegerField, Q, Sum, Value, When
+from django.db.models import Case, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
 from django.utils import timezone
 
 from embeddings import lane_control
-from embeddings.models import BulkChunk, ChunkState, JobKind, JobPriority, JobStatus
+from embeddings.models import ApiKey, BulkChunk, ChunkState, JobKind, JobPriority, JobStatus
 from queueing import bulk_order
 from queueing.bulk_order import JobView
 
@@ -93,6 +93,33 @@ def owner_weight(owner: str) -> float:
     return settings.BULK_OWNER_WEIGHTS.get(owner, 1.0)
 
 
+def job_weight(*, owner: str, key_weight: float | None) -> float:
+    """One job's weight in the lane: the ``bulk_weight`` staff set on the API key that submitted it
+    (``ApiKey.bulk_weight``, 0.01 to 100), else its owner's (:func:`owner_weight`). Migrations'
+    re-embeds are the lifecycle's whatever key started them."""
+    if owner == LIFECYCLE_OWNER or key_weight is None:
+        return owner_weight(owner)
+    return key_weight
+
+
+def owners_weigh(views: list[JobView]) -> list[JobView]:
+    """The lane's fair shares are per owner (``queueing.bulk_order``: one weight per owner, its jobs
+    sharing its share equally), so each owner weighs the largest :func:`job_weight` among its jobs
+    in the lane, and every job of that owner carries it. More keys or more jobs never raise an
+    owner past the largest weight staff gave it: a team's share is bought by staff, not by keys.
+
+    Args:
+        views: the lane's jobs, each with its own :func:`job_weight` as ``weight``.
+
+    Returns:
+        The same views in the same order, each ``weight`` its owner's.
+    """
+    top: dict[str, float] = {}
+    for v in views:
+        top[v.owner] = max(top.get(v.owner, 0.0), v.weight)
+    return [v if v.weight == top[v.owner] else dataclasses.replace(v, weight=top[v.owner]) for v in views]
+
+
 def chunks_add(*, job_id, chunks: list[list[str]]) -> int:
     """Store a job's new chunks (lists of image ids) as pending rows, in order, one INSERT. Returns
     how many."""
@@ -108,10 +135,15 @@ def _sent_count(**q):
 
 def lane_snapshot(*, own: int | None = None) -> LaneSnapshot:
     """One SELECT over the pending and sent rows, grouped by job (its cost grows with the unsent
-    chunks, not with the images done)."""
+    chunks, not with the images done). The submitting key's ``bulk_weight`` is read in the same
+    statement (a subquery on ``ApiKey.prefix`` = ``Job.key_prefix``, a unique index); weights are
+    :func:`job_weight` then :func:`owners_weigh`."""
+    key_weight = Subquery(ApiKey.objects.filter(prefix=OuterRef("job__key_prefix")).order_by()
+                          .values("bulk_weight")[:1])
     rows = (BulkChunk.objects.filter(state__in=(ChunkState.PENDING, ChunkState.SENT)).order_by()
+            .annotate(key_weight=key_weight)
             .values("job_id", "job__owner__username", "job__kind", "job__priority", "job__deadline",
-                    "job__created_at", "job__chunk_size", "job__status")
+                    "job__created_at", "job__chunk_size", "job__status", "job__key_prefix", "key_weight")
             .annotate(pending=Sum(Case(When(state=ChunkState.PENDING, then="images"), default=Value(0),
                                        output_field=IntegerField())),
                       in_flight=Sum(Case(When(state=ChunkState.SENT, then="images"), default=Value(0),
@@ -127,12 +159,12 @@ def lane_snapshot(*, own: int | None = None) -> LaneSnapshot:
         owner = owner_key(username=r["job__owner__username"], kind=r["job__kind"])
         job_id = str(r["job_id"])
         priority[job_id] = r["job__priority"]
-        views.append(JobView(job_id=job_id, owner=owner, weight=owner_weight(owner),
+        views.append(JobView(job_id=job_id, owner=owner, weight=job_weight(owner=owner, key_weight=r["key_weight"]),
                              urgent=r["job__priority"] == JobPriority.URGENT,
                              deadline=r["job__deadline"].timestamp() if r["job__deadline"] else None,
                              created=r["job__created_at"].timestamp(), pending=r["pending"] or 0,
                              in_flight=r["in_flight"] or 0, next_chunk=r["job__chunk_size"]))
-    return LaneSnapshot(views=views, priority=priority, in_flight=in_flight, own_sent=own_sent)
+    return LaneSnapshot(views=owners_weigh(views), priority=priority, in_flight=in_flight, own_sent=own_sent)
 
 
 def chunk_claim(*, job_id: str, own: int | None) -> tuple[Claimed | None, bool]:

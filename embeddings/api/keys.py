@@ -14,11 +14,12 @@ from rest_framework.generics import GenericAPIView
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from embeddings import bulk_schedule
 from embeddings.api.pagination import NewestFirst
 from embeddings.api.parsers import JSONParser
 from embeddings.api.schema import errors
 from embeddings.errors import ApplicationError
-from embeddings.models import LIMIT_SETTINGS, PRESETS, SCOPES, ApiKey
+from embeddings.models import BULK_WEIGHT_MAX, BULK_WEIGHT_MIN, LIMIT_SETTINGS, PRESETS, SCOPES, ApiKey
 from embeddings.services.access import keys as key_services
 
 _SCOPE_NAMES = f"scopes: {', '.join(SCOPES)}; presets: {', '.join(PRESETS)}"
@@ -30,12 +31,17 @@ def _limit(help_text: str = "") -> serializers.IntegerField:
 
 
 class LimitsSerializer(serializers.Serializer):
-    """A key's limits: each a whole number of at least 1, or null (the setting's default)."""
+    """A key's limits: each a whole number of at least 1, or null (the setting's default); its bulk
+    weight a number from 0.01 to 100, or null (the owner's weight)."""
 
     requests_per_minute = _limit()
     images_per_minute = _limit("interactive images (uploads, embeddings' image inputs)")
     bulk_images_per_day = _limit("bulk images submitted per UTC day")
     concurrent_bulk_jobs = _limit()
+    bulk_weight = serializers.FloatField(
+        min_value=BULK_WEIGHT_MIN, max_value=BULK_WEIGHT_MAX, allow_null=True, required=False,
+        help_text="the weight of the key's bulk jobs in the bulk lane's fair shares (an owner's share is the "
+                  "largest weight among its jobs in the lane); null: the owner's (BULK_OWNER_WEIGHTS, else 1)")
 
 
 class ApiKeySerializer(serializers.ModelSerializer):
@@ -58,11 +64,12 @@ class ApiKeySerializer(serializers.ModelSerializer):
 
     @extend_schema_field(LimitsSerializer)
     def get_limits(self, key) -> dict:
-        return {name: key.limit(name) for name in LIMIT_SETTINGS}
+        weight = bulk_schedule.job_weight(owner=key.owner.get_username(), key_weight=key.bulk_weight)
+        return {**{name: key.limit(name) for name in LIMIT_SETTINGS}, "bulk_weight": weight}
 
     @extend_schema_field(LimitsSerializer)
     def get_custom_limits(self, key) -> dict:
-        return {name: getattr(key, name) for name in LIMIT_SETTINGS}
+        return {name: getattr(key, name) for name in key_services.LIMITS}
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):
@@ -96,7 +103,8 @@ class ApiKeyUpdateSerializer(serializers.Serializer):
 
 
 def _visible(user):
-    return ApiKey.objects.all() if user.is_staff else ApiKey.objects.filter(owner=user)
+    keys = ApiKey.objects.select_related("owner")  # the owner's name gives the bulk weight in force
+    return keys if user.is_staff else keys.filter(owner=user)
 
 
 class KeyListView(GenericAPIView):
@@ -118,8 +126,9 @@ class KeyListView(GenericAPIView):
                    responses={201: ApiKeyCreatedSerializer, **errors(400, 403)},
                    description="A new API key of the caller. The answer holds its `secret`, shown this once. "
                                "400 `unknown_scope` for a name that is neither a scope nor a preset, "
-                               "`invalid_limit` for a limit under 1; 403 `scope_not_allowed` (admin asked by a "
-                               "user who is not staff), `forbidden` (limits set by a user who is not staff).")
+                               "`invalid` for a limit under 1 or a bulk weight outside 0.01 to 100; 403 "
+                               "`scope_not_allowed` (admin asked by a user who is not staff), `forbidden` (limits "
+                               "set by a user who is not staff).")
     def post(self, request):
         s = ApiKeyCreateSerializer(data=request.data)
         s.is_valid(raise_exception=True)
@@ -144,7 +153,7 @@ class KeyDetailView(APIView):
     @extend_schema(operation_id="keys_partial_update", request=ApiKeyUpdateSerializer,
                    responses={200: ApiKeySerializer, **errors(400, 403, 404)},
                    description="Rename a key; staff set its limits (403 `forbidden` for others; 400 "
-                               "`invalid` for a limit under 1).")
+                               "`invalid` for a limit under 1 or a bulk weight outside 0.01 to 100).")
     def patch(self, request, key_id):
         key = get_object_or_404(_visible(request.user), pk=key_id)
         s = ApiKeyUpdateSerializer(data=request.data)
@@ -157,7 +166,7 @@ class KeyDetailView(APIView):
                 setattr(key, name, value)
         if "name" in v:
             key.name = v["name"]
-        key.save(update_fields=["name", *LIMIT_SETTINGS])
+        key.save(update_fields=["name", *key_services.LIMITS])
         return Response(ApiKeySerializer(key).data)
 
     @extend_schema(operation_id="keys_revoke", request=None, responses={200: ApiKeySerializer, **errors(404)},

@@ -47,6 +47,8 @@ from .access import (  # noqa: F401
     USER_SCOPES,
     PRESETS,
     LIMIT_SETTINGS,
+    BULK_WEIGHT_MIN,
+    BULK_WEIGHT_MAX,
     ApiKey,
 )
 from .usage import (  # noqa: F401

@@ -43,6 +43,9 @@ LIMIT_SETTINGS = {
     "bulk_images_per_day": "API_KEY_BULK_IMAGES_PER_DAY",
     "concurrent_bulk_jobs": "API_KEY_CONCURRENT_BULK_JOBS",
 }
+#: The bounds of a key's ``bulk_weight`` (a weight in the bulk lane's fair shares; 1 is an owner's
+#: default): a hundredth to a hundred times the default share.
+BULK_WEIGHT_MIN, BULK_WEIGHT_MAX = 0.01, 100.0
 
 
 def _scopes_known(value) -> None:
@@ -66,7 +69,8 @@ class ApiKey(models.Model):
     the 8-character ``prefix`` + ``_`` + 43 URL-safe characters, 256 random bits) is shown once when
     made. ``prefix`` names the key in lists and logs. A key with ``revoked_at`` set, or past
     ``expires_at``, authenticates nothing. Limits left empty take their defaults from settings
-    (:data:`LIMIT_SETTINGS`); ``last_used_at`` is written at most once a minute.
+    (:data:`LIMIT_SETTINGS`); ``bulk_weight`` left empty is the owner's weight in the bulk lane
+    (``embeddings.bulk_schedule.job_weight``); ``last_used_at`` is written at most once a minute.
     """
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
@@ -82,6 +86,10 @@ class ApiKey(models.Model):
     images_per_minute = _limit_field("interactive images per minute (uploads and embeddings)")
     bulk_images_per_day = _limit_field("bulk images submitted per day (jobs and batches)")
     concurrent_bulk_jobs = _limit_field("bulk jobs and batches running at once")
+    bulk_weight = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(BULK_WEIGHT_MIN), MaxValueValidator(BULK_WEIGHT_MAX)],
+        help_text=f"the weight of this key's bulk jobs in the bulk lane's fair shares ({BULK_WEIGHT_MIN:g} to "
+                  f"{BULK_WEIGHT_MAX:g}); empty: the owner's weight (BULK_OWNER_WEIGHTS)")
 
     class Meta:
         ordering = ["-created_at"]

@@ -17,7 +17,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from embeddings import bulk_schedule, dispatch, lane_control, metrics, tasks
-from embeddings.models import BulkChunk, ChunkState, Image, ImageStatus, Job, JobKind, JobPriority, JobStatus, Lane
+from embeddings.models import (ApiKey, BulkChunk, ChunkState, Image, ImageStatus, Job, JobKind, JobPriority, JobStatus,
+                               Lane)
+from embeddings.services.access.keys import key_create
 from embeddings.services.reconcile import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -133,6 +135,55 @@ def test_urgent_and_deadline_jobs_go_first_and_migrations_count_as_one_owner(fai
     views = {v.job_id: v for v in bulk_schedule.lane_snapshot().views}
     assert views[str(mig.id)].owner == bulk_schedule.LIFECYCLE_OWNER
     assert views[str(mig.id)].weight == fair.BULK_LIFECYCLE_WEIGHT
+
+
+def weighted_key(owner, weight: float | None) -> str:
+    """The prefix of a new key of ``owner`` with bulk weight ``weight`` (None: the owner's)."""
+    limits = {"bulk_weight": weight} if weight is not None else {}
+    return key_create(owner=owner, name="bulk", scopes=["all"], limits=limits, by_staff=True).key.prefix
+
+
+def test_a_key_of_bulk_weight_3_against_one_of_1_gets_three_chunks_in_four(fair, sent, user, other_user):
+    fair.BULK_SCHEDULER_WINDOW = 1
+    heavy = [make_job(user, 80, key_prefix=weighted_key(user, 3.0)) for _ in range(2)]  # two jobs: one share
+    light, light_ids = make_job(other_user, 160, key_prefix=weighted_key(other_user, 1.0))
+    for job, ids in heavy:
+        dispatch.send_job_chunks(job=job, image_ids=ids)
+    dispatch.send_job_chunks(job=light, image_ids=light_ids)
+    views = bulk_schedule.lane_snapshot().views
+    assert sorted((v.owner, v.weight) for v in views) == [("alice", 3.0), ("alice", 3.0), ("bob", 1.0)]
+    while len(sent) < 81:
+        finish(sent[-1])
+    owners = ["bob" if m[0] == str(light.id) else "alice" for m in sent[1:81]]  # 80 picks of the scheduler
+    assert (owners.count("alice"), owners.count("bob")) == (60, 20)
+    for n in range(1, 81):
+        # start-time fair queueing's bound (Goyal, Vin and Cheng 1996): while both owners have work, chunks
+        # served over weight differ by at most one chunk over each weight, 1/3 + 1/1
+        a, b = owners[:n].count("alice"), owners[:n].count("bob")
+        assert abs(a / 3.0 - b / 1.0) <= 1 / 3 + 1 + 1e-9, (n, "".join(o[0] for o in owners[:n]))
+    assert owners[:40] == ["bob", "alice", "alice", "alice"] * 10
+    alice = [m[0] for m in sent[1:81] if m[0] != str(light.id)]
+    assert alice.count(str(heavy[0][0].id)) == alice.count(str(heavy[1][0].id)) == 30  # its share, halved
+
+
+def test_a_key_without_weight_uses_the_owners_and_an_owner_weighs_its_largest(fair, sent, user, other_user):
+    fair.BULK_OWNER_WEIGHTS = {"alice": 2.0}
+    plain, plain_ids = make_job(user, 4, key_prefix=weighted_key(user, None))
+    session, session_ids = make_job(other_user, 4)  # no key: bob's weight, 1 by default
+    for job, ids in ((plain, plain_ids), (session, session_ids)):
+        dispatch.send_job_chunks(job=job, image_ids=ids)
+    assert {v.owner: v.weight for v in bulk_schedule.lane_snapshot().views} == {"alice": 2.0, "bob": 1.0}
+    low, low_ids = make_job(other_user, 4, key_prefix=weighted_key(other_user, 0.5))
+    high, high_ids = make_job(user, 4, key_prefix=weighted_key(user, 5.0))
+    for job, ids in ((low, low_ids), (high, high_ids)):
+        dispatch.send_job_chunks(job=job, image_ids=ids)
+    # every job of an owner carries the largest weight among its jobs: bob's 0.5 key does not lower his 1
+    views = {v.job_id: v.weight for v in bulk_schedule.lane_snapshot().views}
+    assert views == {str(plain.id): 5.0, str(high.id): 5.0, str(session.id): 1.0, str(low.id): 1.0}
+    Job.objects.filter(id=session.id).update(status=JobStatus.CANCELLED)
+    assert {v.job_id: v.weight for v in bulk_schedule.lane_snapshot().views}[str(low.id)] == 0.5
+    ApiKey.objects.filter(prefix=high.key_prefix).update(bulk_weight=None)  # staff cleared it: alice's own again
+    assert {v.job_id: v.weight for v in bulk_schedule.lane_snapshot().views}[str(high.id)] == 2.0
 
 
 def test_paused_jobs_keep_their_chunks_in_the_database_until_resumed(fair, sent, user):

@@ -2,6 +2,7 @@
 
     manage.py apikeys migrate-tokens          # every DRF token → a key of the same secret; plaintext rows deleted
     manage.py apikeys create NAME [--scopes all,...] [--label L] [--limit requests_per_minute=600 ...]
+                                              [--limit bulk_weight=2]
                                               # prints the secret, once
     manage.py apikeys list [NAME]
     manage.py apikeys revoke PREFIX
@@ -27,7 +28,7 @@ class Command(BaseCommand):
         create.add_argument("--label", default="cli", help="the key's name")
         create.add_argument("--limit", action="append", default=[], metavar="NAME=N",
                             help="a limit of the key (requests_per_minute, images_per_minute, bulk_images_per_day, "
-                                 "concurrent_bulk_jobs), repeatable")
+                                 "concurrent_bulk_jobs: whole numbers; bulk_weight: 0.01 to 100), repeatable")
         listing = sub.add_parser("list", help="keys (prefix, owner, name, state, scopes); never a secret")
         listing.add_argument("username", nargs="?")
         revoke = sub.add_parser("revoke", help="revoke the key with this prefix (ck_...)")
@@ -50,7 +51,10 @@ class Command(BaseCommand):
                 try:
                     limits[name.strip()] = int(value)
                 except ValueError:
-                    raise CommandError(f"--limit {item!r}: NAME=N, N a whole number") from None
+                    try:  # bulk_weight takes fractions; the service refuses them for the counted limits
+                        limits[name.strip()] = float(value)
+                    except ValueError:
+                        raise CommandError(f"--limit {item!r}: NAME=N, N a number") from None
             try:
                 made = key_services.key_create(owner=user, name=opts["label"], scopes=scopes, limits=limits,
                                                by_staff=True)

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import hmac
 import logging
+import math
 import re
 import secrets
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from embeddings.errors import ApplicationError
-from embeddings.models import ADMIN_SCOPE, LIMIT_SETTINGS, USER_SCOPES, ApiKey
+from embeddings.models import ADMIN_SCOPE, BULK_WEIGHT_MAX, BULK_WEIGHT_MIN, LIMIT_SETTINGS, USER_SCOPES, ApiKey
 
 from .scopes import scopes_resolve
 
@@ -33,6 +34,8 @@ WELL_FORMED = re.compile(r"[A-Za-z0-9_\-]{20,200}\Z")
 _PREFIX_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 #: The largest limit a key holds (its columns are PostgreSQL integers).
 LIMIT_MAX = 2 ** 31 - 1
+#: What staff set per key: the counted limits (:data:`LIMIT_SETTINGS`) and the bulk lane's weight.
+LIMITS = (*LIMIT_SETTINGS, "bulk_weight")
 #: ``last_used_at`` is written when older than this (s): one UPDATE per key per minute, not per request.
 TOUCH_EVERY_S = 60.0
 
@@ -55,21 +58,32 @@ class NewKey:
 
 
 def _limits_check(limits: dict) -> dict:
-    """``limits`` (names of :data:`LIMIT_SETTINGS` → a whole number in 1..:data:`LIMIT_MAX`, or
-    ``None``: the default).
+    """``limits``: names of :data:`LIMIT_SETTINGS` → a whole number in 1..:data:`LIMIT_MAX`;
+    ``bulk_weight`` → a finite number in :data:`BULK_WEIGHT_MIN`..:data:`BULK_WEIGHT_MAX`; either
+    ``None``: the default.
 
     Raises:
         ApplicationError: 400 ``invalid_limit`` (``extra.limit``, ``extra.value``).
     """
     out = {}
     for name, value in limits.items():
-        if name not in LIMIT_SETTINGS:
-            raise ApplicationError(f"unknown limit {name!r} (limits: {', '.join(LIMIT_SETTINGS)})",
+        if name not in LIMITS:
+            raise ApplicationError(f"unknown limit {name!r} (limits: {', '.join(LIMITS)})",
                                    code="invalid_limit", extra={"limit": str(name)[:100], "value": None})
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMIT_MAX):
+        if value is None:
+            out[name] = None
+        elif name == "bulk_weight":
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or not BULK_WEIGHT_MIN <= value <= BULK_WEIGHT_MAX):
+                raise ApplicationError(f"bulk_weight must be a number from {BULK_WEIGHT_MIN:g} to "
+                                       f"{BULK_WEIGHT_MAX:g} (or null: the owner's weight)",
+                                       code="invalid_limit", extra={"limit": name, "value": str(value)[:100]})
+            out[name] = float(value)
+        elif isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= LIMIT_MAX:
             raise ApplicationError(f"{name} must be a whole number from 1 to {LIMIT_MAX} (or null: the default)",
                                    code="invalid_limit", extra={"limit": name, "value": str(value)[:100]})
-        out[name] = value
+        else:
+            out[name] = value
     return out
 
 
@@ -78,7 +92,7 @@ def key_create(*, owner, name: str, scopes: list[str], expires_at: dt.datetime |
     """A new key of ``owner``: ``scopes`` (scopes and presets) resolved, the secret made and hashed.
 
     Args:
-        limits: per-key limits (:data:`LIMIT_SETTINGS` names); only staff (``by_staff``) may set them.
+        limits: per-key limits (:data:`LIMITS` names); only staff (``by_staff``) may set them.
 
     Raises:
         ApplicationError: ``unknown_scope``/``no_scopes``/``scope_not_allowed`` (:func:`scopes_resolve`);

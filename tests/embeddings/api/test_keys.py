@@ -4,15 +4,18 @@ the refusal codes, scopes, DRF tokens migrated, and per-key request limits with 
 from __future__ import annotations
 
 import datetime as dt
+import io
 import logging
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from embeddings.errors import ApplicationError
 from embeddings.lane_control.keys import key as redis_key
 from embeddings.models import USER_SCOPES, ApiKey
 from embeddings.services.access.keys import key_create, secret_hash
@@ -141,8 +144,53 @@ def test_refusals_when_making_a_key(user, staff):
     r = root.patch(f"/api/keys/{key_id}/", {"limits": {"requests_per_minute": 5}}, format="json")
     assert r.status_code == 200 and r.json()["limits"]["requests_per_minute"] == 5
     assert r.json()["custom_limits"] == {"requests_per_minute": 5, "images_per_minute": None,
-                                         "bulk_images_per_day": None, "concurrent_bulk_jobs": None}
+                                         "bulk_images_per_day": None, "concurrent_bulk_jobs": None,
+                                         "bulk_weight": None}
     assert ApiKey.objects.count() == 1  # no refused request made a key
+
+
+def test_staff_set_a_keys_bulk_weight_and_0_negative_or_out_of_range_is_refused(staff, user, settings,
+                                                                                   limits_redis):
+    settings.BULK_OWNER_WEIGHTS = {"alice": 2.0}
+    root = client_for(staff)
+    key_id = client_for(user).post("/api/keys/", {"name": "k", "scopes": ["all"]}, format="json").json()["id"]
+    r = root.get(f"/api/keys/{key_id}/")
+    assert (r.json()["limits"]["bulk_weight"], r.json()["custom_limits"]["bulk_weight"]) == (2.0, None)  # alice's
+    for bad in (0, -1, 0.001, 100.5, "nan", "inf"):
+        r = root.patch(f"/api/keys/{key_id}/", {"limits": {"bulk_weight": bad}}, format="json")
+        assert (r.status_code, r.json()["code"]) == (400, "invalid"), (bad, r.content)
+        assert "bulk_weight" in r.json()["extra"]["fields"]["limits"]
+    r = client_for(user).patch(f"/api/keys/{key_id}/", {"limits": {"bulk_weight": 3}}, format="json")
+    assert (r.status_code, r.json()["code"]) == (403, "forbidden")
+    r = root.patch(f"/api/keys/{key_id}/", {"limits": {"bulk_weight": 0.25}}, format="json")
+    assert r.status_code == 200
+    assert r.json()["limits"]["bulk_weight"] == r.json()["custom_limits"]["bulk_weight"] == 0.25
+    assert ApiKey.objects.get(pk=key_id).bulk_weight == 0.25
+    r = root.patch(f"/api/keys/{key_id}/", {"limits": {"bulk_weight": None}}, format="json")
+    assert r.json()["limits"]["bulk_weight"] == 2.0 and ApiKey.objects.get(pk=key_id).bulk_weight is None
+    # the service (manage.py apikeys) refuses the same in its error shape, and fractions of the counted limits
+    for name, bad in (("bulk_weight", 0), ("bulk_weight", -2.0), ("bulk_weight", float("nan")),
+                      ("bulk_weight", float("inf")), ("bulk_weight", True), ("requests_per_minute", 1.5)):
+        with pytest.raises(ApplicationError) as e:
+            key_create(owner=user, name="k", scopes=["all"], limits={name: bad}, by_staff=True)
+        assert (e.value.status, e.value.code, e.value.extra["limit"]) == (400, "invalid_limit", name)
+    call_command("apikeys", "create", "alice", "--limit", "bulk_weight=2.5", stdout=io.StringIO())
+    assert ApiKey.objects.filter(owner=user, name="cli").get().bulk_weight == 2.5
+    for bad in ("bulk_weight=0", "bulk_weight=-1", "bulk_weight=nan", "bulk_weight=x"):
+        with pytest.raises(CommandError):
+            call_command("apikeys", "create", "alice", "--limit", bad, stdout=io.StringIO())
+    assert ApiKey.objects.count() == 2  # no refused one made a key
+    # the admin: a form error on the field, nothing saved
+    admin = Client()
+    admin.force_login(staff)
+    url = f"/admin/embeddings/apikey/{key_id}/change/"
+    form = {"name": "k", "expires_at_0": "", "expires_at_1": "", "requests_per_minute": "",
+            "images_per_minute": "", "bulk_images_per_day": "", "concurrent_bulk_jobs": ""}
+    for bad in ("0", "-3", "inf"):
+        r = admin.post(url, {**form, "bulk_weight": bad})
+        assert r.status_code == 200 and "bulk_weight" in r.context["adminform"].form.errors, bad
+    assert admin.post(url, {**form, "bulk_weight": "4"}).status_code == 302
+    assert ApiKey.objects.get(pk=key_id).bulk_weight == 4.0
 
 
 def test_a_staff_key_has_staff_powers_only_with_admin(staff, user, limits_redis):
