@@ -20,7 +20,8 @@ def test_web_own_time_is_djangos_time_less_the_wait():
 
 
 def sample(arm: str, client: float, web: float | None, http: int = 200, status: str = "embedded") -> dict:
-    return {"arm": arm, "client_ms": client, "web_ms": web, "http": http, "status": status}
+    return {"arm": arm, "client_ms": client, "web_ms": web, "http": http, "status": status,
+            "ratelimit_headers": 6 if arm == "on" else 0}
 
 
 def test_summary_takes_answered_requests_and_subtracts_off_from_on():
@@ -33,6 +34,7 @@ def test_summary_takes_answered_requests_and_subtracts_off_from_on():
     assert side["web_ms"]["added"]["p95"] == pytest.approx(0.5)
     assert side["outcomes"] == {"off 200 embedded": 21, "on 200 embedded": 21, "on 202 queued": 1,
                                 "off 429 overloaded": 1}
+    assert side["ratelimit_headers"] == {"off": [0], "on": [6]}
 
 
 def test_bootstrap_interval_holds_a_shift_and_is_reproducible():
@@ -67,3 +69,16 @@ def test_verdict_adds_metering_and_the_token_miss_to_the_side_by_side_difference
     strict = keys_cost.verdicts(side, stats, target_ms=1.0)
     assert [c["pass"] for c in strict] == [True, False]
     assert "metering" in keys_cost.tables(side, stats)
+
+
+def test_a_side_by_side_interval_across_the_target_is_flagged():
+    stats = keys_cost.component_stats(components(metering=0.3, token_before=0.4, token_now=0.6))
+    tight = keys_cost.summarise([sample("off", 200.0, 20.0 + i / 100) for i in range(200)]
+                                + [sample("on", 200.0, 20.5 + i / 100) for i in range(200)])
+    check = keys_cost.verdicts(tight, stats)[1]
+    assert check["pass"] and check["resolved"] and "WARNING" not in check["detail"]
+    # 20 requests an arm spread over 20 ms: p95's difference is known to a few ms at best
+    wide = keys_cost.summarise([sample("off", 200.0, 20.0 + i) for i in range(20)]
+                               + [sample("on", 200.0, 21.0 + i) for i in range(20)])
+    check = keys_cost.verdicts(wide, stats)[1]
+    assert not check["resolved"] and "WARNING" in check["detail"]
