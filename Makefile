@@ -14,7 +14,7 @@ DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-writer bench-duplicates bench-fairness
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-writer bench-duplicates bench-fairness bench-keys
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -206,3 +206,10 @@ deploy-check: setup deploy-tools
 # throughput; a table, PASS/FAIL lines and a plot under var/bench-fairness. ~8 min on 2 cores.
 bench-fairness: setup
 	$(PY) -m benchmarks.fairness $(BENCH_ARGS)
+
+# Issue 55 (docs/api-keys.md, "Cost per request"): what API keys, their limits and usage metering add
+# to a one-image interactive upload, side by side with a DRF token (the feature off) on one stack, and
+# each component timed directly; PASS/FAIL against p95 added <= 2 ms, JSON and plot under docs/bench.
+# ~5 min on 2 cores; make bench-keys BENCH_ARGS="--pairs 20 --iterations 200" for a quick check.
+bench-keys: setup
+	$(PY) -m benchmarks.keys_cost $(BENCH_ARGS)
