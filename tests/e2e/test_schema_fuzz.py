@@ -108,6 +108,9 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401",
 include-operation-id = "keys_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
 [[operations]]
+include-operation-id = "usage"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "411", "401", "403", "404", "409", "429", "5xx"]
+[[operations]]
 include-operation-id = "migrations_create"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "411", "401", "403", "404", "409", "429", "5xx"]
 """

@@ -61,8 +61,9 @@ def usage_query(*, user, start: str | None, end: str | None, group_by: str | Non
             (404: no such user).
     """
     today = today or dt.datetime.now(dt.timezone.utc).date()
-    end_day = _date("end", end) if end else today
-    start_day = _date("start", start) if start else end_day - dt.timedelta(days=min(30, settings.USAGE_MAX_RANGE_DAYS) - 1)
+    # a parameter given empty is a date that is not one (400), not the default: the schema says so
+    end_day = _date("end", end) if end is not None else today
+    start_day = _date("start", start) if start is not None else end_day - dt.timedelta(days=min(30, settings.USAGE_MAX_RANGE_DAYS) - 1)
     if end_day < start_day:
         raise ApplicationError(f"end {end_day} is before start {start_day}", code="usage_range_inverted",
                                extra={"start": str(start_day), "end": str(end_day)})
@@ -91,7 +92,9 @@ def _date(name: str, text: str) -> dt.date:
 
 
 def _owner(user, owner: str | None) -> int | None:
-    if owner is None or owner == "" or owner == str(user.id):
+    if owner == "":
+        raise ApplicationError("owner is a user id or 'all'", code="invalid_owner", extra={"fields": ["owner"]})
+    if owner is None or owner == str(user.id):
         return user.id
     if not user.is_staff:
         raise ApplicationError("only staff may read another owner's usage", code="forbidden", status=403)
