@@ -97,16 +97,24 @@ def _take(counter: str, amount: int, limit: int, window_ms: int) -> tuple[bool, 
     return bool(admitted), int(count), max(int(ttl), 0) / 1000
 
 
-def _window(key: ApiKey, counter: str, limit_name: str, amount: int, window_ms: int, *,
-            room: int | None = None) -> tuple[bool, Window] | None:
+def _admit(key: ApiKey, counter: str, limit_name: str, what: str, kind: str, amount: int, window_ms: int, *,
+           room: int | None = None) -> dict[str, str]:
     """:func:`_take` of ``amount`` under ``key``'s limit ``limit_name`` (``room``: the limit the
-    counter is compared with, when not the limit itself)."""
+    counter is compared with, when not the limit itself): the ``x-ratelimit-*-<kind>`` headers, none
+    when Redis cannot be reached.
+
+    Raises:
+        ApplicationError: 429 ``rate_limited`` (:func:`_refusal`, ``what`` names the limit).
+    """
     limit = key.limit(limit_name)
     taken = _take(_counter(counter, key), amount, limit if room is None else room, window_ms)
     if taken is None:
-        return None
+        return {}
     admitted, count, reset_s = taken
-    return admitted, Window(limit, max(0, limit - count), reset_s)
+    w = Window(limit, max(0, limit - count), reset_s)
+    if not admitted:
+        raise _refusal(what, limit_name, w, kind, amount)
+    return w.headers(kind)
 
 
 def _refusal(what: str, limit_name: str, w: Window, kind: str, amount: int) -> ApplicationError:
@@ -130,13 +138,7 @@ def request_admit(*, key: ApiKey) -> dict[str, str]:
     Raises:
         ApplicationError: 429 ``rate_limited`` with ``Retry-After`` (whole seconds to the window's reset).
     """
-    taken = _window(key, "requests", "requests_per_minute", 1, MINUTE_MS)
-    if taken is None:
-        return {}
-    admitted, w = taken
-    if not admitted:
-        raise _refusal("requests per minute", "requests_per_minute", w, "requests", 1)
-    return w.headers("requests")
+    return _admit(key, "requests", "requests_per_minute", "requests per minute", "requests", 1, MINUTE_MS)
 
 
 def images_admit(*, key: ApiKey, images: int) -> dict[str, str]:
@@ -151,13 +153,8 @@ def images_admit(*, key: ApiKey, images: int) -> dict[str, str]:
         return {}
     if images > limit:
         raise _too_big("images", "images_per_minute", limit, images)
-    taken = _window(key, "images", "images_per_minute", images, MINUTE_MS)
-    if taken is None:
-        return {}
-    admitted, w = taken
-    if not admitted:
-        raise _refusal("interactive images per minute", "images_per_minute", w, "images", images)
-    return w.headers("images")
+    return _admit(key, "images", "images_per_minute", "interactive images per minute", "images", images,
+                  MINUTE_MS)
 
 
 def _day_left_ms(now: float) -> int:
@@ -181,14 +178,8 @@ def bulk_images_admit(*, key: ApiKey, images: int) -> dict[str, str]:
     now = time.time()
     day = dt.datetime.fromtimestamp(now, dt.UTC).strftime("%Y%m%d")
     # an unknown count needs room for one image and takes none
-    taken = _window(key, f"bulk:{day}", "bulk_images_per_day", images, _day_left_ms(now),
-                    room=None if images else limit - 1)
-    if taken is None:
-        return {}
-    admitted, w = taken
-    if not admitted:
-        raise _refusal("bulk images per day", "bulk_images_per_day", w, "bulk-images", images)
-    return w.headers("bulk-images")
+    return _admit(key, f"bulk:{day}", "bulk_images_per_day", "bulk images per day", "bulk-images", images,
+                  _day_left_ms(now), room=None if images else limit - 1)
 
 
 _LIVE = (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.PAUSED)
