@@ -2,16 +2,14 @@
 action that retries failed images; near-duplicate scans and groups, read-only. Deleting (one object
 or "delete selected") goes through the services, so points, blobs and duplicates are settled as for
 the API (``image_deleted``). OpenAI files and batches, read-only, linked to each other and to the
-batch's job; a file is deleted and a batch cancelled through their services. API keys: staff
-revoke them and set their limits (never see a secret; a key is made through the API or the site).
-Usage counter rows, read-only."""
+batch's job; a file is deleted and a batch cancelled through their services. API keys and usage
+counter rows: ``embeddings.admin.access``; what every admin here shares: ``embeddings.admin.base``."""
 from __future__ import annotations
 
 import json
 import unicodedata
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.contrib.auth import admin as auth_admin
 from django.contrib.auth.models import Group, User
 from django.contrib.contenttypes.views import shortcut
@@ -19,13 +17,10 @@ from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.http import Http404
 from django.urls import path, reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from embeddings.errors import ApplicationError
 from embeddings.models import (
-    LIMIT_SETTINGS,
-    ApiKey,
     Batch,
     BatchFile,
     BatchPart,
@@ -40,12 +35,10 @@ from embeddings.models import (
     JobKind,
     JobStatus,
     NotDuplicate,
-    UsageRecord,
     WebhookAttempt,
     WebhookDelivery,
     WebhookEndpoint,
 )
-from embeddings.services.access import keys as key_services
 from embeddings.services.batches import batches as batch_services
 from embeddings.services.batches import files as file_services
 from embeddings.services.catalogue import jobs as job_services
@@ -55,41 +48,8 @@ from embeddings.services.lifecycle import model_migrations as migrations
 from embeddings.services.webhooks import delivery as webhook_delivery
 from embeddings.site.thumbnails import thumbnail_response
 
-
-class CheckedActionsMixin:
-    """A ``ModelAdmin`` whose list actions refuse selected ids that are not keys of the model (a
-    tampered form: ``_selected_action=junk`` on a uuid or integer key, an integer past the database's
-    range), with a message and the list again; Django's admin filters by them as they are, and the
-    key field raises ``ValidationError`` or the database driver ``OverflowError`` (a 500). An empty
-    ``?_to_field=`` on an object's page names the primary key, as when it is absent."""
-
-    def get_object(self, request, object_id, from_field=None):
-        # Django checks a non-empty _to_field (to_field_allowed: 400) but passes "" on to
-        # _meta.get_field(""), which raises FieldDoesNotExist (a 500)
-        return super().get_object(request, object_id, from_field or None)
-
-    def response_action(self, request, queryset):
-        try:
-            for pk in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
-                self.model._meta.pk.clean(pk, None)  # type, then the range validators of the database
-        except ValidationError:
-            self.message_user(request, "The selection holds ids that are not this list's: nothing was changed.",
-                              messages.ERROR)
-            return None  # the admin shows the list again
-        return super().response_action(request, queryset)
-
-
-class ReadOnlyInline(admin.TabularInline):
-    """A table of rows shown under their parent, none added, changed or deleted here: ``fields`` read-only."""
-
-    extra = 0
-    can_delete = False
-
-    def get_readonly_fields(self, request, obj=None):
-        return self.fields
-
-    def has_add_permission(self, request, obj=None):
-        return False
+from . import access  # noqa: F401 - API keys and usage (issue 55), registered on import
+from .base import CheckedActionsMixin, ReadOnlyInline
 
 
 def view_on_site(request, content_type_id, object_id):
@@ -519,87 +479,6 @@ class BatchAdmin(CheckedActionsMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # made through the API (``POST /v1/batches``), which validates its file
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-
-# --- API keys (issue 55, docs/api-keys.md) ------------------------------------------------------------
-# Made through the API, the site or `manage.py apikeys` (the secret is shown there, once); here staff
-# revoke keys and set their limits. Never deleted: a revoked row still names who made what.
-
-class KeyStateFilter(admin.SimpleListFilter):
-    title = "state"
-    parameter_name = "state"
-
-    def lookups(self, request, model_admin):
-        return [("active", "active"), ("revoked", "revoked"), ("expired", "expired")]
-
-    def queryset(self, request, queryset):
-        now = timezone.now()
-        live = Q(revoked_at__isnull=True) & (Q(expires_at__isnull=True) | Q(expires_at__gt=now))
-        if self.value() == "active":
-            return queryset.filter(live)
-        if self.value() == "revoked":
-            return queryset.filter(revoked_at__isnull=False)
-        if self.value() == "expired":
-            return queryset.filter(revoked_at__isnull=True, expires_at__lte=now)
-        return queryset
-
-
-@admin.register(ApiKey)
-class ApiKeyAdmin(CheckedActionsMixin, admin.ModelAdmin):
-    list_display = ("prefix", "name", "owner", "state", "scope_list", "created_at", "last_used_at", "expires_at",
-                    "revoked_at")
-    list_filter = (KeyStateFilter,)
-    search_fields = ("prefix", "name", "owner__username")
-    fields = ("prefix", "name", "owner", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at",
-              *LIMIT_SETTINGS, "bulk_weight")
-    readonly_fields = ("prefix", "owner", "scopes", "created_at", "last_used_at", "revoked_at")
-    actions = ("revoke",)
-
-    @admin.display(description="state")
-    def state(self, key: ApiKey) -> str:
-        return key.state()
-
-    @admin.display(description="scopes")
-    def scope_list(self, key: ApiKey) -> str:
-        return ", ".join(key.scopes)
-
-    @admin.action(description="Revoke the selected keys")
-    def revoke(self, request, queryset):
-        for key in queryset:
-            key_services.key_revoke(key=key)
-        self.message_user(request, f"{queryset.count()} keys revoked.", messages.SUCCESS)
-
-    def get_actions(self, request):
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-
-@admin.register(UsageRecord)
-class UsageRecordAdmin(CheckedActionsMixin, admin.ModelAdmin):
-    """Usage counter rows (docs/usage.md), read-only: they are written only by metering, in the
-    transaction of the work they count (deleting one, or its owner, takes that usage out of every
-    report). Filters: kind, model, key prefix; search: owner, key prefix; newest day first."""
-
-    list_display = ("day", "owner", "key_prefix", "model_id", "kind", "units", "bytes", "compute_s")
-    # no date filter: the admin's date lookups turn a huge year in the query string into a 500
-    list_filter = ("kind", "model_id", "key_prefix")
-    search_fields = ("owner__username", "key_prefix")
-    fields = list_display
-    readonly_fields = fields
-    list_select_related = ("owner",)
-
-    def has_add_permission(self, request):
-        return False
 
     def has_change_permission(self, request, obj=None):
         return False
