@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 
@@ -46,15 +47,58 @@ def root_id(result) -> str:
     return str(result.id)
 
 
+#: Records waiting for the writer thread (:func:`_push`).
+_pending: queue.SimpleQueue = queue.SimpleQueue()
+_writer_lock = threading.Lock()
+_writer: threading.Thread | None = None
+_written = threading.Condition()
+_counts = {"handed": 0, "written": 0}
+
+
 def _push(record: dict) -> None:
+    """Hand ``record`` to this process's writer thread: a record is never written on the path it
+    measures (the Redis round trip would be counted in the very latency it breaks down)."""
+    global _writer
+    with _written:
+        _counts["handed"] += 1
+    _pending.put(record)
+    if _writer is None or not _writer.is_alive():
+        with _writer_lock:
+            if _writer is None or not _writer.is_alive():
+                _writer = threading.Thread(target=_write_forever, name="hop-records", daemon=True)
+                _writer.start()
+
+
+def _write_forever() -> None:
+    while True:
+        records = [_pending.get()]
+        while True:  # whatever else is waiting goes in the same round trip
+            try:
+                records.append(_pending.get_nowait())
+            except queue.Empty:
+                break
+        _write(records)
+        with _written:
+            _counts["written"] += len(records)
+            _written.notify_all()
+
+
+def _write(records: list[dict]) -> None:
     try:
         client = redis_client()
         with client.pipeline(transaction=False) as pipe:
-            pipe.rpush(HOPS_KEY, json.dumps(record))
+            pipe.rpush(HOPS_KEY, *(json.dumps(r) for r in records))
             pipe.ltrim(HOPS_KEY, -HOPS_KEPT, -1)
             pipe.execute()
     except Exception as e:  # noqa: BLE001 - a diagnosis record: never what fails a request
         log.warning("could not record hops: %s", e)
+
+
+def flush(timeout_s: float = 5.0) -> None:
+    """Wait until every record handed over so far is written, or tried (at most ``timeout_s``)."""
+    with _written:
+        target = _counts["handed"]
+        _written.wait_for(lambda: _counts["written"] >= target, timeout=timeout_s)
 
 
 def waited(result, *, sent: float, got: float) -> None:
