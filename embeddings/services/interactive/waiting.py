@@ -40,9 +40,11 @@ def release_database() -> None:
     """Close this thread's database connection before a long wait (outside a transaction): the
     web's threads outnumber what PostgreSQL should hold open (``WEB_THREADS``,
     ``project/processes.py``), and a waiting request needs no connection; the next query after the
-    wait opens one again (a few ms)."""
+    wait opens one again (a few ms). SQLite's connection is kept: it is a file handle in this
+    process, which no server counts, and opening it again (its pragmas included) would cost the
+    answer about 1.5 ms."""
 
-    if not connection.in_atomic_block:
+    if connection.vendor != "sqlite" and not connection.in_atomic_block:
         connection.close()
 
 
