@@ -1,10 +1,12 @@
-"""Work a task does after its answer is out: bookkeeping nobody waits for (statistics rows, the
-interactive lane's reports) run once the task's result is stored and its chain's next message sent,
-not before, so it never lengthens the wait of the person who asked (issue 58).
+"""Work done after the answer is out: bookkeeping nobody waits for (statistics rows, the
+interactive lane's reports, a search's usage row) runs once the answer has left, not before, so it
+never lengthens the wait of the person who asked (issue 58).
 
 :func:`after_answer` inside a running task queues a call until the task ends (Celery's
-``task_postrun``, sent after the result and the chain's next message); outside a task (a service
-called directly: tests, scripts) it runs the call at once.
+``task_postrun``, sent after the result and the chain's next message); :func:`after_response` inside
+a web request queues one until its response is sent (Django's ``request_finished``, which the WSGI
+server sends when it closes the response, after its last byte). Outside a task or a request (a
+service called directly: tests, scripts) each runs the call at once.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import threading
 from collections.abc import Callable
 
 from celery.signals import task_postrun, task_prerun
+from django.core.signals import request_finished, request_started
+from django.dispatch import receiver
 
 log = logging.getLogger(__name__)
 
@@ -50,5 +54,32 @@ def task_ended(**_) -> None:
     """Run the calls queued while the task ran (its result is stored, its next message sent)."""
     stack = getattr(_pending, "stack", None)
     calls = stack.pop() if stack else []
+    for fn in calls:
+        _run(fn)
+
+
+_request = threading.local()
+
+
+def after_response(fn: Callable[[], object]) -> None:
+    """Run ``fn()`` once this thread's web request has sent its response, or now outside a request.
+    What it raises is logged, never raised: the response is already out."""
+    calls = getattr(_request, "calls", None)
+    if calls is None:
+        _run(fn)
+    else:
+        calls.append(fn)
+
+
+@receiver(request_started, dispatch_uid="embeddings.deferred.request_started")
+def request_opened(**_) -> None:
+    """Open this request's list of calls for after the response."""
+    _request.calls = []
+
+
+@receiver(request_finished, dispatch_uid="embeddings.deferred.request_finished")
+def request_closed(**_) -> None:
+    """Run the calls queued while the request ran (its response has been sent)."""
+    calls, _request.calls = getattr(_request, "calls", None) or [], None
     for fn in calls:
         _run(fn)

@@ -7,7 +7,8 @@ a retried write or a second delivery of the same work finds its images embedded 
 nothing, and so counts nothing; a crash before the commit takes the count back with the mark. A
 fetch is counted where its row gets its bytes (``catalogue.fetching.rows_resolve``, under the same
 ``WHERE sha256 = ''`` guard), a duplicate where its row is decided skipped. What is not stored (a
-text, an image of ``/v1/embeddings``, a search) is counted when its answer is made, once per request.
+text, an image of ``/v1/embeddings``, a search) is counted when its answer is made, once per request,
+written once the response is sent.
 
 Each increment is one ``INSERT … ON CONFLICT (day, owner, key, model, kind) DO UPDATE SET units =
 units + excluded.units …`` per call (SQLite ≥ 3.24 and PostgreSQL alike), so concurrent writers
@@ -23,6 +24,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from embeddings import metrics
+from embeddings.deferred import after_response
 from embeddings.models import Image, Job, Lane, UsageKind, UsageRecord
 from project import lanes
 
@@ -144,17 +146,19 @@ def answered(*, owner_id: int, key_prefix: str, model_id: str, texts: int = 0, i
              compute_s: float = 0.0) -> None:
     """Count the work of one answered request that stores nothing: ``texts`` and ``images``
     embedded, ``searches`` answered, in space ``model_id``; ``compute_s`` (worker seconds, when the
-    worker reported them) goes with the texts and images, shared by count."""
+    worker reported them) goes with the texts and images, shared by count. In a web request the
+    row is written once the response is sent (``deferred.after_response``): nobody waits for it."""
     embedded = texts + images
     share = compute_s / embedded if embedded else 0.0
-    usage_add([
+    entries = [
         Usage(owner_id=owner_id, kind=UsageKind.TEXT, units=texts, key_prefix=key_prefix, model_id=model_id,
               compute_s=share * texts),
         Usage(owner_id=owner_id, kind=UsageKind.IMAGE_INTERACTIVE, units=images, key_prefix=key_prefix,
               model_id=model_id, compute_s=share * images),
         Usage(owner_id=owner_id, kind=UsageKind.SEARCH, units=searches, key_prefix=key_prefix, model_id=model_id,
               compute_s=0.0 if embedded else compute_s),
-    ])
+    ]
+    after_response(lambda: usage_add(entries))
 
 
 def fetched(*, owner_id: int, key_prefix: str, model_id: str, fetches: int, nbytes: int, lane: str = "") -> None:
