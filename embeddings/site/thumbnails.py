@@ -7,14 +7,18 @@ it is one user's picture) with the sha256 as its ETag; ``If-None-Match`` with it
 """
 from __future__ import annotations
 
+import time
+
 from django.http import HttpResponse, HttpResponseNotModified
 from django.shortcuts import get_object_or_404
+from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.views import APIView
 
 from embeddings import runtime
 from embeddings.api.parsers import AnyAccept
+from embeddings.models import ImageStatus
 from embeddings.selectors import images_visible_to
 from embeddings.errors import ApplicationError
 from embeddings.storage import thumbnail_read
@@ -25,17 +29,37 @@ MAX_AGE_S = 31_536_000
 CACHE_CONTROL = f"private, max-age={MAX_AGE_S}, immutable"
 
 
+#: How long (s) after an image was embedded its thumbnail may still be on its way: the interactive
+#: worker draws it once the answer is out (``services.queues.blobs.LateThumbnails``), milliseconds
+#: later on an idle worker; a request for it inside this window waits for it instead of a 404.
+THUMBNAIL_LATE_S = 2.0
+_POLL_S = 0.02
+
+
+def _thumbnail(image) -> bytes | None:
+    """The thumbnail bytes, waiting up to :data:`THUMBNAIL_LATE_S` after the image was embedded (or
+    created, for a copy of stored bytes) for one still being drawn; None when there is none."""
+    store = runtime.blob_store()
+    since = (image.embedded_at or image.created_at) if image.status in (ImageStatus.EMBEDDED, ImageStatus.SKIPPED) else None
+    while (data := thumbnail_read(store, image.sha256)) is None:
+        if since is None or (timezone.now() - since).total_seconds() > THUMBNAIL_LATE_S:
+            return None
+        time.sleep(_POLL_S)
+    return data
+
+
 def thumbnail_response(request, image) -> HttpResponse:
     """The thumbnail of ``image`` (already owner-checked) with its cache headers, or 304.
 
     Raises:
-        ApplicationError: ``not_found`` (404) when no thumbnail exists (the image never decoded).
+        ApplicationError: ``not_found`` (404) when no thumbnail exists (the image never decoded), once
+            :data:`THUMBNAIL_LATE_S` have passed since it was embedded.
     """
     etag = f'"{image.sha256}"'
     if etag in [t.strip() for t in request.META.get("HTTP_IF_NONE_MATCH", "").split(",")]:
         r = HttpResponseNotModified()
     else:
-        data = thumbnail_read(runtime.blob_store(), image.sha256)
+        data = _thumbnail(image)
         if data is None:
             raise ApplicationError("this image has no thumbnail (it was not decoded)", code="not_found", status=404)
         r = HttpResponse(data, content_type=content_type(data))

@@ -60,6 +60,34 @@ def test_an_embedded_image_has_a_thumbnail_drawn_once(service, api, user, other_
     assert again.status_code == 304 and again["ETag"] == f'"{a["sha256"]}"'
 
 
+def test_a_thumbnail_still_being_drawn_is_waited_for_and_an_old_missing_one_is_404(service, api, monkeypatch):
+    """The interactive worker draws a thumbnail once its answer is out: a request for it in the
+    window after the image was embedded waits for it; past the window a missing one is 404 at once."""
+    import datetime as dt
+    import threading
+    import time
+
+    from django.utils import timezone
+
+    from embeddings.site import thumbnails
+
+    a = uploaded(api, "late.jpg", jpeg_bytes(11, size=(300, 400)))
+    store = runtime.blob_store()
+    path = thumbnail_path(store, a["sha256"])
+    drawn = path.read_bytes()
+    path.unlink()  # as if the worker had not drawn it yet
+    Image.objects.filter(id=a["id"]).update(embedded_at=timezone.now())
+    threading.Timer(0.3, lambda: path.write_bytes(drawn)).start()
+    t0 = time.perf_counter()
+    r = api.get(a["thumbnail_url"])
+    assert r.status_code == 200 and r.content == drawn and 0.25 < time.perf_counter() - t0 < thumbnails.THUMBNAIL_LATE_S
+    path.unlink()
+    Image.objects.filter(id=a["id"]).update(embedded_at=timezone.now() - dt.timedelta(seconds=thumbnails.THUMBNAIL_LATE_S + 1))
+    t0 = time.perf_counter()
+    r = api.get(a["thumbnail_url"])
+    assert r.status_code == 404 and r.json()["code"] == "not_found" and time.perf_counter() - t0 < 0.5
+
+
 def test_thumbnails_are_checked_like_their_image(service, api, user, other_user, staff):
     a = uploaded(api, "a.jpg", jpeg_bytes(2))
     url = a["thumbnail_url"]

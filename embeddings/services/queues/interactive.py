@@ -10,7 +10,8 @@ import time
 from embeddings import lane_control, metrics, runtime
 from embeddings.messages import encode_vector
 from embeddings.models import Image, ImageStatus, Lane
-from embeddings.services.queues.blobs import originals_loader, thumbnailer
+from embeddings.deferred import after_answer
+from embeddings.services.queues.blobs import LateThumbnails, originals_loader
 from embeddings.services.queues.store_writes import vector_item
 from embeddings.spaces import ModelNotConfigured
 from workers import screen
@@ -41,8 +42,9 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     if time.time() > deadline_ts:
         return {"items": [], "failed": expired(ordered), "timings": {}}
     runner = runtime.batch_runner(model_id)
-    prepared = runner.prepare(ordered, originals_loader({k: v[:2] for k, v in rows.items()}),
-                              thumbnailer({k: v[1] for k, v in rows.items()}))
+    late = LateThumbnails({k: v[1] for k, v in rows.items()})
+    prepared = runner.prepare(ordered, originals_loader({k: v[:2] for k, v in rows.items()}), late)
+    after_answer(late.draw)  # previews and thumbnails once the answer is out
     failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
     timings = prepared.timings
     items = []

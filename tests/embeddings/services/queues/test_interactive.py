@@ -51,6 +51,26 @@ def test_an_interactive_request_is_embedded_written_and_answered_with_neighbours
         copy: {"neighbours": []}}
 
 
+def test_an_interactive_request_draws_its_previews_and_thumbnails_after_its_answer(service, user):
+    """Inside a task, the preview and thumbnail of each decoded image are drawn once the task has
+    answered (``deferred.after_answer``), not while the person waits; outside a task at once."""
+    from embeddings import deferred
+    from embeddings.storage import preview_exists, thumbnail_exists
+
+    ids = interactive_rows(user, photos(2, 70))
+    shas = dict(Image.objects.filter(id__in=ids).values_list("id", "sha256"))
+    store = runtime.blob_store()
+    drawn = lambda: [(preview_exists(store, shas[i]), thumbnail_exists(store, shas[i])) for i in shas]  # noqa: E731
+    deferred.task_started()  # as Celery's task_prerun does
+    try:
+        embedded = interactive.interactive_embed(image_ids=ids, deadline_ts=time.time() + 30)
+        assert len(embedded["items"]) == 2
+        assert drawn() == [(False, False)] * 2  # the answer is not out yet
+    finally:
+        deferred.task_ended()  # task_postrun: after the result and the chain's next message
+    assert drawn() == [(True, True)] * 2
+
+
 def test_queries_refuse_a_passed_deadline_an_unknown_space_and_bytes_that_are_no_image(service):
     space = runtime.model_id()
     text = interactive.text_embed(text="a dog", deadline_ts=time.time() + 30, model_id=space)
