@@ -233,10 +233,13 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     items, failed = embedded.get("items", []), embedded.get("failed", [])
     # the request's worker time (prepare and forward passes) over its images, as metered (docs/usage.md)
     compute_s_each = (embedded.get("timings") or {}).get("total", 0.0) / 1000 / max(1, len(items) + len(failed))
-    upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE, compute_s_each=compute_s_each)[1] if items else 0.0
-    embedded_now = {str(i) for i in Image.objects.filter(id__in=[it["id"] for it in items],
-                                                          status=ImageStatus.EMBEDDED).values_list("id", flat=True)}
-    items = [it for it in items if it["id"] in embedded_now]  # written now, or by another delivery
+    marked, upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE, compute_s_each=compute_s_each) if items else ([], 0.0)
+    # written now, or by another delivery: asked of the database only for those not marked now
+    embedded_now = {it["id"] for it in marked}
+    if others := [it["id"] for it in items if it["id"] not in embedded_now]:
+        embedded_now |= {str(i) for i in Image.objects.filter(id__in=others, status=ImageStatus.EMBEDDED)
+                         .values_list("id", flat=True)}
+    items = [it for it in items if it["id"] in embedded_now]
     image_services.images_mark_failed([tuple(f) for f in failed])
     if embedded.get("timings"):
         t = StageTimings(**{k2: v for k2, v in embedded["timings"].items() if k2 != "upsert"})
