@@ -22,9 +22,11 @@ thumbnails, Celery, SQL, the vectors worker and the store. In this order:
    vectors worker's points/s while busy (target ≥ 5,000, issue 58 item 2) beside the embedded
    store's own upsert rate measured in the same run, and each process's CPU.
 
-Every bound and phase carries the 1-minute load average before and after it; a bound measured above
-0.5 per core is flagged as unreliable (the cores were shared, so it reads low and flatters the
-ratios). First embeddings also print their chunks' median stage times (``BatchStat``).
+Every bound and phase carries the cores other work held while it ran (the machine's busy CPU
+seconds from the kernel's counters minus those of this benchmark's own process tree, over the wall
+time: ``OtherWork``) and the 1-minute load average before and after it; a bound during which other
+work held more than ``QUIET_OTHER_CORES`` cores is flagged as unreliable (the cores were shared, so
+it reads low and flatters the ratios). First embeddings also print their chunks' median stage times (``BatchStat``).
 
 Images/s of a job come from its own timestamps (``GET /api/jobs/{id}/``: started → finished). The
 CPU, its flags and the load average are printed first; results go to ``--out`` (``results.json``,
@@ -57,32 +59,77 @@ TARGET_FIRST_RATIO = 0.85
 TARGET_REEMBED_RATIO = 0.85
 TARGET_WRITER_POINTS_PER_S = 5000.0
 
-#: 1-minute load average per core above which a bound (or a run) is flagged as unreliable: other
-#: work then held the cores, so a bound measured "alone" was not alone and reads too low.
-QUIET_LOAD_PER_CORE = 0.5
+#: CPU of other work (cores: CPU seconds of the machine's processes outside this benchmark's own
+#: process tree, per second of wall time) above which a bound or a phase is flagged as unreliable:
+#: other work then held the cores, so a bound measured "alone" was not alone and reads too low.
+#: Read from the kernel's counters, not the load average: a 1-minute average lags by a minute and
+#: counts the benchmark's own previous phase as "load".
+QUIET_OTHER_CORES = 0.2
 
 
 def load_now() -> dict:
-    """``{"load_1m", "per_core", "quiet"}``: the 1-minute load average, per core, and whether it is
-    at most :data:`QUIET_LOAD_PER_CORE`."""
+    """``{"load_1m", "per_core"}``: the 1-minute load average, and per core (printed beside every
+    figure; the verdicts use :class:`OtherWork`)."""
     load, cores = os.getloadavg()[0], os.cpu_count() or 1
-    return {"load_1m": round(load, 2), "per_core": round(load / cores, 2), "quiet": load / cores <= QUIET_LOAD_PER_CORE}
+    return {"load_1m": round(load, 2), "per_core": round(load / cores, 2)}
 
 
-def _load_text(before: dict, after: dict) -> str:
-    warn = "" if before["quiet"] and after["quiet"] else (
-        f" WARNING: load above {QUIET_LOAD_PER_CORE} per core: the cores were shared, this figure is not reliable")
-    return f"load average {before['load_1m']} before, {after['load_1m']} after{warn}"
+def _busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (``/proc/stat``: user, nice, system,
+    irq, softirq, and steal: time a hypervisor gave another guest)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
+
+
+def _own_s() -> float:
+    """CPU seconds of this process and its descendants: alive ones directly, exited ones through
+    their parents' children times (a delta of two readings counts each second once)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:  # exited between the listing and the reading
+            pass
+    return total
+
+
+class OtherWork:
+    """How many cores other work held while something of ours ran: the machine's busy CPU seconds
+    minus those of this process and its descendants (the stack's processes, a bound's pool), over
+    the wall time, between :meth:`start` and :meth:`stop`."""
+
+    def start(self) -> OtherWork:
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_s()
+        return self
+
+    def stop(self) -> float:
+        """Cores of other work (0 on an otherwise idle machine; at most the core count)."""
+        wall = max(1e-9, time.perf_counter() - self.t0)
+        return round(max(0.0, (_busy_s() - self.busy0) - (_own_s() - self.own0)) / wall, 3)
+
+
+def _load_text(r: dict) -> str:
+    warn = "" if r["quiet"] else (f" WARNING: other work held {r['other_cores']} cores (above {QUIET_OTHER_CORES}): "
+                                  f"this figure is not reliable")
+    return (f"other work {r['other_cores']} cores; load average {r['load_before']['load_1m']} before, "
+            f"{r['load_after']['load_1m']} after{warn}")
 
 
 def measured(fn, *args) -> dict:
     """``fn(*args)`` (a dict) with the load average before and after it (:func:`load_now`) added as
-    ``load_before``/``load_after``, and ``quiet`` (both at most :data:`QUIET_LOAD_PER_CORE` per
-    core)."""
-    before = load_now()
+    ``load_before``/``load_after``, the cores other work held meanwhile (``other_cores``,
+    :class:`OtherWork`), and ``quiet`` (at most :data:`QUIET_OTHER_CORES` of them)."""
+    before, other = load_now(), OtherWork().start()
     out = fn(*args)
-    after = load_now()
-    return {**out, "load_before": before, "load_after": after, "quiet": before["quiet"] and after["quiet"]}
+    cores = other.stop()
+    return {**out, "load_before": before, "load_after": load_now(), "other_cores": cores,
+            "quiet": cores <= QUIET_OTHER_CORES}
 
 
 def store_upsert_rate(points: int = 4096, dim: int = 512, slice_: int = 32) -> dict:
@@ -265,11 +312,11 @@ def run_job(client: Client, stack: Stack, folder: Path, database_url: str = "") 
     """Ingest ``folder`` as a bulk job and wait for it: ``(its rate with the load average before and
     after and its chunks' stage times, each process's CPU %)``."""
     cpu = CpuSampler(stack)
-    before = load_now()
+    before, other = load_now(), OtherWork().start()
     cpu.start()
     job_id = ingest(stack, folder)
     job = wait_job(client, job_id)
-    rate = {**_job_rate(job), "load_before": before, "load_after": load_now()}
+    rate = {**_job_rate(job), "load_before": before, "load_after": load_now(), **_quiet(other.stop())}
     rate["stages_ms"] = chunk_stages(database_url, stack, job_id)
     return rate, cpu.stop()
 
@@ -310,14 +357,14 @@ def main(argv=None) -> int:
     originals = distinct_photos(args.originals)
     res["decode_bound"] = measured(decode_bound, [d for _, d in originals], args.processes or os.cpu_count())
     print(f"decode bound, {len(originals)} originals: {res['decode_bound']['images_per_s']} images/s; "
-          f"{_load_text(res['decode_bound']['load_before'], res['decode_bound']['load_after'])}", flush=True)
+          f"{_load_text(res['decode_bound'])}", flush=True)
     res["preview_bound"] = measured(preview_bound, [d for _, d in originals], 4096, args.processes or os.cpu_count())
     print(f"preview bound: {res['preview_bound']['images_per_s']} images/s "
           f"(mean preview {res['preview_bound']['mean_kb']} KB); "
-          f"{_load_text(res['preview_bound']['load_before'], res['preview_bound']['load_after'])}", flush=True)
+          f"{_load_text(res['preview_bound'])}", flush=True)
     res["store_upsert"] = measured(store_upsert_rate)
     print(f"embedded store alone: {res['store_upsert']['points_per_s']:,.0f} points/s upserted; "
-          f"{_load_text(res['store_upsert']['load_before'], res['store_upsert']['load_after'])}", flush=True)
+          f"{_load_text(res['store_upsert'])}", flush=True)
 
     images = out / "images"
     shutil.rmtree(images, ignore_errors=True)
@@ -351,7 +398,7 @@ def main(argv=None) -> int:
 
         cpu = CpuSampler(stack)
         r0, t = redis_commands(stack.env["REDIS_URL"]), time.time()
-        before = load_now()
+        before, other = load_now(), OtherWork().start()
         cpu.start()
         model, _, _ = target.split(":")
         r = client.s.post(client.base + "/api/migrations/", json={"model": model, "pretrained": "random"}, timeout=60)
@@ -361,7 +408,7 @@ def main(argv=None) -> int:
         job_id = space["job"] if isinstance(space.get("job"), str) else space["job"]["id"]
         job = wait_job(client, job_id)
         res["reembed_cpu"] = cpu.stop()
-        res["reembed"] = {**_job_rate(job), "load_before": before, "load_after": load_now()}
+        res["reembed"] = {**_job_rate(job), "load_before": before, "load_after": load_now(), **_quiet(other.stop())}
         res["reembed"]["redis_commands_per_image"] = round(
             (redis_commands(stack.env["REDIS_URL"]) - r0) / max(1, job.get("embedded") or 1), 3)
         res["reembed"]["sql"] = sql_per_task(sql_dir, t)
@@ -396,15 +443,19 @@ def writer_rate(phase: dict) -> float | None:
     return ix["images_total"] / ix["wall_s_total"] if ix and ix["wall_s_total"] else None
 
 
+def _quiet(other_cores: float) -> dict:
+    return {"other_cores": other_cores, "quiet": other_cores <= QUIET_OTHER_CORES}
+
+
 def _load_of(r: dict) -> str:
-    shared = "" if r["load_before"]["quiet"] and r["load_after"]["quiet"] else \
-        f" (above {QUIET_LOAD_PER_CORE} per core: other work shared the cores)"
-    return f"load average {r['load_before']['load_1m']} -> {r['load_after']['load_1m']}{shared}"
+    shared = "" if r["quiet"] else f" (above {QUIET_OTHER_CORES}: other work shared the cores)"
+    return (f"other work {r['other_cores']} cores{shared}, "
+            f"load average {r['load_before']['load_1m']} -> {r['load_after']['load_1m']}")
 
 
 def _bound_note(b: dict) -> str:
-    return (f"bound measured at {_load_of(b)}" + ("" if b["quiet"] else
-            f"; WARNING: above {QUIET_LOAD_PER_CORE} per core, the bound is unreliable (reads low), "
+    return (f"bound measured with {_load_of(b)}" + ("" if b["quiet"] else
+            f"; WARNING: other work held more than {QUIET_OTHER_CORES} cores, the bound is unreliable (reads low), "
             f"so this is no PASS whatever the ratio"))
 
 
@@ -458,7 +509,7 @@ def table(res: dict) -> str:
             lines.append(f"| {key} | {task} | {s['tasks']} | {s['images_median']:.0f} | {s['statements_median']:.0f} / "
                          f"{s['statements_max']} | {s['writes_median']:.0f} | {s['sql_ms_median']:.1f} | "
                          f"{s['wall_ms_median']:.0f} |")
-    lines += ["", "| phase | vectors writer points/s while busy | the embedded store alone, points/s (same run) | load average |",
+    lines += ["", "| phase | vectors writer points/s while busy | the embedded store alone, points/s (same run) | other work, load average |",
               "| --- | --- | --- | --- |"]
     for key in ("first_originals", "first_catalogue", "reembed"):
         rate = writer_rate(res[key])
