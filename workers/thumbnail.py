@@ -63,8 +63,13 @@ def thumbnail_bytes(rgb: np.ndarray, *, long_side: int = LONG_SIDE, quality: int
         raise ValueError(f"expected (H, W, 3) uint8 RGB, got {rgb.shape} {rgb.dtype}")
     h, w = rgb.shape[:2]
     tw, th = thumbnail_size(w, h, long_side)
-    # INTER_AREA averages every source pixel (no aliasing on a big downscale, unlike INTER_LINEAR).
-    small = cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_AREA) if (tw, th) != (w, h) else rgb
+    # Shrinking by 2x or more: INTER_AREA averages every source pixel (INTER_LINEAR would skip some
+    # and alias). Less than 2x (a thumbnail drawn from a preview's pixels, usually): INTER_LINEAR,
+    # whose two taps per axis still reach every source pixel, at a fifth of INTER_AREA's cost on
+    # such fractional ratios; the preview's rule (workers.preview.preview_pixels).
+    linear = max(h, w) < 2 * max(tw, th)
+    small = (cv2.resize(rgb, (tw, th), interpolation=cv2.INTER_LINEAR if linear else cv2.INTER_AREA)
+             if (tw, th) != (w, h) else rgb)
     ok, buf = cv2.imencode(SUFFIX, cv2.cvtColor(small, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, quality])
     if not ok:
         raise ValueError(f"the JPEG encoder refused a {tw}×{th} image")
