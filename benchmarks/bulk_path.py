@@ -83,14 +83,19 @@ def _busy_s() -> float:
     return t.user + t.nice + t.system + t.irq + t.softirq + getattr(t, "steal", 0.0)
 
 
-def _own_s() -> float:
+def _own_s(database: bool = False) -> float:
     """CPU seconds of this process and its descendants: alive ones directly, exited ones through
-    their parents' children times (a delta of two readings counts each second once)."""
+    their parents' children times (a delta of two readings counts each second once). ``database``:
+    the PostgreSQL server's processes too (the stack's database: a server the benchmark does not
+    start, but whose work is the stack's; a backend that exits between readings is lost)."""
     import psutil
 
     me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    if database:
+        procs += [p for p in psutil.process_iter(["name"]) if p.info["name"] in ("postgres", "postmaster")]
     total = 0.0
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in procs:
         try:
             t = proc.cpu_times()
             total += t.user + t.system + t.children_user + t.children_system
@@ -101,17 +106,21 @@ def _own_s() -> float:
 
 class OtherWork:
     """How many cores other work held while something of ours ran: the machine's busy CPU seconds
-    minus those of this process and its descendants (the stack's processes, a bound's pool), over
-    the wall time, between :meth:`start` and :meth:`stop`."""
+    minus those of this process and its descendants (the stack's processes, a bound's pool) and,
+    with ``database``, of the PostgreSQL server, over the wall time, between :meth:`start` and
+    :meth:`stop`."""
+
+    def __init__(self, database: bool = False) -> None:
+        self.database = database
 
     def start(self) -> OtherWork:
-        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_s()
+        self.t0, self.busy0, self.own0 = time.perf_counter(), _busy_s(), _own_s(self.database)
         return self
 
     def stop(self) -> float:
         """Cores of other work (0 on an otherwise idle machine; at most the core count)."""
         wall = max(1e-9, time.perf_counter() - self.t0)
-        return round(max(0.0, (_busy_s() - self.busy0) - (_own_s() - self.own0)) / wall, 3)
+        return round(max(0.0, (_busy_s() - self.busy0) - (_own_s(self.database) - self.own0)) / wall, 3)
 
 
 def _load_text(r: dict) -> str:
@@ -312,7 +321,7 @@ def run_job(client: Client, stack: Stack, folder: Path, database_url: str = "") 
     """Ingest ``folder`` as a bulk job and wait for it: ``(its rate with the load average before and
     after and its chunks' stage times, each process's CPU %)``."""
     cpu = CpuSampler(stack)
-    before, other = load_now(), OtherWork().start()
+    before, other = load_now(), OtherWork(database=bool(database_url)).start()
     cpu.start()
     job_id = ingest(stack, folder)
     job = wait_job(client, job_id)
@@ -398,7 +407,7 @@ def main(argv=None) -> int:
 
         cpu = CpuSampler(stack)
         r0, t = redis_commands(stack.env["REDIS_URL"]), time.time()
-        before, other = load_now(), OtherWork().start()
+        before, other = load_now(), OtherWork(database=bool(database_url)).start()
         cpu.start()
         model, _, _ = target.split(":")
         r = client.s.post(client.base + "/api/migrations/", json={"model": model, "pretrained": "random"}, timeout=60)
