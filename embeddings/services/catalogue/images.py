@@ -589,26 +589,32 @@ def pg_array(values: Iterable[str | int | None]) -> str:
 #: user row (``first``); owners, jobs and items sorted as the loop sorts them (a uuid's order is its
 #: lowercase text's). One scan and one grouping, no join of aggregates: with no statistics yet (a new
 #: table) the planner would nest such a join, quadratic in the rows (measured: 480 ms for 512).
-_PAYLOADS_SQL = """SELECT sha, jsonb_build_object(
+#: ``json``, not ``jsonb``, for what is built here: text put together, where ``jsonb`` parses and
+#: normalises every step (measured: 4.7 against 7.1 ms of server time for 512 payloads).
+_PAYLOADS_SQL = """SELECT sha, json_build_object(
            'sha256', sha,
-           'owner_ids', jsonb_agg(DISTINCT owner ORDER BY owner),
-           'job_ids', COALESCE(jsonb_agg(DISTINCT job::text ORDER BY job::text) FILTER (WHERE job IS NOT NULL), '[]'),
-           'items', jsonb_agg(item ORDER BY usr) FILTER (WHERE first))::text,
+           'owner_ids', json_agg(DISTINCT owner ORDER BY owner),
+           'job_ids', COALESCE(json_agg(DISTINCT job::text ORDER BY job::text) FILTER (WHERE job IS NOT NULL),
+                               '[]'::json),
+           'items', json_agg(item ORDER BY usr) FILTER (WHERE first))::text,
        array_agg(id::text) FILTER (WHERE status = %s)
 FROM (
     SELECT sha, owner, job, id, status, usr, row_number() OVER (PARTITION BY sha, usr) = 1 AS first,
-           jsonb_build_object('image', usr::text, 'owner', owner,
-                              'm', CASE WHEN m IS NULL OR m IN ('null', 'false', '0', '""', '[]', '{{}}')
-                                        THEN '{{}}'::jsonb ELSE m END)
-           || CASE WHEN job IS NULL THEN '{{}}'::jsonb ELSE jsonb_build_object('job', job::text) END
-           || CASE WHEN COALESCE(ext, '') = '' THEN '{{}}'::jsonb ELSE jsonb_build_object('external_id', ext) END
-           AS item
+           CASE WHEN job IS NULL AND ext = '' THEN json_build_object('image', usr::text, 'owner', owner, 'm', m)
+                WHEN job IS NULL THEN json_build_object('image', usr::text, 'owner', owner, 'm', m, 'external_id', ext)
+                WHEN ext = '' THEN json_build_object('image', usr::text, 'owner', owner, 'm', m, 'job', job::text)
+                ELSE json_build_object('image', usr::text, 'owner', owner, 'm', m, 'job', job::text, 'external_id', ext)
+           END AS item
     FROM (
         SELECT i.{sha} AS sha, i.{owner} AS owner, COALESCE(s.{job}, i.{job}) AS job, i.{id} AS id,
                i.{status} AS status, COALESCE(i.{source}, i.{id}) AS usr,
-               CASE WHEN i.{source} IS NULL OR i.{source} = i.{id} THEN i.{ext} ELSE s.{ext} END AS ext,
-               CASE WHEN i.{source} IS NULL OR i.{source} = i.{id} THEN i.{meta} ELSE s.{meta} END AS m
-        FROM {rows} i LEFT OUTER JOIN {rows} s ON s.{id} = i.{source}
+               COALESCE(CASE WHEN i.{source} IS NULL OR i.{source} = i.{id} THEN i.{ext} ELSE s.{ext} END, '')
+               AS ext,
+               CASE WHEN m.m IS NULL OR m.m IN ('null', 'false', '0', '""', '[]', '{{}}') THEN '{{}}'::jsonb
+                    ELSE m.m END AS m
+        FROM {rows} i LEFT OUTER JOIN {rows} s ON s.{id} = i.{source},
+             LATERAL (SELECT CASE WHEN i.{source} IS NULL OR i.{source} = i.{id} THEN i.{meta} ELSE s.{meta} END
+                      AS m) m
         WHERE {where}
     ) r
 ) r
