@@ -528,6 +528,9 @@ def point_payloads(*, model_id: str, shas: Iterable[str], including: Iterable[st
     is still ``queued`` or ``embedded`` (one cancelled or expired meanwhile is not written), and the
     ids of those still queued are added to the set. Those rows must share the points' model, bytes
     and ``point_ids``, as every row being written does.
+
+    On PostgreSQL the server builds the payloads in one statement (:func:`_point_payloads_json`);
+    elsewhere the rows are read and the payloads built here (:func:`_point_payloads_rows`).
     """
     shas = set(shas)
     point_ids = None if point_ids is None else list(point_ids)
@@ -625,8 +628,8 @@ GROUP BY sha
 def _point_payloads_json(*, model_id: str, shas: set[str], including: list[str], point_ids: list[str] | None,
                          queued: set[str] | None) -> dict[str, dict]:
     """:func:`point_payloads` on PostgreSQL, same arguments and result: one statement whose rows are
-    the payloads as JSON text (:data:`_PAYLOADS_SQL`), parsed here by ``json.loads``; the ids, bytes
-    and points go as four array parameters whatever their number.
+    the payloads as JSON text (:data:`_PAYLOADS_SQL`), parsed here by ``json.loads``; the bytes,
+    points and ids go as one array literal each (:func:`pg_array`) whatever their number.
 
     Why: the same read as the Python loop, without building a model row, a ``UUID`` and a dict per
     row in Python (the writer reads 512 payloads twice per chunk: docs/scaling.md, "The vectors
