@@ -76,6 +76,10 @@ def measure(points: int, chunk: int) -> dict:
     for module, name, label in SPANS:
         timed(importlib.import_module(module), name, label)
     timed(type(runtime.vector_store()), "upsert", "store.upsert")
+    # what the vectors worker does once it consumes (worker_boot.freeze_heap), where that code has it
+    from embeddings import worker_boot
+    if hasattr(worker_boot, "freeze_heap"):
+        worker_boot.freeze_heap()
     out = seed_and_send(points + chunk, send=False)
     items = [it for c in out["chunks"] for it in c]
     chunks = [items[i : i + chunk] for i in range(0, len(items), chunk)]

@@ -6,14 +6,16 @@ the web process never receives these signals, and nothing here imports torch at 
   niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md).
 - ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
   space warmer thread (interactive worker), :func:`warn_configured_model_not_active` (every
-  worker), :func:`start_reconciler` (the vectors worker), :func:`start_health` (every worker: its
-  presence for ``/readyz``, and leaving the pool after failed passes).
+  worker), :func:`start_reconciler` and :func:`freeze_start_up_heap` (the vectors worker),
+  :func:`start_health` (every worker: its presence for ``/readyz``, and leaving the pool after
+  failed passes).
 - ``worker_process_init`` (each prefork child): :func:`child_health`.
 - ``worker_shutting_down``: :func:`end_presence`.
 """
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import threading
@@ -193,6 +195,29 @@ def start_reconciler(sender, **kwargs) -> None:
     if lanes.VECTORS in _consumed(sender) and settings.RECONCILE_INTERVAL_S > 0:
 
         reconcile.reconciler_start(interval_s=settings.RECONCILE_INTERVAL_S)
+
+
+# --- the vectors worker's heap (worker_ready) ------------------------------------------------------
+
+@worker_ready.connect(dispatch_uid="embeddings.worker_boot.freeze_start_up_heap")
+def freeze_start_up_heap(sender, **kwargs) -> None:
+    """In the worker that owns the vector store (``-P solo``: its tasks run in this process):
+    :func:`freeze_heap` once it consumes."""
+    if lanes.VECTORS in _consumed(sender):
+        freeze_heap()
+
+
+def freeze_heap() -> None:
+    """Collect the start-up garbage, then move every object still alive (Django, Celery, the
+    store's modules: a few hundred thousand) to the permanent generation (``gc.freeze``).
+
+    Why: a full collection walks every tracked object, and a bulk chunk's write allocates enough
+    (its items, payloads and points) to set one off every few chunks; with the start-up heap in
+    it, that pass took about 110 ms inside a 512-point chunk's write of about 170 ms
+    (``benchmarks/writer.py``, docs/scaling.md). Frozen objects are never collected: they live as
+    long as the process anyway."""
+    gc.collect()
+    gc.freeze()
 
 
 # --- health (worker_ready, worker_process_init, worker_shutting_down) ---------------------------------

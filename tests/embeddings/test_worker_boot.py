@@ -155,3 +155,17 @@ def test_only_the_vectors_worker_starts_the_reconciler(settings, monkeypatch):
     settings.RECONCILE_INTERVAL_S = 0  # off
     worker_boot.start_reconciler(worker(lanes.VECTORS))
     assert started == [30.0]
+
+
+def test_only_the_vectors_worker_freezes_its_start_up_heap(monkeypatch):
+    """The store's owner moves its start-up objects out of the collector's full passes (``gc.freeze``),
+    which a bulk chunk's write would otherwise set off every few chunks; no other worker does."""
+    import gc
+
+    frozen: list[int] = []
+    monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
+    for queues in ([lanes.BULK], [lanes.INTERACTIVE], [lanes.FETCH]):
+        worker_boot.freeze_start_up_heap(worker(*queues))
+    assert frozen == []
+    worker_boot.freeze_start_up_heap(worker(lanes.VECTORS, pool="celery.concurrency.solo"))
+    assert frozen == [1]

@@ -296,22 +296,29 @@ class VectorStore(abc.ABC):
         self.client.close()
 
 
-def require_usable(points: Sequence[Point]) -> None:
+def require_usable(points: Sequence[Point]) -> np.ndarray | None:
     """Check every point's vector before a write (nothing is written unless all pass).
+
+    Returns:
+        The vectors stacked, ``(len(points), D) float32`` (what a store sends on), or ``None`` when
+        their sizes differ (or there are none): each is screened alone, and the store names the size.
 
     Raises:
         UnusableVector: a vector that is not finite or is all zeros (naming its point).
     """
     if not points:
-        return
+        return None
     # one screen of the whole call (a chunk's slice: tens to hundreds of points), then the first
     # refused point named as screen.require_usable names it
     rows = [np.asarray(p.vector, np.float32).reshape(-1) for p in points]
+    matrix = None
     if len({r.shape for r in rows}) == 1:
-        reasons = screen.faults(np.stack(rows))
+        matrix = np.stack(rows)
+        reasons = screen.faults(matrix)
         points = [p for p, r in zip(points, reasons) if r is not None]
     for p in points:  # the refused ones (every one when the sizes differ: the store names the size)
         screen.require_usable(p.vector, f"point {p.id}")
+    return matrix
 
 
 def usable_points(points: Sequence[Point]) -> tuple[list[Point], list[Point]]:

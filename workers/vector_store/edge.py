@@ -182,13 +182,16 @@ class EdgeStore(VectorStore):
                 finite or is all zeros (nothing of the call is written).
             StoreError: the engine failed (I/O, closed shard).
         """
-        require_usable(points)  # the engine would keep it, and never find it again
+        matrix = require_usable(points)  # the engine would keep it, and never find it again
         shard = self._shard()
+        # the engine takes lists of floats: one tolist() of the stacked vectors, not one per point
+        rows = (matrix.tolist() if matrix is not None
+                else [np.asarray(p.vector, np.float32).tolist() for p in points])
         try:
             for i in range(0, len(points), UPSERT_BATCH):
-                chunk = points[i : i + UPSERT_BATCH]
                 shard.update(qe.UpdateOperation.upsert_points([
-                    qe.Point(str(p.id), np.asarray(p.vector, np.float32).tolist(), p.payload) for p in chunk]))
+                    qe.Point(str(p.id), v, p.payload)
+                    for p, v in zip(points[i : i + UPSERT_BATCH], rows[i : i + UPSERT_BATCH])]))
             if self.fsync and points:
                 shard.flush()
         except Exception as e:

@@ -84,6 +84,50 @@ def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, 
                                "items": [{"image": str(alone.id), "owner": user.id, "job": str(job.id), "m": {}}]}
 
 
+def test_the_postgresql_payload_read_is_the_python_loop_s(service, user, other_user):
+    """On PostgreSQL ``point_payloads`` builds the payloads as JSON in the server
+    (``images._point_payloads_json``): the same payloads and queued ids as the row-by-row loop, for
+    shared bytes, copies in another space (their user row's job, id and metadata), empty and falsy
+    metadata, rows of ``including`` queued, embedded or decided, with and without point ids."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the JSON read is PostgreSQL's (DATABASE_URL=postgres://...)")
+    third = type(user).objects.create(username="third")
+    job, copies_job = Job.objects.create(owner=user, model_id="m"), Job.objects.create(owner=user, model_id="copies")
+
+    def row(owner, sha, status, *, model_id="m", job=None, source=None, ext="", metadata=None):
+        return Image.objects.create(owner=owner, lane=Lane.BULK, status=status, sha256=sha, size_bytes=1,
+                                    storage_key=sha, model_id=model_id, point_id=uuid.uuid5(uuid.NAMESPACE_URL, sha + model_id),
+                                    job=job, source=source, external_id=ext,
+                                    metadata={} if metadata is None else metadata)
+
+    shared, alone, odd = "a" * 64, "b" * 64, "c" * 64
+    a = row(user, shared, ImageStatus.EMBEDDED, job=job, ext="A-1",
+            metadata={"cat": "shoes", "price": 10.5, "n": {"x": [1, 2, "\u00fc"], "none": None}, "big": 10**18})
+    b = row(other_user, shared, ImageStatus.EMBEDDED, metadata={"cat": 'quo"te\\'})
+    c = row(third, shared, ImageStatus.QUEUED, job=job, metadata=False)
+    d = row(user, alone, ImageStatus.QUEUED, job=job, metadata=[])
+    e = row(third, odd, ImageStatus.CANCELLED, metadata={"k": 1})
+    f = row(user, odd, ImageStatus.QUEUED, metadata=0)
+    row(user, alone, ImageStatus.EMBEDDED, model_id="elsewhere")
+    copies = [row(user, shared, ImageStatus.EMBEDDED, model_id="copies", job=copies_job, source=a),
+              row(other_user, shared, ImageStatus.QUEUED, model_id="copies", job=copies_job, source=b),
+              row(user, alone, ImageStatus.EMBEDDED, model_id="copies", source=d)]
+    rows, ids = [a, b, c, d, e, f], [str(r.id) for r in (a, b, c, d, e, f, *copies)]
+    calls = [dict(model_id=m, shas=[shared, alone, odd, "d" * 64], including=inc, point_ids=pids)
+             for m in ("m", "copies") for inc in ([], ids[2:]) for pids in (None, [str(r.point_id) for r in rows])]
+    calls.append(dict(model_id="m", shas=[shared], including=ids, point_ids=[]))
+    for call in calls:
+        for queued in (None, set()):
+            want_queued = None if queued is None else set()
+            want = image_services._point_payloads_rows(**{**call, "shas": set(call["shas"])}, queued=want_queued)
+            got = image_services._point_payloads_json(**{**call, "shas": set(call["shas"])}, queued=queued)
+            assert got == want, call
+            assert queued == want_queued, call
+    assert image_services.point_payloads(model_id="copies", shas=[shared])[shared]["items"][0]["m"] == a.metadata
+
+
 def test_mark_failed_never_undoes_an_embedded_image(service, user):
     im = image_services.images_create(owner=user, lane=Lane.BULK, sources=[src("a.png", PNG)])[0]
     image_services.images_mark_embedded([{"id": str(im.id), "width": 4, "height": 3, "format": "png"}])
