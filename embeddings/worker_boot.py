@@ -6,8 +6,7 @@ the web process never receives these signals, and nothing here imports torch at 
   niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md).
 - ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
   space warmer thread (interactive worker), :func:`warn_configured_model_not_active` (every
-  worker), :func:`start_reconciler` (the vectors worker), :func:`freeze_start_up_heap` (the vectors and
-  interactive workers),
+  worker), :func:`start_reconciler` and :func:`freeze_start_up_heap` (the vectors worker),
   :func:`start_health` (every worker: its presence for ``/readyz``, and leaving the pool after
   failed passes).
 - ``worker_process_init`` (each prefork child): :func:`child_health`.
@@ -202,14 +201,9 @@ def start_reconciler(sender, **kwargs) -> None:
 
 @worker_ready.connect(dispatch_uid="embeddings.worker_boot.freeze_start_up_heap")
 def freeze_start_up_heap(sender, **kwargs) -> None:
-    """In the worker that owns the vector store (``-P solo``: its tasks run in this process), and in
-    an interactive worker whose tasks run in this process (``threads``/``solo``; after
-    :func:`warm_model`, connected before this, loaded its model): :func:`freeze_heap` once it
-    consumes. In the interactive worker a full pass over its start-up heap (the model's modules)
-    would land inside some request's answer."""
-    pool = type(sender.pool).__module__ if getattr(sender, "pool", None) else ""
-    consumed = _consumed(sender)
-    if lanes.VECTORS in consumed or (lanes.INTERACTIVE in consumed and ("thread" in pool or "solo" in pool)):
+    """In the worker that owns the vector store (``-P solo``: its tasks run in this process):
+    :func:`freeze_heap` once it consumes."""
+    if lanes.VECTORS in _consumed(sender):
         freeze_heap()
 
 

@@ -15,7 +15,6 @@ Django's test client builds a plain ``WSGIRequest`` in its own handler, so it ca
 header; tests call :data:`application` itself (tests/embeddings/api/test_parsers.py) or gunicorn
 (tests/e2e/test_hostile_requests.py).
 """
-import gc
 import os
 
 import django
@@ -61,21 +60,6 @@ class Handler(WSGIHandler):
     request_class = Request
 
 
-def freeze_start_up_heap() -> None:
-    """Load the URL configuration (every view, serializer and schema hook) now rather than on the
-    first request, collect the start-up garbage, then move every object still alive to the
-    permanent generation (``gc.freeze``). Why: a full collection walks every tracked object, and
-    one set off by a request's allocations would walk the whole start-up heap inside that
-    request's answer; frozen objects live as long as the process anyway (the workers do the same:
-    ``embeddings.worker_boot.freeze_heap``)."""
-    from django.urls import get_resolver
-
-    get_resolver().url_patterns  # noqa: B018 - imports the URL configuration
-    gc.collect()
-    gc.freeze()
-
-
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
 django.setup(set_prefix=False)  # what django.core.wsgi.get_wsgi_application does before the handler
 application = Handler()
-freeze_start_up_heap()

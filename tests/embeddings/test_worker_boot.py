@@ -157,18 +157,15 @@ def test_only_the_vectors_worker_starts_the_reconciler(settings, monkeypatch):
     assert started == [30.0]
 
 
-def test_the_vectors_and_interactive_workers_freeze_their_start_up_heaps(monkeypatch):
-    """The store's owner and an interactive worker running its tasks in-process move their start-up
-    objects out of the collector's full passes (``gc.freeze``), which a bulk chunk's write or a
-    request's allocations would otherwise set off; no other worker does (a prefork parent runs no task)."""
+def test_only_the_vectors_worker_freezes_its_start_up_heap(monkeypatch):
+    """The store's owner moves its start-up objects out of the collector's full passes (``gc.freeze``),
+    which a bulk chunk's write would otherwise set off every few chunks; no other worker does."""
     import gc
 
     frozen: list[int] = []
     monkeypatch.setattr(gc, "freeze", lambda: frozen.append(1))
-    for queues, pool in (([lanes.BULK], "celery.concurrency.prefork"), ([lanes.FETCH], "celery.concurrency.thread"),
-                         ([lanes.INTERACTIVE], "celery.concurrency.prefork")):
-        worker_boot.freeze_start_up_heap(worker(*queues, pool=pool))
+    for queues in ([lanes.BULK], [lanes.INTERACTIVE], [lanes.FETCH]):
+        worker_boot.freeze_start_up_heap(worker(*queues))
     assert frozen == []
     worker_boot.freeze_start_up_heap(worker(lanes.VECTORS, pool="celery.concurrency.solo"))
-    worker_boot.freeze_start_up_heap(worker(lanes.INTERACTIVE, pool="celery.concurrency.thread"))
-    assert frozen == [1, 1]
+    assert frozen == [1]
