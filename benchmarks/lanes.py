@@ -486,11 +486,12 @@ def hops_main(args, out: Path) -> int:
         print(f"{args.requests} uploads and {args.requests} text searches, one at a time, {1 / args.rate:.2f} s apart ...",
               flush=True)
         for i in range(args.requests):
+            photo = distinct_jpeg(bases, 2 * 10**6 + i)  # encoded before the clock starts: not the service's time
             for kind in ("upload", "text_search"):
                 t0 = time.time()
                 p0 = time.perf_counter()
                 if kind == "upload":
-                    r = client.s.post(client.base + "/api/images/", files={"files": (f"h{i}.jpg", distinct_jpeg(bases, 2 * 10**6 + i))},
+                    r = client.s.post(client.base + "/api/images/", files={"files": (f"h{i}.jpg", photo)},
                                       data={"k": 5}, timeout=60)
                 else:
                     r = client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5},
