@@ -8,6 +8,8 @@ database (docs/scaling.md, "The vectors writer and the bounds"). Other backends 
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from django.core.exceptions import EmptyResultSet
 from django.db.models import Field
 from django.db.models.lookups import In
@@ -30,3 +32,15 @@ class AnyOf(In):
             raise EmptyResultSet
         return f"{lhs} = ANY(%s)", (*lhs_params, [field.get_db_prep_value(v, connection, prepared=True)
                                                   for v in values])
+
+
+def pg_array(values: Iterable[str | int | None]) -> str:
+    """A PostgreSQL array literal (``'{"a","b",NULL}'``) of ``values`` (text quoted, numbers as
+    ``str`` writes them, ``None`` as ``NULL``), to be passed as one text parameter and cast in the
+    SQL (``%s::uuid[]``).
+
+    Why: psycopg dumps a list parameter element by element in Python (a regular expression per
+    element to decide its quoting); a chunk's statements carry lists of 512 ids, where this costs
+    one join."""
+    return "{" + ",".join("NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                          if isinstance(v, str) else str(v) for v in values) + "}"

@@ -11,7 +11,7 @@ never takes the id from the image that has it:
 - other bytes, or a holder that never embedded: the holder is deleted (its vector with it, through
   ``images.image_deleted``) and the new row takes the id.
 
-Metadata lives in the database and in the payload of the point (``images.point_payloads``: one item
+Metadata lives in the database and in the payload of the point (``payloads.point_payloads``: one item
 per image the point stands for); :func:`image_update` changes either without re-embedding (metadata
 as a JSON Merge Patch of the stored object) and has the points' payloads recomputed.
 """

@@ -20,6 +20,7 @@ from embeddings import dispatch, metrics, runtime
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import BatchStat, Image, ImageStatus, Lane
 from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import payloads as payload_reads
 from workers import screen
 from workers.timing import StageTimings
 from workers.vector_store import Point
@@ -87,7 +88,7 @@ def _write_points(items: list[dict], payloads: dict[str, dict] | None = None,
     ``None``: decoded here); returns the upsert wall time (ms)."""
     model_id = items_space(items)
     if payloads is None:
-        payloads = image_services.point_payloads(
+        payloads = payload_reads.point_payloads(
             model_id=model_id, shas=[it["sha256"] for it in items], including=[it["id"] for it in items],
             point_ids=[it["point_id"] for it in items],
         )
@@ -103,11 +104,11 @@ def _write_points(items: list[dict], payloads: dict[str, dict] | None = None,
 def queued_payloads(items: list[dict]) -> tuple[set[str], dict[str, dict]]:
     """One read before writing ``items``' points: the ids of those whose images are still queued,
     and the payload (by sha256) of every item's point, counting those rows
-    (``images.point_payloads`` with ``queued``)."""
+    (``payloads.point_payloads`` with ``queued``)."""
     if not items:
         return set(), {}
     queued: set[str] = set()
-    payloads = image_services.point_payloads(
+    payloads = payload_reads.point_payloads(
         model_id=items_space(items), shas=[it["sha256"] for it in items],
         including=[it["id"] for it in items], point_ids=[it["point_id"] for it in items], queued=queued)
     return queued, payloads
@@ -121,7 +122,7 @@ SETTLE_ROUNDS = 8
 
 def payloads_settle(*, model_id: str, points: dict[str, str], given: dict[str, dict]) -> int:
     """Make the payloads of ``points`` in space ``model_id``'s collection agree with the database,
-    after this process wrote them: read them again (``images.point_payloads``) and overwrite each
+    after this process wrote them: read them again (``payloads.point_payloads``) and overwrite each
     one that differs from what the store was given, until a read finds what was written.
 
     The rule, and why it converges: a payload is a function of the database rows of its point
@@ -146,7 +147,7 @@ def payloads_settle(*, model_id: str, points: dict[str, str], given: dict[str, d
     rewritten = 0
     given = dict(given)
     for _ in range(SETTLE_ROUNDS):
-        now = image_services.point_payloads(model_id=model_id, shas=list(points), point_ids=list(points.values()))
+        now = payload_reads.point_payloads(model_id=model_id, shas=list(points), point_ids=list(points.values()))
         changed = {sha: p for sha, p in now.items() if p["owner_ids"] and p != given.get(sha)}
         if not changed:
             return rewritten

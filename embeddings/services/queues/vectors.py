@@ -27,6 +27,7 @@ from embeddings.models import (
 )
 from embeddings.selectors import hits_to_results
 from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import payloads as payload_reads
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.duplicates import scan as duplicate_scans
 from embeddings.services.queues.store_writes import (
@@ -385,7 +386,7 @@ def point_forget(*, point_id: str, sha256: str, model_id: str) -> str:
     if EmbeddingSpace.objects.filter(model_id=model_id, state=SpaceState.DROPPED).exists():
         return "dropped"
     store = runtime.vector_store(model_id)
-    payload = image_services.point_payloads(model_id=model_id, shas=[sha256])[sha256]
+    payload = payload_reads.point_payloads(model_id=model_id, shas=[sha256])[sha256]
     pid = uuid.UUID(point_id)
     with transaction.atomic():
         if not payload["owner_ids"]:

@@ -27,6 +27,7 @@ from embeddings.messages import encode_vector
 from embeddings.models import EmbeddingSpace, Image, ImageStatus, Job, JobStatus, Lane, SpaceState
 from embeddings.services.catalogue import identity
 from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import payloads as payload_reads
 from embeddings.services.queues import store_writes, vectors
 from workers.ids import point_id as point_id_of
 
@@ -94,7 +95,7 @@ def patch(image_id: str, metadata: dict) -> None:
 def stale(model_id: str, images) -> list[str]:
     """Ids of ``images`` whose point's payload in space ``model_id`` is not what the database says now."""
     rows = list(Image.objects.filter(id__in=[im.id if isinstance(im, Image) else im for im in images]))
-    want = image_services.point_payloads(model_id=model_id, shas=[r.sha256 for r in rows])
+    want = payload_reads.point_payloads(model_id=model_id, shas=[r.sha256 for r in rows])
     got = runtime.vector_store(model_id).payloads([r.point_id for r in rows])
     return sorted(str(r.id) for r in rows if got.get(r.point_id) != want[r.sha256])
 

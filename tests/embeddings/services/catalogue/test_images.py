@@ -10,6 +10,7 @@ import pytest
 from embeddings.messages import decode_vector, encode_vector
 from embeddings.models import Image, ImageStatus, Job, JobStatus, Lane
 from embeddings.services.catalogue import images as image_services
+from embeddings.services.catalogue import payloads as payload_reads
 from embeddings.services.catalogue import jobs as job_services
 from embeddings.services.catalogue.sources import SourceFile
 
@@ -47,14 +48,14 @@ def test_point_payloads_list_every_owner_and_job(service, user, other_user):
     a = image_services.images_create(owner=user, lane=Lane.BULK, job=job, sources=[src("a.png", PNG)])[0]
     b = image_services.images_create(owner=other_user, lane=Lane.INTERACTIVE, sources=[src("a.png", PNG)])[0]
     Image.objects.filter(id=a.id).update(status=ImageStatus.EMBEDDED)
-    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256])[a.sha256]
+    p = payload_reads.point_payloads(model_id=a.model_id, shas=[a.sha256])[a.sha256]
     assert p == {"sha256": a.sha256, "owner_ids": [user.id], "job_ids": [str(job.id)],
                  "items": [{"image": str(a.id), "owner": user.id, "job": str(job.id), "m": {}}]}
-    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
+    p = payload_reads.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
     assert p["owner_ids"] == sorted([user.id, other_user.id])
     # one item per image the point stands for, each with its owner's id and metadata (issue 41)
     Image.objects.filter(id=b.id).update(external_id="B-1", metadata={"category": "shoes"})
-    p = image_services.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
+    p = payload_reads.point_payloads(model_id=a.model_id, shas=[a.sha256], including=[str(b.id)])[a.sha256]
     assert sorted(p["items"], key=lambda it: it["owner"]) == [
         {"image": str(a.id), "owner": user.id, "job": str(job.id), "m": {}},
         {"image": str(b.id), "owner": other_user.id, "external_id": "B-1", "m": {"category": "shoes"}}]
@@ -73,7 +74,7 @@ def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, 
     Image.objects.filter(id=cancelled.id).update(status=ImageStatus.CANCELLED)
     rows = [shared, theirs, cancelled, alone]
     queued: set[str] = set()
-    p = image_services.point_payloads(model_id=shared.model_id, shas={r.sha256 for r in rows},
+    p = payload_reads.point_payloads(model_id=shared.model_id, shas={r.sha256 for r in rows},
                                       including=[str(r.id) for r in rows], point_ids={str(r.point_id) for r in rows},
                                       queued=queued)
     assert queued == {str(shared.id), str(alone.id)}
@@ -86,7 +87,7 @@ def test_one_read_tells_which_images_to_write_and_their_payloads(service, user, 
 
 def test_the_postgresql_payload_read_is_the_python_loop_s(service, user, other_user):
     """On PostgreSQL ``point_payloads`` builds the payloads as JSON in the server
-    (``images._point_payloads_json``): the same payloads and queued ids as the row-by-row loop, for
+    (``payloads._point_payloads_json``): the same payloads and queued ids as the row-by-row loop, for
     shared bytes, copies in another space (their user row's job, id and metadata), empty and falsy
     metadata, rows of ``including`` queued, embedded or decided, with and without point ids."""
     from django.db import connection
@@ -121,11 +122,11 @@ def test_the_postgresql_payload_read_is_the_python_loop_s(service, user, other_u
     for call in calls:
         for queued in (None, set()):
             want_queued = None if queued is None else set()
-            want = image_services._point_payloads_rows(**{**call, "shas": set(call["shas"])}, queued=want_queued)
-            got = image_services._point_payloads_json(**{**call, "shas": set(call["shas"])}, queued=queued)
+            want = payload_reads._point_payloads_rows(**{**call, "shas": set(call["shas"])}, queued=want_queued)
+            got = payload_reads._point_payloads_json(**{**call, "shas": set(call["shas"])}, queued=queued)
             assert got == want, call
             assert queued == want_queued, call
-    assert image_services.point_payloads(model_id="copies", shas=[shared])[shared]["items"][0]["m"] == a.metadata
+    assert payload_reads.point_payloads(model_id="copies", shas=[shared])[shared]["items"][0]["m"] == a.metadata
 
 
 def test_mark_failed_never_undoes_an_embedded_image(service, user):
@@ -167,7 +168,7 @@ def test_a_copy_in_another_space_carries_its_user_rows_id_and_metadata(service, 
     copy = Image.objects.create(owner=user, lane=Lane.BULK, status=ImageStatus.EMBEDDED, sha256=a.sha256,
                                 size_bytes=a.size_bytes, storage_key=a.storage_key, model_id="other-space",
                                 point_id=uuid.uuid4(), source=a)
-    p = image_services.point_payloads(model_id="other-space", shas=[a.sha256])[a.sha256]
+    p = payload_reads.point_payloads(model_id="other-space", shas=[a.sha256])[a.sha256]
     assert p["items"] == [{"image": str(a.id), "owner": user.id, "external_id": "SKU-9", "m": {"cat": "shoes"}}]
     assert copy.external_id == "" and copy.metadata == {}  # the copy holds none of its own
 
