@@ -41,19 +41,28 @@ def thumbnailer(shas: dict[str, str]):
 
     def on_decoded(image_id: str, rgb, meta) -> None:
         sha = shas.get(image_id)
-        if sha:
-            _draw(store, side, image_id, sha, rgb, meta)
+        if not sha:
+            return
+        pixels = rgb
+        if side and not preview_exists(store, sha):
+            try:
+                data, pixels = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
+                                             short_side=side)
+                preview_put(store, sha, data)
+            except PreviewTooLong as e:
+                log.info("no preview of %s: %s", image_id, e)
+        if not thumbnail_exists(store, sha):
+            thumbnail_put(store, sha, thumbnail_bytes(pixels))
 
     return on_decoded
 
 
 class LateThumbnails:
     """The decode hook of work someone waits for: keeps each decoded original (``(H, W, 3)`` uint8
-    RGB, key = image id, ``shas`` maps it to its sha256) and draws its preview and thumbnail as
-    :func:`thumbnailer` does, but only when :meth:`draw` is called: after the answer
-    (``deferred.after_answer``), since encoding two JPEGs and writing them costs the answer a few
-    ms. A thumbnail asked for before it is drawn is drawn from the original by the web
-    (``site.thumbnails``)."""
+    RGB, key = image id, ``shas`` maps it to its sha256) and hands it to :func:`thumbnailer` only
+    when :meth:`draw` is called: after the answer (``deferred.after_answer``), since encoding two
+    JPEGs and writing them costs the answer a few ms. The thumbnail view waits for a thumbnail
+    asked for before it is drawn (``site.thumbnails.THUMBNAIL_LATE_S``)."""
 
     def __init__(self, shas: dict[str, str]) -> None:
         self.shas = shas
@@ -64,27 +73,13 @@ class LateThumbnails:
 
     def draw(self) -> None:
         """Draw what was kept, then let the pixels go. A failure is logged and skips that image."""
-        store, side = runtime.blob_store(), settings.PIPELINE.preview_side
+        on_decoded = thumbnailer(self.shas)
         kept, self.kept = self.kept, []
         for image_id, rgb, meta in kept:
-            if sha := self.shas.get(image_id):
-                try:
-                    _draw(store, side, image_id, sha, rgb, meta)
-                except Exception:  # noqa: BLE001 - a missing thumbnail is drawn on demand; the image stands
-                    log.exception("could not draw the preview or thumbnail of %s", image_id)
-
-
-def _draw(store, side: int, image_id: str, sha: str, rgb, meta) -> None:
-    pixels = rgb
-    if side and not preview_exists(store, sha):
-        try:
-            data, pixels = preview_bytes(rgb, width=meta.width, height=meta.height, format=meta.format,
-                                         short_side=side)
-            preview_put(store, sha, data)
-        except PreviewTooLong as e:
-            log.info("no preview of %s: %s", image_id, e)
-    if not thumbnail_exists(store, sha):
-        thumbnail_put(store, sha, thumbnail_bytes(pixels))
+            try:
+                on_decoded(image_id, rgb, meta)
+            except Exception:  # noqa: BLE001 - as the runner treats a failing hook: the image stands
+                log.exception("could not draw the preview or thumbnail of %s", image_id)
 
 
 class Previews:
