@@ -124,10 +124,7 @@ class OtherWork:
 
 
 def _load_text(r: dict) -> str:
-    warn = "" if r["quiet"] else (f" WARNING: other work held {r['other_cores']} cores (above {QUIET_OTHER_CORES}): "
-                                  f"this figure is not reliable")
-    return (f"other work {r['other_cores']} cores; load average {r['load_before']['load_1m']} before, "
-            f"{r['load_after']['load_1m']} after{warn}")
+    return _load_of(r) + ("" if r["quiet"] else " WARNING: this figure is not reliable")
 
 
 def measured(fn, *args) -> dict:
@@ -137,8 +134,7 @@ def measured(fn, *args) -> dict:
     before, other = load_now(), OtherWork().start()
     out = fn(*args)
     cores = other.stop()
-    return {**out, "load_before": before, "load_after": load_now(), "other_cores": cores,
-            "quiet": cores <= QUIET_OTHER_CORES}
+    return {**out, "load_before": before, "load_after": load_now(), **_quiet(cores)}
 
 
 def store_upsert_rate(points: int = 4096, dim: int = 512, slice_: int = 32) -> dict:
