@@ -341,20 +341,14 @@ class DuplicateScanAdmin(CheckedActionsMixin, admin.ModelAdmin):
         return False  # started by the site's button or the API (``scan_start``)
 
 
-class DuplicateMemberInline(admin.TabularInline):
+class DuplicateMemberInline(ReadOnlyInline):
     model = DuplicateMember
     fields = ("thumbnail", "image", "score", "representative", "point_id")
-    readonly_fields = fields
-    extra = 0
-    can_delete = False
 
     @admin.display(description="thumbnail")
     def thumbnail(self, m: DuplicateMember) -> str:
         url = reverse("admin:embeddings_image_thumbnail", args=[m.image_id])
         return format_html('<img src="{}" style="max-height:64px;max-width:96px" loading="lazy">', url)
-
-    def has_add_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(DuplicateGroup)
