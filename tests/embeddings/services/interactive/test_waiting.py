@@ -56,14 +56,23 @@ def test_the_result_is_forgotten_once_however_the_wait_ends_and_a_timeout_can_be
     assert [r.forgotten for r in (answered, late, failed)] == [1, 1, 1]
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_waiting_thread_holds_no_database_connection_outside_a_transaction(monkeypatch):
-    """Closes are counted, on a server database (PostgreSQL here whatever the test database is)."""
-    from django.db import connection, transaction
+def closes_on(monkeypatch, vendor: str) -> list[bool]:
+    """The database connection's ``close`` calls (whether each came inside a transaction), with the
+    connection taken for ``vendor``'s whatever the test database is."""
+    from django.db import connection
 
     closed: list[bool] = []
     monkeypatch.setattr(connection, "close", lambda: closed.append(connection.in_atomic_block))
-    monkeypatch.setattr(connection, "vendor", "postgresql")
+    monkeypatch.setattr(connection, "vendor", vendor)
+    return closed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiting_thread_holds_no_database_connection_outside_a_transaction(monkeypatch):
+    """Closes are counted, on a server database (PostgreSQL here whatever the test database is)."""
+    from django.db import transaction
+
+    closed = closes_on(monkeypatch, "postgresql")
     assert waiting.wait_for(Result("done"), time.time() + 1) == "done"
     assert closed == [False]  # closed for the wait
     with transaction.atomic():  # a caller's transaction is never cut short
@@ -74,10 +83,6 @@ def test_a_waiting_thread_holds_no_database_connection_outside_a_transaction(mon
 @pytest.mark.django_db(transaction=True)
 def test_a_waiting_thread_keeps_its_sqlite_connection(monkeypatch):
     """SQLite's connection is a file handle no server counts: kept, so the answer does not reopen it."""
-    from django.db import connection
-
-    closed: list[bool] = []
-    monkeypatch.setattr(connection, "close", lambda: closed.append(connection.in_atomic_block))
-    monkeypatch.setattr(connection, "vendor", "sqlite")
+    closed = closes_on(monkeypatch, "sqlite")
     assert waiting.wait_for(Result("done"), time.time() + 1) == "done"
     assert closed == []
