@@ -34,6 +34,7 @@ import uuid
 
 from django.conf import settings
 
+from embeddings import deferred
 from embeddings.errors import ApplicationError
 from embeddings.lane_control.keys import (
     ANSWERS_KEPT,
@@ -279,15 +280,24 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
     ``status`` 200: answered within the
     deadline; anything else (202, 504): the deadline passed first. Nothing is recorded for a request
     that admission did not see (``admitted_at`` is ``None``) or that put no work on the lane.
+
+    In a web request the record is written once the response is sent (``deferred.after_response``:
+    two Redis round trips nobody waits for), with ``answered_at`` taken now.
     """
     if decision.admitted_at is None:
         return
+    answered_at = answered_at or time.time()
+    deferred.after_response(lambda: _record_answer(decision, images=images, status=status, answered_at=answered_at))
+
+
+def _record_answer(decision: Decision, *, images: int, status: int, answered_at: float) -> None:
+    """:func:`interactive_answered`'s writes to Redis (never raises)."""
     if images <= 0:
         if decision.token:
             with contextlib.suppress(Exception):
                 redis_client().hdel(PENDING_KEY, decision.token)
         return
-    record = {"admitted": round(decision.admitted_at, 4), "answered": round(answered_at or time.time(), 4),
+    record = {"admitted": round(decision.admitted_at, 4), "answered": round(answered_at, 4),
               "images": images, "status": status,
               "work_s": None if decision.work_s is None else round(decision.work_s, 4),
               "predicted_s": None if decision.predicted_wait_s is None else round(decision.predicted_wait_s, 4),

@@ -11,6 +11,7 @@ from celery.exceptions import TaskRevokedError
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.db import connection
 
+from embeddings import deferred
 from embeddings.dispatch import forget
 from embeddings.errors import ApplicationError
 from embeddings.lane_control import hops
@@ -50,8 +51,15 @@ def release_database() -> None:
 
 def wait_for(result, deadline_ts: float, *, timed_out=None):
     """The chain's result, or ``timed_out`` when the deadline passes first. The thread's database
-    connection is released for the wait (:func:`release_database`); the result is forgotten when
-    the wait ends, however it ends (``dispatch.forget``).
+    connection is released for the wait (:func:`release_database`); the result is forgotten once
+    the response is sent, however the wait ends (``dispatch.forget`` through
+    ``deferred.after_response``: two deletes nobody waits for).
+
+    Only the last task's result is read: a chain's earlier task that fails stores its failure on
+    every later task of the chain too (Celery's ``Backend.mark_as_failure``; the tasks opening a
+    chain store their errors even with ``ignore_result``), so reading its parents first
+    (``follow_parents``) would add a Redis read per parent to every answer and find nothing new.
+    An expired message of the chain is the deadline passing, which this wait sees itself.
 
     Raises:
         ApplicationError: ``worker_error`` (503, ``Retry-After``) if a task failed.
@@ -59,7 +67,7 @@ def wait_for(result, deadline_ts: float, *, timed_out=None):
     release_database()
     sent = time.time()
     try:
-        answer = result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True)
+        answer = result.get(timeout=max(0.01, deadline_ts - time.time()), propagate=True, follow_parents=False)
         hops.waited(result, sent=sent, got=time.time())
         return answer
     except CeleryTimeout:
@@ -70,4 +78,4 @@ def wait_for(result, deadline_ts: float, *, timed_out=None):
         raise ApplicationError(f"the embedding service failed: {type(e).__name__}: {e}", code="worker_error",
                                status=503, headers={"Retry-After": str(RETRY_AFTER_S)}) from e
     finally:
-        forget(result)
+        deferred.after_response(lambda: forget(result))

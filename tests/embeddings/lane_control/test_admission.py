@@ -106,6 +106,24 @@ def test_answers_feed_the_fit_in_the_same_round_trip(lane_redis, measured, track
     assert not client.hexists(keys.PENDING_KEY, "tok") and len(admission.answer_records()) == 5
 
 
+def test_in_a_web_request_the_answer_is_recorded_once_the_response_is_sent_with_the_time_it_was_given(lane_redis):
+    """Inside a request the record waits for Django's ``request_finished``; its ``answered`` is the
+    time of the call, not of the write."""
+    from django.core.signals import request_finished, request_started
+
+    client, _ = lane_redis
+    client.hset(keys.PENDING_KEY, "tok", json.dumps({"admitted": time.time() - 1.0, "work_s": 0.5}))
+    request_started.send(sender=None, environ={})
+    given = time.time()
+    admission.interactive_answered(wait_model.Decision(True, 0.6, work_s=0.5, admitted_at=given - 1.0, token="tok"),
+                                   images=1, status=200)
+    assert admission.answer_records() == [] and client.hexists(keys.PENDING_KEY, "tok")
+    time.sleep(0.05)
+    request_finished.send(sender=None)
+    (record,) = admission.answer_records()
+    assert round(given, 4) <= record["answered"] < given + 0.05 and not client.hexists(keys.PENDING_KEY, "tok")
+
+
 def test_the_regime_at_admission_goes_with_the_pending_request_and_its_answer(service, lane_redis, measured, tracker):
     """``interactive_admit`` records whether bulk chunks computed at admission in the pending entry
     and the decision; the answer carries it (``bulk_at_admission``). A request admitted beside a

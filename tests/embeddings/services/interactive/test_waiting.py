@@ -21,9 +21,10 @@ class Result:
     def __init__(self, value=None, error: BaseException | None = None) -> None:
         self.value, self.error, self.timeout = value, error, None
         self.forgotten = 0
+        self.options: dict = {}
 
-    def get(self, timeout: float, propagate: bool):
-        self.timeout = timeout
+    def get(self, timeout: float, propagate: bool, **options):
+        self.timeout, self.options = timeout, options
         if self.error is not None:
             raise self.error
         return self.value
@@ -86,3 +87,21 @@ def test_a_waiting_thread_keeps_its_sqlite_connection(monkeypatch):
     closed = closes_on(monkeypatch, "sqlite")
     assert waiting.wait_for(Result("done"), time.time() + 1) == "done"
     assert closed == []
+
+
+def test_only_the_last_result_is_read_and_in_a_request_it_is_forgotten_once_the_response_is_sent():
+    """A chain's failure is stored on its last task too (Celery's ``mark_as_failure``), so the wait
+    reads no parent; the two deletes of ``forget`` wait for the response to be out."""
+    from django.core.signals import request_finished, request_started
+
+    outside = Result("done")
+    assert waiting.wait_for(outside, time.time() + 1) == "done"
+    assert outside.options == {"follow_parents": False} and outside.forgotten == 1  # no request: at once
+    request_started.send(sender=None, environ={})
+    answered, failed = Result("done"), Result(error=ValueError("x"))
+    assert waiting.wait_for(answered, time.time() + 1) == "done"
+    with pytest.raises(ApplicationError):
+        waiting.wait_for(failed, time.time() + 1)
+    assert (answered.forgotten, failed.forgotten) == (0, 0)  # the response is not out yet
+    request_finished.send(sender=None)
+    assert (answered.forgotten, failed.forgotten) == (1, 1)
