@@ -754,3 +754,15 @@ def test_a_refusal_beside_yielding_bulk_work_says_the_quiet_lanes_wait_up_to_its
     assert parked(wait_s=1.0) == (pytest.approx(0.8), "edge")
     assert parked(wait_s=2.0) == (pytest.approx(1.2), "drain")
     assert parked(wait_s=0.2) == (0.3, "alone")
+
+
+def test_an_answer_record_is_parsed_once_and_shared_read_only():
+    """``lane_load`` reads the same newest answers on every admission: each JSON text is parsed once
+    per process, and the parsed record cannot be changed by one reader under another."""
+    raw = json.dumps({"admitted": 100.0, "answered": 100.2, "images": 1, "status": 200, "work_s": 0.1})
+    first = wait_model._record(raw)
+    assert wait_model._record(raw) is first and dict(first) == json.loads(raw)
+    with pytest.raises(TypeError):
+        first["status"] = 504  # type: ignore[index]
+    load = wait_model.lane_load(queued_messages=0, inflight_images=0, workers={}, answers=[raw, raw], now=100.5)
+    assert load.fit.samples == 2
