@@ -83,3 +83,10 @@ def request_closed(**_) -> None:
     calls, _request.calls = getattr(_request, "calls", None) or [], None
     for fn in calls:
         _run(fn)
+
+
+def forget_request() -> None:
+    """End this thread's open request, dropping what it queued unrun: for a request whose response
+    was never closed, so Django never sent ``request_finished`` (a test client that re-raised a
+    view's exception). Each test starts outside any request this way (``tests/conftest.py``)."""
+    _request.calls = None

@@ -102,6 +102,16 @@ def redis_server(folder: Path, *options: str):
         p.wait()
 
 
+@pytest.fixture(autouse=True)
+def outside_any_request():
+    """Each test starts outside a web request: one whose response an earlier test never closed (the
+    test client re-raises a view's exception without closing it) would otherwise hold this thread's
+    after-response calls (``embeddings.deferred``) back for good."""
+    from embeddings import deferred
+
+    deferred.forget_request()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def session_redis(tmp_path_factory):
     """The whole session's broker, result backend and lane-control Redis: a redis-server of the
