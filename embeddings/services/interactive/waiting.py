@@ -1,6 +1,6 @@
 """What the request-level services share while someone waits for an answer: the wait for a chain's
 last result until the request's deadline, with no database connection held meanwhile, the result
-forgotten once the wait ends, and the HTTP status of a refused image (an upload of one image, a
+forgotten once the response is sent, and the HTTP status of a refused image (an upload of one image, a
 query image).
 """
 from __future__ import annotations
