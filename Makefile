@@ -14,7 +14,7 @@ DEPLOY_STAMP := $(DEPLOY_VENV)/.installed
 CLIP_PRETRAINED ?= random
 FOLDER ?= samples
 
-.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-writer bench-duplicates bench-fairness bench-keys
+.PHONY: setup browser demo test deploy-tools deploy-config deploy-check test-fast test-e2e run bench bench-lanes procfile clean bench-matrix bench-bulk soak bench-load bench-sched schema bench-db bench-migration config-docs bench-ingest bench-batch bench-export bench-previews bench-decode bench-model bench-path bench-writer bench-batch-memory bench-duplicates bench-fairness bench-keys
 
 $(STAMP): requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -174,6 +174,11 @@ clean:
 # make bench-path BENCH_ARGS="--images 3000 --originals 168" for a short check.
 bench-path: setup
 	$(PY) -m benchmarks.bulk_path --postgres $(BENCH_ARGS)
+
+# A bulk chunk's model input with glibc's default malloc thresholds against BULK_BATCH_MEMORY_MB's
+# (issue 58 item 3, docs/scaling.md): stack + normalise per chunk, page faults, settings alternating.
+bench-batch-memory: setup
+	$(PY) -m benchmarks.batch_memory $(BENCH_ARGS)
 
 # The vectors writer alone, stage by stage (issue 58 item 2, docs/scaling.md): index_chunk of 512
 # points in-process on scratch PostgreSQL; BENCH_ARGS="--before /path/to/old/checkout" alternates

@@ -418,6 +418,7 @@ def main(argv=None) -> int:
             (redis_commands(stack.env["REDIS_URL"]) - r0) / max(1, job.get("embedded") or 1), 3)
         res["reembed"]["sql"] = sql_per_task(sql_dir, t)
         res["reembed"]["previews"] = space_previews(stack)
+        res["reembed"]["stages_ms"] = chunk_stages(database_url, stack, job_id)
         print(f"re-embedding from previews: {res['reembed']}", flush=True)
     res["targets"] = targets(res)
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
@@ -522,7 +523,7 @@ def table(res: dict) -> str:
                      f"{_load_of(res[key])} |")
     lines += ["", "| phase | chunks | images per chunk | load ms | decode ms | decode wait ms | preprocess ms | "
               "embed ms | total ms (median per chunk) |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for key in ("first_originals", "first_catalogue"):
+    for key in ("first_originals", "first_catalogue", "reembed"):
         st = res[key].get("stages_ms") or {}
         if st:
             lines.append(f"| {key} | {st['chunks']} | {st['images']:.0f} | " + " | ".join(

@@ -3,7 +3,8 @@ starts taking tasks. Connected in every process that loads the app (``Embeddings
 the web process never receives these signals, and nothing here imports torch at import time.
 
 - ``celeryd_init`` (before the pool starts; children inherit it): :func:`lower_cpu_priority`, the
-  niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md).
+  niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md), and the malloc thresholds that
+  keep a bulk chunk's memory for the next one (``workers.memory``).
 - ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
   space warmer thread (interactive worker), :func:`warn_configured_model_not_active` (every
   worker), :func:`start_reconciler` and :func:`freeze_start_up_heap` (the vectors worker),
@@ -29,6 +30,7 @@ from embeddings.checks import EX_CONFIG
 from embeddings.services import readiness, reconcile
 from project import lanes
 from workers.config import emulated_precision_warning
+from workers.memory import keep_batch_memory
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +98,17 @@ def set_idle_policy() -> bool:
 def lower_cpu_priority(options=None, **kwargs) -> None:
     """Lower this worker's CPU priority before it starts its pool (children inherit it):
     :func:`worker_niceness` of its ``-Q`` queues, and ``SCHED_IDLE`` for a bulk-only worker
-    (:func:`worker_idle_policy`, docs/lanes.md)."""
+    (:func:`worker_idle_policy`, docs/lanes.md). A worker that consumes the bulk queue also keeps
+    its chunks' memory between chunks (``workers.memory.keep_batch_memory``, inherited by the
+    children too: ``BULK_BATCH_MEMORY_MB``)."""
     queues = (options or {}).get("queues")
     nice = worker_niceness(queues)
     if nice:
         os.nice(nice)
     if worker_idle_policy(queues):
         set_idle_policy()
+    if lanes.BULK in _queue_names(queues):
+        keep_batch_memory(settings.BULK_BATCH_MEMORY_MB)
 
 
 # --- the model (worker_ready) --------------------------------------------------------------------

@@ -294,6 +294,9 @@ VARS: tuple[Var, ...] = (
     Var("BULK_WORKER_SCHED_IDLE", bool, False, "bulk",
         "a bulk-only worker also runs under Linux's `SCHED_IDLE` (for hosts whose interactive worker runs 4+ "
         "torch threads)"),
+    Var("BULK_BATCH_MEMORY_MB", int, 1024, "bulk",
+        "a worker that consumes the bulk queue keeps freed blocks up to this size (MiB) for the next chunk instead "
+        "of mapping each chunk's model input afresh (glibc's malloc thresholds; `0`: glibc's defaults)"),
     Var("CELERY_BULK_TIME_LIMIT_S", int, lambda get: get("CELERY_VISIBILITY_TIMEOUT_S") // 3, "bulk",
         "hard time limit of a bulk chunk (s)", shown="`CELERY_VISIBILITY_TIMEOUT_S // 3`"),
     Var("BULK_MAX_ATTEMPTS", int, 8, "bulk",

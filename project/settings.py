@@ -419,6 +419,9 @@ WORKER_NICE = config["WORKER_NICE"]
 #: every idle cycle: "bulk yields" at the CPU. 19 holds both lane targets where the lanes share
 #: cores (docs/benchmarks.md); 0 turns it off.
 BULK_WORKER_NICE = config["BULK_WORKER_NICE"]
+#: MiB of freed memory a worker consuming the bulk queue keeps for its next chunk, and the block size
+#: from which glibc would otherwise map (and fault in) each block afresh (``workers.memory``).
+BULK_BATCH_MEMORY_MB = config["BULK_BATCH_MEMORY_MB"]
 #: On: a bulk-only worker also puts its threads (and so its prefork children's) under Linux's
 #: ``SCHED_IDLE`` policy: they run only on a core nothing else wants, and a waking interactive thread
 #: preempts them at once, where a nice-19 thread keeps its slice. That helps an interactive pass

@@ -84,6 +84,20 @@ def test_the_signal_really_lowers_a_bulk_workers_priority():
         assert nice == base and os.SCHED_IDLE not in policies
 
 
+@pytest.mark.parametrize("queues,kept", [
+    ([lanes.BULK], True), ([lanes.INTERACTIVE, lanes.BULK], True), ([lanes.INTERACTIVE], False),
+    ([lanes.VECTORS], False), ([lanes.FETCH], False),
+])
+def test_a_worker_that_consumes_the_bulk_queue_keeps_its_chunks_memory(settings, monkeypatch, queues, kept):
+    """Its chunks' model inputs are hundreds of MB; the limit is the setting's (0: glibc's defaults)."""
+    calls = []
+    monkeypatch.setattr(worker_boot, "keep_batch_memory", calls.append)
+    monkeypatch.setattr(worker_boot.os, "nice", lambda n: None)
+    settings.BULK_BATCH_MEMORY_MB, settings.BULK_WORKER_SCHED_IDLE = 768, False
+    worker_boot.lower_cpu_priority(options={"queues": queues})
+    assert calls == ([768] if kept else [])
+
+
 def worker(*queues, pool: str = "celery.concurrency.thread"):
     """A started worker as ``worker_ready`` sends it: the queues it consumes and its pool's module."""
     return SimpleNamespace(task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=q) for q in queues]),
