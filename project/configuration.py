@@ -217,6 +217,10 @@ VARS: tuple[Var, ...] = (
         "shared by 256-1,024 images; `docs/scaling.md`)"),
     Var("MIGRATION_MICRO_BATCH", int, 4, "models",
         "a migration chunk runs as forward passes of this many images (`0`: `BULK_MICRO_BATCH`)"),
+    Var("MIGRATION_PASS_MS", float, 100.0, "models",
+        "passes after a migration chunk's first grow while the last pass's time per image (decode and forward) "
+        "keeps one under this (ms): a CPU model stays at `MIGRATION_MICRO_BATCH` (`0`: fixed passes; "
+        "`workers/passes.py`)"),
     Var("MIGRATION_YIELD_MAX_S", float, 2.0, "models",
         "before each pass a migration waits at most this long (s) while interactive work is queued, running or "
         "unanswered (`0`: never; `docs/operations.md`, \"Start the migration\")"),

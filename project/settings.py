@@ -488,9 +488,13 @@ MIGRATION_BULK_SLOTS = config["MIGRATION_BULK_SLOTS"]
 #: and, before each, waits while the interactive lane has work, at most MIGRATION_YIELD_MAX_S (0:
 #: never waits; e.g. a GPU host whose lanes do not share cores): bulk_yield.migration_yield.
 MIGRATION_MICRO_BATCH = config["MIGRATION_MICRO_BATCH"]
+#: Passes after a migration chunk's first grow while the last pass's time per image (decode and
+#: forward) keeps one under this many ms (0: fixed passes): a pass is what the interactive lane may
+#: wait behind, and on a GPU 4 images take well under a millisecond (workers/passes.py).
+MIGRATION_PASS_MS = config["MIGRATION_PASS_MS"]
 #: Images per migration chunk task: its SQL, Celery message, store write and Redis traffic are paid
 #: once per chunk, so a re-embed from previews at hundreds of images/s needs chunks of hundreds
-#: (docs/scaling.md); its passes stay MIGRATION_MICRO_BATCH images, so yielding is unchanged.
+#: (docs/scaling.md); its passes are MIGRATION_MICRO_BATCH images, or as MIGRATION_PASS_MS lets them grow.
 MIGRATION_CHUNK_SIZE = config["MIGRATION_CHUNK_SIZE"]
 if MIGRATION_CHUNK_SIZE < 1:
     raise ImproperlyConfigured(f"MIGRATION_CHUNK_SIZE must be at least 1 image, not {MIGRATION_CHUNK_SIZE}")

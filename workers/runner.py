@@ -54,6 +54,7 @@ from workers.decode_route import Route, centre_square, route
 from workers.errors import ImageRejected, Reason
 from workers.model import EncoderHolder
 from workers.preprocess import PreprocessConfig, normalize, orient_tensor, resize_and_crop, resize_and_crop_tensor
+from workers.passes import Passes
 from workers.preview import (
     PreviewFacts,
     PreviewStore,
@@ -564,12 +565,14 @@ class BatchRunner:
 
     def run(self, keys: Sequence[str], loader: Loader, on_decoded: OnDecoded | None = None, *,
             micro_batch: int | None = None, before_pass: BeforePass | None = None,
-            previews: PreviewStore | None = None) -> BatchResult:
+            previews: PreviewStore | None = None, pass_ms: float | None = None) -> BatchResult:
         """``embed(prepare(keys, loader, on_decoded, previews))``; with a micro-batch size
         (``micro_batch``, else ``config.micro_batch``) smaller than ``len(keys)``, forward passes of
         that many images, merged into one result in input order (stages and preview counts summed
         over the passes, ``total`` the wall time of them all, ``paused_ms`` the time ``before_pass``
-        waited).
+        waited). ``pass_ms``: passes after the first grow while the last pass's time per image
+        (preparing and the forward pass) keeps one under this many ms, never below the micro-batch
+        (``workers.passes``).
 
         The passes overlap (:meth:`run_many`: the next one decoded while the model runs) where
         :meth:`overlaps` says so; otherwise they run one after another, each decoded then embedded.
@@ -581,12 +584,13 @@ class BatchRunner:
             result.paused_ms = paused
             return result
         started = time.perf_counter()
-        batches = [keys[i : i + mb] for i in range(0, len(keys), mb)]
+        batches = Passes(keys, mb, pass_ms)
         if self.overlaps:
-            parts = list(self.run_many(batches, loader, on_decoded, before_pass=before_pass, previews=previews))
+            parts = self.run_many(batches, loader, on_decoded, before_pass=before_pass, previews=previews)
         else:
-            parts = [self.run(batch, loader, on_decoded, micro_batch=len(batch), before_pass=before_pass,
-                              previews=previews) for batch in batches]
+            parts = (self.run(batch, loader, on_decoded, micro_batch=len(batch), before_pass=before_pass,
+                              previews=previews) for batch in batches)
+        parts = [_recorded(batches, part) for part in parts]
         timings = StageTimings()
         tally = PreviewTally()
         for part in parts:
@@ -649,6 +653,13 @@ class BatchRunner:
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._cpu is not None:
             self._cpu.close()
+
+
+def _recorded(passes: Passes, part: BatchResult) -> BatchResult:
+    """``part``, its time per image told to ``passes`` (which cuts the next pass by it): its whole
+    ``total`` (preparing, then the forward pass), over every image it held, refused ones too."""
+    passes.record(len(part.metas) + len(part.failed), part.timings.total)
+    return part
 
 
 def _call_hook(on_decoded: OnDecoded, key: str, rgb, meta: ImageMeta) -> None:

@@ -128,6 +128,29 @@ def test_micro_batches_inside_a_chunk_keep_order_and_timings(runner, random_conf
     assert t.total >= t.embed > 0 and min(t.load, t.decode, t.preprocess) > 0
 
 
+@pytest.mark.parametrize("overlapped", [False, True])
+def test_a_pass_budget_grows_the_passes_after_the_first_and_changes_no_vector(runner, random_config, overlapped):
+    """``run(pass_ms=...)`` (a migration chunk, ``MIGRATION_PASS_MS``): after the first pass of
+    ``micro_batch`` images, a pass holds what the budget fits at the last pass's time per image
+    (decode and forward; overlapped: the pass before the last's, since the next pass is cut while the current one
+    is being prepared); the real model here takes far more than a microsecond and far less than
+    1,000 s an image."""
+    if overlapped:
+        runner = BatchRunner(random_config.replace(micro_batch=4, decode_threads=2), runner.encoder)
+    blobs = blobs_with_bad_ones(19)
+    keys = list(blobs)
+    whole = runner.run(keys, loader_for(blobs))
+    # [4, 15] (overlapped [4, 4, 11]); [4, 4, 4, 4, 3]
+    for pass_ms, passes in ((1e6, 3 if overlapped else 2), (1e-3, 5)):
+        looks = []
+        split = runner.run(keys, loader_for(blobs), micro_batch=4, pass_ms=pass_ms,
+                           before_pass=lambda: looks.append(1) or 0.0)
+        assert len(looks) == passes + (1 if overlapped else 0)  # overlapped: one more look before the first
+        assert [m.key for m in split.metas] == [m.key for m in whole.metas]
+        assert sorted(f.key for f in split.failed) == ["img005", "img011", "img017"]
+        np.testing.assert_allclose(split.vectors, whole.vectors, atol=1e-4)
+
+
 @pytest.mark.parametrize("cores", [1, 2, 3, 4, 8, 16, 64])
 @pytest.mark.parametrize("processes_", [1, 2, 3, 4])
 @pytest.mark.parametrize("device", ["cpu", "cuda"])

@@ -168,7 +168,7 @@ def _compute(job: Job, runner, rows: dict[str, tuple[str, str, str]], ordered: l
     with slot, lane_control.bulk_computing(yields=migration or ingest_yields) as activity:
         passes = {}
         if migration:
-            passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None,
+            passes = {"micro_batch": settings.MIGRATION_MICRO_BATCH or None, "pass_ms": settings.MIGRATION_PASS_MS,
                       "before_pass": lane_control.migration_yielder(activity=activity)}
         elif ingest_yields:
             passes = {"micro_batch": settings.BULK_YIELD_MICRO_BATCH or None,

@@ -86,11 +86,18 @@ def test_a_first_embedding_draws_its_preview_beside_its_thumbnail(service, api):
 
 
 def test_a_migration_re_embeds_from_previews_without_reading_an_original(two_models, service, api, staff,  # noqa: F811
-                                                                         reads):
+                                                                         reads, monkeypatch, settings):
+    from workers.runner import BatchRunner
+
     images = post(api, {"a.png": png_bytes(1, (480, 640)), "b.jpg": jpeg_bytes(2, size=(900, 1200)),
                         "small.png": png_bytes(3, (100, 150))})
     reads["originals"].clear()
+    runs, run = [], BatchRunner.run
+    monkeypatch.setattr(BatchRunner, "run", lambda self, *a, **kw: runs.append(kw) or run(self, *a, **kw))
+    settings.MIGRATION_MICRO_BATCH, settings.MIGRATION_PASS_MS = 2, 250.0
     migrate(staff)
+    # the chunk's passes: MIGRATION_MICRO_BATCH images first, then as many as MIGRATION_PASS_MS fits
+    assert [(kw["micro_batch"], kw["pass_ms"]) for kw in runs if "pass_ms" in kw] == [(2, 250.0)]  # not each pass
     assert reads["originals"] == [] and reads["tallies"] == [{"used": 3, "missing": 0, "unreadable": 0,
                                                               "too_small": 0}]
     copies = {c.source_id: c for c in Image.objects.filter(model_id=S)}
@@ -99,8 +106,6 @@ def test_a_migration_re_embeds_from_previews_without_reading_an_original(two_mod
         assert (copies[im.id].width, copies[im.id].height, copies[im.id].format) == (im.width, im.height, im.format)
     assert {(c.width, c.height) for c in copies.values()} == {(640, 480), (1200, 900), (150, 100)}
     # the re-embedded vectors match those computed from the originals by the same model
-    from workers.runner import BatchRunner
-
     store, runner = runtime.blob_store(), runtime.batch_runner(S)
     keys = {str(c.id): (c.storage_key, c.sha256) for c in copies.values()}
     direct = BatchRunner.run(runner, list(keys), lambda k: store.read(*keys[k]))
