@@ -265,10 +265,12 @@ def redis_commands(url: str) -> int:
 
 
 class CpuSampler:
-    """CPU seconds of each of the stack's processes (children included) between ``start`` and ``stop``."""
+    """CPU % (100 = one core) of each of the stack's processes (children included) between ``start``
+    and ``stop``; with ``database`` also the PostgreSQL server's processes (``postgres``), and the
+    whole machine's busy time (``machine``, ``/proc/stat``): what every part of a phase cost the cores."""
 
-    def __init__(self, stack: Stack) -> None:
-        self.stack = stack
+    def __init__(self, stack: Stack, database: bool = False) -> None:
+        self.stack, self.database = stack, database
 
     def _times(self) -> dict[str, float]:
         import psutil
@@ -281,13 +283,23 @@ class CpuSampler:
                 out[name] = sum(sum(x.cpu_times()[:2]) for x in procs)
             except psutil.Error:
                 out[name] = 0.0
+        if self.database:
+            out["postgres"] = 0.0
+            for p in psutil.process_iter(["name"]):
+                if p.info["name"] in ("postgres", "postmaster"):
+                    try:
+                        out["postgres"] += sum(p.cpu_times()[:2])
+                    except psutil.Error:  # a backend that exits between readings is lost
+                        pass
+        out["machine"] = _busy_s()
         return out
 
     def start(self) -> None:
         self.t0, self.c0 = time.perf_counter(), self._times()
 
     def stop(self) -> dict[str, float]:
-        wall, c1 = time.perf_counter() - self.t0, self._times()
+        self.wall_s = wall = time.perf_counter() - self.t0
+        c1 = self._times()
         return {name: round(100 * (c1.get(name, 0) - self.c0.get(name, 0)) / wall, 1) for name in c1}
 
 
@@ -316,7 +328,7 @@ def sql_per_task(folder: Path, since: float) -> dict:
 def run_job(client: Client, stack: Stack, folder: Path, database_url: str = "") -> tuple[dict, dict]:
     """Ingest ``folder`` as a bulk job and wait for it: ``(its rate with the load average before and
     after and its chunks' stage times, each process's CPU %)``."""
-    cpu = CpuSampler(stack)
+    cpu = CpuSampler(stack, database=bool(database_url))
     before, other = load_now(), OtherWork(database=bool(database_url)).start()
     cpu.start()
     job_id = ingest(stack, folder)
@@ -401,7 +413,7 @@ def main(argv=None) -> int:
         res["first_catalogue"]["sql"] = sql_per_task(sql_dir, t)
         print(f"first embedding, catalogue: {res['first_catalogue']}", flush=True)
 
-        cpu = CpuSampler(stack)
+        cpu = CpuSampler(stack, database=bool(database_url))
         r0, t = redis_commands(stack.env["REDIS_URL"]), time.time()
         before, other = load_now(), OtherWork(database=bool(database_url)).start()
         cpu.start()
@@ -413,6 +425,7 @@ def main(argv=None) -> int:
         job_id = space["job"] if isinstance(space.get("job"), str) else space["job"]["id"]
         job = wait_job(client, job_id)
         res["reembed_cpu"] = cpu.stop()
+        res["reembed_cpu_wall_s"] = round(cpu.wall_s, 3)
         res["reembed"] = {**_job_rate(job), "load_before": before, "load_after": load_now(), **_quiet(other.stop())}
         res["reembed"]["redis_commands_per_image"] = round(
             (redis_commands(stack.env["REDIS_URL"]) - r0) / max(1, job.get("embedded") or 1), 3)
@@ -528,11 +541,30 @@ def table(res: dict) -> str:
         if st:
             lines.append(f"| {key} | {st['chunks']} | {st['images']:.0f} | " + " | ".join(
                 f"{st[name]:,.1f}" for name in STAGES) + " |")
-    lines += ["", f"Redis commands per re-embedded image (every client): {res['reembed']['redis_commands_per_image']}",
+    lines += ["", core_seconds(res), "",
+              f"Redis commands per re-embedded image (every client): {res['reembed']['redis_commands_per_image']}",
               f"Preview reads: {res['reembed'].get('previews')}", ""]
     for t in res["targets"]:
         lines.append(f"- {'PASS' if t['pass'] else 'FAIL'}: {t['name']}: {t['detail']}")
     return "\n".join(lines)
+
+
+def core_seconds(res: dict) -> str:
+    """Where the re-embed's core-seconds went (its CPU % by process over its elapsed time) against
+    what the previews' read + preprocess bound spends on as many images: the ratio target needs
+    everything else (SQL, the vectors writer, the fill, the server) to fit in what is left."""
+    r, cpu = res["reembed"], res.get("reembed_cpu", {})
+    elapsed, images = res.get("reembed_cpu_wall_s") or r.get("elapsed_s") or 0.0, r.get("embedded") or 0
+    pb = res["preview_bound"]
+    if not elapsed or not images or not pb.get("images_per_s"):
+        return "Core-seconds of the re-embed: not measured."
+    bound = images / pb["images_per_s"] * pb["processes"]
+    parts = ", ".join(f"{k} {v * elapsed / 100:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])
+                      if k != "machine" and v * elapsed / 100 >= 0.05)
+    return (f"Core-seconds of the re-embed ({images} images, {elapsed} s from the migration's request to its "
+            f"job's end, {pb['processes']} cores): machine "
+            f"{cpu.get('machine', 0) * elapsed / 100:.1f} ({parts}); the bound's read + preprocess of as many "
+            f"previews: {bound:.1f}")
 
 
 def plot(res: dict, path: Path) -> None:
