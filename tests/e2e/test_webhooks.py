@@ -60,7 +60,9 @@ def test_a_finished_job_posts_one_signed_job_done_from_the_fetch_worker(stack, a
     job_id = r.json()["id"]
     (hook,) = r.json()["webhooks"]
     assert hook["url"] == receiver.url and hook["secret"].startswith("whsec_")
-    end = time.monotonic() + 120
+    # what this test holds is one signed message, not how soon: on the shared stack a job can wait
+    # behind earlier modules' bulk work, minutes on a 2-core machine running the model in fp32
+    end = time.monotonic() + 300
     while not receiver.received:
         assert time.monotonic() < end, api.get(f"/api/jobs/{job_id}/").json()
         time.sleep(0.2)
