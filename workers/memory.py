@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 
 log = logging.getLogger(__name__)
@@ -33,8 +34,10 @@ class _MallInfo2(ctypes.Structure):
                  "keepcost")]
 
 
+@functools.cache
 def _libc():
-    """The C library, or ``None`` where it is not glibc (musl, macOS): no ``mallopt`` to call."""
+    """The C library, or ``None`` where it is not glibc (musl, macOS): no ``mallopt`` to call. Looked
+    up once per process (``find_library`` runs ``ldconfig``)."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")
@@ -66,9 +69,9 @@ def keep_batch_memory(limit_mb: int) -> bool:
     if libc is None:
         log.warning("not glibc: batch memory is left to the C library's own policy")
         return False
-    limit = limit_mb * 1024 * 1024
-    done = libc.mallopt(M_MMAP_THRESHOLD, ctypes.c_int(min(limit, 2**31 - 1))) == 1
-    done = libc.mallopt(M_TRIM_THRESHOLD, ctypes.c_int(min(limit, 2**31 - 1))) == 1 and done
+    limit = ctypes.c_int(min(limit_mb * 1024 * 1024, 2**31 - 1))  # mallopt takes an int
+    done = libc.mallopt(M_MMAP_THRESHOLD, limit) == 1
+    done = libc.mallopt(M_TRIM_THRESHOLD, limit) == 1 and done
     if not done:
         log.warning("glibc refused a malloc threshold of %d MiB: batch memory is mapped per batch", limit_mb)
     return done
