@@ -6,6 +6,7 @@ interactive lanes read them.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable, Sequence
 
 import numpy as np
@@ -15,6 +16,8 @@ from workers import screen
 from workers.errors import Reason
 from workers.preview import PreviewTally
 from workers.timing import StageTimings
+
+log = logging.getLogger(__name__)
 
 #: Reads the encoded bytes of one image given its key. Raises ImageRejected (source_missing, ...).
 Loader = Callable[[str], bytes]
@@ -94,6 +97,15 @@ class BatchResult:
     timings: StageTimings
     paused_ms: float = 0.0
     previews: PreviewTally = dataclasses.field(default_factory=PreviewTally)
+
+
+def call_on_decoded(on_decoded: OnDecoded, key: str, rgb: np.ndarray, meta: ImageMeta) -> None:
+    """Run the decode hook; a failure there (a full disk for thumbnails) must not refuse the image:
+    it is logged with its traceback and the embedding goes on."""
+    try:
+        on_decoded(key, rgb, meta)
+    except Exception:  # noqa: BLE001 - logged with its traceback; the embedding goes on
+        log.exception("on_decoded hook failed for %s", key)
 
 
 def screened(metas: Sequence[ImageMeta], vectors: np.ndarray) -> tuple[list[ImageMeta], np.ndarray, list[Failed]]:

@@ -54,6 +54,7 @@ from workers.batch import (  # noqa: F401 - the batch's records, importable from
     Loader,
     OnDecoded,
     PreparedBatch,
+    call_on_decoded,
     expired,
     screened,
 )
@@ -193,7 +194,7 @@ class BatchRunner:
         outcomes = []
         for fut in futures:
             outcome, stage_ms, source = fut.result()
-            _add(timings, stage_ms)
+            timings.add(stage_ms)
             outcomes.append(outcome)
             if source is not None:
                 setattr(tally, source, getattr(tally, source) + 1)
@@ -351,7 +352,7 @@ class BatchRunner:
             meta = ImageMeta(key=key, width=decoded.width, height=decoded.height, format=decoded.format)
             tensor = resize_and_crop(decoded.rgb, cfg)
             if on_decoded is not None:
-                _call_hook(on_decoded, key, decoded.rgb, meta)
+                call_on_decoded(on_decoded, key, decoded.rgb, meta)
             ms["preprocess"] = (time.perf_counter() - t2) * 1000
         except ImageRejected as e:
             ms.setdefault("decode", (time.perf_counter() - t1) * 1000)
@@ -375,7 +376,7 @@ class BatchRunner:
             meta = ImageMeta(key=o.key, width=r.width, height=r.height, format=r.format)
             if on_decoded is not None:
                 with timings.measure("preprocess"):
-                    _call_hook(on_decoded, o.key, r.rgb, meta)
+                    call_on_decoded(on_decoded, o.key, r.rgb, meta)
             outcomes[i] = (torch.from_numpy(r.pixels), meta)
         return outcomes
 
@@ -421,7 +422,7 @@ class BatchRunner:
                         outcome, ms = self._preview_on_cpu(jpeg, loader, cfg, on_decoded)
                     else:
                         outcome, ms = self._decode_on_cpu(jpeg.key, jpeg.data, cfg, on_decoded)
-                    _add(timings, ms)
+                    timings.add(ms)
                     outcomes[i] = outcome
                     continue
                 if isinstance(jpeg, _PreviewJpeg):  # upright already; the original's meta; no decode hook
@@ -434,7 +435,7 @@ class BatchRunner:
                 if on_decoded is not None:  # shrunk on the device: only a small picture comes back
                     from workers.preview import device_pixels
 
-                    _call_hook(on_decoded, jpeg.key, device_pixels(upright, self.config.preview_side), meta)
+                    call_on_decoded(on_decoded, jpeg.key, device_pixels(upright, self.config.preview_side), meta)
                 outcomes[i] = (resize_and_crop_tensor(upright, cfg), meta)
             if refused:
                 log.info("%d of %d JPEGs refused by the %s device decoder: decoded on the CPU", refused, len(jpegs),
@@ -524,7 +525,7 @@ class BatchRunner:
         timings = StageTimings()
         tally = PreviewTally()
         for part in parts:
-            _add(timings, {s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
+            timings.add({s: getattr(part.timings, s) for s in ("load", "decode", "decode_wait", "preprocess", "embed")})
             tally.add(part.previews)
         timings.total = (time.perf_counter() - started) * 1000
         return BatchResult(
@@ -590,19 +591,6 @@ def _recorded(passes: Passes, part: BatchResult) -> BatchResult:
     ``total`` (preparing, then the forward pass), over every image it held, refused ones too."""
     passes.record(len(part.metas) + len(part.failed), part.timings.total)
     return part
-
-
-def _call_hook(on_decoded: OnDecoded, key: str, rgb, meta: ImageMeta) -> None:
-    """Run the decode hook; a failure there (a full disk for thumbnails) must not refuse the image."""
-    try:
-        on_decoded(key, rgb, meta)
-    except Exception:  # noqa: BLE001 - logged with its traceback; the embedding goes on
-        log.exception("on_decoded hook failed for %s", key)
-
-
-def _add(timings: StageTimings, stage_ms: dict[str, float]) -> None:
-    for stage, ms in stage_ms.items():
-        setattr(timings, stage, getattr(timings, stage) + ms)
 
 
 def _merge(into: dict[str, float], more: dict[str, float]) -> None:

@@ -38,6 +38,11 @@ class StageTimings:
         """``{stage: ms}`` rounded to 0.01 ms."""
         return {k: round(v, 2) for k, v in dataclasses.asdict(self).items()}
 
+    def add(self, stage_ms: dict[str, float]) -> None:
+        """Add ``{stage: ms}`` to those stages."""
+        for stage, ms in stage_ms.items():
+            setattr(self, stage, getattr(self, stage) + ms)
+
     @contextlib.contextmanager
     def measure(self, stage: str):
         """Add the wall time of the ``with`` block to ``stage``."""
