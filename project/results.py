@@ -9,6 +9,11 @@ So each message whose result is waited for names the time after which nobody wil
 result (success, failure or revocation) with ``SETEX`` to then, in the same single command Celery
 sends. Messages without the header keep Celery's ``result_expires``.
 
+A result is stored in one round trip to Redis (:data:`STORE_SCRIPT`): Celery's own store reads the
+key first (a GET, so that a late duplicate never overwrites a SUCCESS) and then writes and publishes
+it (a second round trip). The script does the same three steps inside Redis, atomically, so the
+answer a waiting request reads leaves the worker one round trip sooner (docs/benchmarks-lanes.md).
+
 Configured as ``CELERY_RESULT_BACKEND = "project.results:DeadlineRedisBackend+" + REDIS_URL``
 (Celery's ``<class>+<url>`` form).
 """
@@ -20,6 +25,8 @@ import time
 
 from celery import states
 from celery.backends.redis import RedisBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
 
 #: Message header: Unix time (s) after which nobody reads the task's result.
 RESULT_DEADLINE_HEADER = "result_deadline"
@@ -52,6 +59,30 @@ def result_ttl(deadline_ts: float, *, now: float, ceiling_s: int | None) -> int:
     return min(ttl, ceiling_s) if ceiling_s else ttl
 
 
+#: Store a result the way Celery's key-value backend does (``BaseKeyValueStoreBackend._store_result``
+#: then ``RedisBackend._set``), in one call: leave a stored SUCCESS alone (a lost worker's late
+#: duplicate must not overwrite it), else SET (SETEX when ARGV[2] > 0 s) and PUBLISH to the key's
+#: channel, where a waiting ``AsyncResult.get`` listens. KEYS[1]: the result key; ARGV[1]: the encoded
+#: meta (JSON); ARGV[2]: seconds to keep it, 0 = forever. Returns 1 when written, 0 when left alone.
+STORE_SCRIPT = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, meta = pcall(cjson.decode, current)
+  if ok and type(meta) == 'table' and meta['status'] == 'SUCCESS' then
+    return 0
+  end
+end
+local ttl = tonumber(ARGV[2])
+if ttl > 0 then
+  redis.call('SETEX', KEYS[1], ttl, ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+redis.call('PUBLISH', KEYS[1], ARGV[1])
+return 1
+"""
+
+
 class DeadlineRedisBackend(RedisBackend):
     """:class:`RedisBackend` that stores a result whose message carries
     :data:`RESULT_DEADLINE_HEADER` with an expiry of :func:`result_ttl` instead of ``result_expires``."""
@@ -63,11 +94,32 @@ class DeadlineRedisBackend(RedisBackend):
 
     def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
         deadline = result_deadline(request)
-        self._storing.ttl = None if deadline is None else result_ttl(deadline, now=time.time(), ceiling_s=self.expires)
-        try:
-            return super()._store_result(task_id, result, state, traceback, request, **kwargs)
-        finally:
-            self._storing.ttl = None
+        ttl = None if deadline is None else result_ttl(deadline, now=time.time(), ceiling_s=self.expires)
+        if self.serializer != "json":  # the script reads the stored status as JSON: Celery's two round trips
+            self._storing.ttl = ttl
+            try:
+                return super()._store_result(task_id, result, state, traceback, request, **kwargs)
+            finally:
+                self._storing.ttl = None
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if isinstance(value, str) and len(value) > self._MAX_STR_VALUE_SIZE:
+            raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
+        if ttl is None:
+            ttl = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
+        elif state == states.FAILURE and self.failure_expires:
+            ttl = min(ttl, self.failure_expires)
+        key = self.get_key_for_task(task_id)
+        self.ensure(self._store_once, (key, value, int(ttl or 0)))
+        return result
+
+    def _store_once(self, key, value, ttl_s: int) -> int:
+        """Run :data:`STORE_SCRIPT` (EVALSHA; redis-py loads the script when Redis does not hold it)."""
+        script = getattr(self, "_store_script", None)
+        if script is None or script.registered_client is not self.client:
+            script = self._store_script = self.client.register_script(STORE_SCRIPT)
+        return script(keys=[key], args=[value, ttl_s])
 
     def _set_with_state(self, key, value, state):
         ttl = getattr(self._storing, "ttl", None)

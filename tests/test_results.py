@@ -2,6 +2,7 @@
 the margin), whatever it holds; any other keeps ``result_expires``. A real redis-server."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -48,3 +49,40 @@ def test_the_expiry_arithmetic():
     assert result_deadline(Context({"id": "x"})) is None
     assert result_deadline(Context({"id": "x", RESULT_DEADLINE_HEADER: "12.5"})) == 12.5
     assert result_deadline(Context({"id": "x", RESULT_DEADLINE_HEADER: "soon"})) is None
+
+
+def test_a_result_is_stored_and_published_in_one_round_trip_and_never_over_a_success(backend):
+    """``STORE_SCRIPT``: one command per result (Celery's store is a GET, then SET + PUBLISH), the
+    subscriber of the key's channel gets the meta, and a stored SUCCESS stays (a late duplicate's
+    FAILURE or retry is dropped) while any other state is replaced."""
+    b, client = backend
+    key = "celery-task-meta-once"
+    listener = client.pubsub(ignore_subscribe_messages=True)
+    listener.subscribe(key)
+    b.store_result("warm", 0, "SUCCESS", request=Context({"id": "warm", "task": "t"}))  # Redis loads the script
+    calls = []
+    real = b.client.execute_command
+    b.client.execute_command = lambda *a, **kw: calls.append(a[0]) or real(*a, **kw)
+    try:
+        b.store_result("once", {"n": 1}, "SUCCESS", request=Context({"id": "once", "task": "t",
+                                                                    RESULT_DEADLINE_HEADER: time.time() + 20}))
+    finally:
+        b.client.execute_command = real
+    assert calls == ["EVALSHA"]
+    message = None
+    for _ in range(50):
+        message = message or listener.get_message(timeout=0.1)
+    assert message is not None and json.loads(message["data"])["result"] == {"n": 1}
+    assert 20 <= client.ttl(key) <= 20 + RESULT_MARGIN_S + 1
+
+    b.store_result("once", ValueError("late duplicate"), "FAILURE", request=Context({"id": "once", "task": "t"}))
+    assert b.get_task_meta("once")["status"] == "SUCCESS" and b.get_task_meta("once")["result"] == {"n": 1}
+
+    b.store_result("retried", ValueError("first try"), "RETRY", request=Context({"id": "retried", "task": "t"}))
+    b.store_result("retried", 7, "SUCCESS", request=Context({"id": "retried", "task": "t"}))
+    assert b.get_task_meta("retried")["result"] == 7 and client.ttl("celery-task-meta-retried") == 3600
+    # an unreadable stored value (not JSON) is replaced, as Celery's decode failure would be
+    client.set("celery-task-meta-odd", b"\x80not json")
+    b.store_result("odd", 8, "SUCCESS", request=Context({"id": "odd", "task": "t"}))
+    assert b.get_task_meta("odd")["result"] == 8
+    listener.close()

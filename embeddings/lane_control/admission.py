@@ -36,6 +36,7 @@ from django.conf import settings
 
 from embeddings import deferred
 from embeddings.errors import ApplicationError
+from embeddings.lane_control import background
 from embeddings.lane_control.keys import (
     ANSWERS_KEPT,
     ANSWERS_KEY,
@@ -187,14 +188,13 @@ def interactive_admit(*, deadline_s: float, images: int = 1) -> Decision:
         )
     decision = dataclasses.replace(decision, admitted_at=time.time(), token=uuid.uuid4().hex,
                                    admitted_beside_bulk=load.beside_bulk)
-    if decision.work_s is not None:
-        try:  # a lower bound of its wait for its regime's fit until it is answered (fit_wait's pending)
-            redis_client().hset(PENDING_KEY, decision.token, json.dumps(
-                {"admitted": round(decision.admitted_at, 4), "work_s": round(decision.work_s, 4),
-                 "predicted_s": round(decision.predicted_wait_s, 4), "deadline_s": round(deadline_s, 3),
-                 "bulk_at_admission": load.beside_bulk}))
-        except Exception as e:
-            log.warning("could not record a pending interactive request: %s", e)
+    if decision.work_s is not None:  # a lower bound of its wait for its regime's fit until it is answered
+        # (fit_wait's pending), written by the writer thread: the request does not wait for it
+        record = json.dumps({"admitted": round(decision.admitted_at, 4), "work_s": round(decision.work_s, 4),
+                             "predicted_s": round(decision.predicted_wait_s, 4), "deadline_s": round(deadline_s, 3),
+                             "bulk_at_admission": load.beside_bulk})
+        token = decision.token
+        background.write(lambda pipe: pipe.hset(PENDING_KEY, token, record))
     return decision
 
 
@@ -291,7 +291,10 @@ def interactive_answered(decision: Decision, *, images: int, status: int, answer
 
 
 def _record_answer(decision: Decision, *, images: int, status: int, answered_at: float) -> None:
-    """:func:`interactive_answered`'s writes to Redis (never raises)."""
+    """:func:`interactive_answered`'s writes to Redis (never raises). The request's pending record
+    left from the writer thread (:func:`interactive_admit`): that is waited for first (it left long
+    ago, unless Redis is unreachable), so the HDEL below never lands before its HSET."""
+    background.flush(timeout_s=1.0)
     if images <= 0:
         if decision.token:
             with contextlib.suppress(Exception):

@@ -19,17 +19,15 @@ host and off by the hosts' clock difference (NTP: ms or less) across hosts.
 from __future__ import annotations
 
 import json
-import logging
-import queue
 import threading
 import time
 
 from celery.signals import task_prerun, task_success
 from django.conf import settings
 
-from embeddings.lane_control.keys import HOPS_KEPT, HOPS_KEY, redis_client
+from embeddings.lane_control import background
+from embeddings.lane_control.keys import HOPS_KEPT, HOPS_KEY
 
-log = logging.getLogger(__name__)
 
 _current = threading.local()
 _web = threading.local()
@@ -47,58 +45,26 @@ def root_id(result) -> str:
     return str(result.id)
 
 
-#: Records waiting for the writer thread (:func:`_push`).
-_pending: queue.SimpleQueue = queue.SimpleQueue()
-_writer_lock = threading.Lock()
-_writer: threading.Thread | None = None
-_written = threading.Condition()
-_counts = {"handed": 0, "written": 0}
+#: The writer thread of hop records (``background.Writer``): apart from lane control's own, so a
+#: benchmark's records never delay the bookkeeping they measure.
+records = background.Writer("hop-records")
 
 
 def _push(record: dict) -> None:
     """Hand ``record`` to this process's writer thread: a record is never written on the path it
     measures (the Redis round trip would be counted in the very latency it breaks down)."""
-    global _writer
-    with _written:
-        _counts["handed"] += 1
-    _pending.put(record)
-    if _writer is None or not _writer.is_alive():
-        with _writer_lock:
-            if _writer is None or not _writer.is_alive():
-                _writer = threading.Thread(target=_write_forever, name="hop-records", daemon=True)
-                _writer.start()
+    raw = json.dumps(record)
 
+    def write(pipe) -> None:
+        pipe.rpush(HOPS_KEY, raw)
+        pipe.ltrim(HOPS_KEY, -HOPS_KEPT, -1)
 
-def _write_forever() -> None:
-    while True:
-        records = [_pending.get()]
-        while True:  # whatever else is waiting goes in the same round trip
-            try:
-                records.append(_pending.get_nowait())
-            except queue.Empty:
-                break
-        _write(records)
-        with _written:
-            _counts["written"] += len(records)
-            _written.notify_all()
-
-
-def _write(records: list[dict]) -> None:
-    try:
-        client = redis_client()
-        with client.pipeline(transaction=False) as pipe:
-            pipe.rpush(HOPS_KEY, *(json.dumps(r) for r in records))
-            pipe.ltrim(HOPS_KEY, -HOPS_KEPT, -1)
-            pipe.execute()
-    except Exception as e:  # noqa: BLE001 - a diagnosis record: never what fails a request
-        log.warning("could not record hops: %s", e)
+    records.put(write)
 
 
 def flush(timeout_s: float = 5.0) -> None:
     """Wait until every record handed over so far is written, or tried (at most ``timeout_s``)."""
-    with _written:
-        target = _counts["handed"]
-        _written.wait_for(lambda: _counts["written"] >= target, timeout=timeout_s)
+    records.flush(timeout_s)
 
 
 def waited(result, *, sent: float, got: float) -> None:

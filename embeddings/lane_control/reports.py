@@ -22,6 +22,7 @@ from typing import Iterator, Sequence
 
 from django.conf import settings
 
+from embeddings.lane_control import background
 from embeddings.lane_control.keys import (
     BATCHES_KEPT,
     BATCHES_KEY,
@@ -76,35 +77,31 @@ def _tracker() -> _Tracker:
 @contextlib.contextmanager
 def interactive_in_flight(task_id: str, images: int) -> Iterator[None]:
     """Count ``images`` of task ``task_id`` as in flight while the block runs, and as drained by this
-    process when it ends (:func:`drain_rate`); never raises."""
-    client = redis_client()
+    process when it ends (:func:`drain_rate`); never raises. Both writes leave from the process's
+    writer thread (``background``), in order: neither is a round trip on the task's own path."""
     started = time.time()
-    try:
-        client.hset(INFLIGHT_KEY, task_id, f"{images} {started:.3f}")
-    except Exception as e:
-        log.warning("could not record in-flight work: %s", e)
+    background.write(lambda pipe: pipe.hset(INFLIGHT_KEY, task_id, f"{images} {started:.3f}"))
     try:
         yield
     finally:
         _tracker().finished(started, time.time(), images)
-        with contextlib.suppress(Exception):
-            client.hdel(INFLIGHT_KEY, task_id)
+        background.write(lambda pipe: pipe.hdel(INFLIGHT_KEY, task_id))
 
 
 def interactive_pass(batcher: str, images: int, at: float) -> None:
     """Record in :data:`PASSES_KEY` that dynamic batcher ``batcher`` (unique per process and
     space) started a forward pass of ``images`` at ``at`` (Unix s), with its expected time at this
     worker's per-batch-size service times (0: none measured yet); ``images`` 0: the pass ended,
-    clear it. The batcher's ``on_pass`` hook, on its model thread; never raises."""
-    try:
-        if images:
-            curve = _tracker().curve  # replaced whole by _report, never mutated: safe to read
-            expected = batch_ms(curve, images) if curve else 0.0
-            redis_client().hset(PASSES_KEY, batcher, f"{images} {at:.3f} {expected:.1f}")
-        else:
-            redis_client().hdel(PASSES_KEY, batcher)
-    except Exception as e:
-        log.warning("could not record a running forward pass: %s", e)
+    clear it. The batcher's ``on_pass`` hook, on its model thread; never raises. Written by the
+    process's writer thread (``background``): the pass does not wait for Redis, and its start
+    lands well within the pass, which is what a bulk worker looking for running passes needs."""
+    if images:
+        curve = _tracker().curve  # replaced whole by _report, never mutated: safe to read
+        expected = batch_ms(curve, images) if curve else 0.0
+        value = f"{images} {at:.3f} {expected:.1f}"
+        background.write(lambda pipe: pipe.hset(PASSES_KEY, batcher, value))
+    else:
+        background.write(lambda pipe: pipe.hdel(PASSES_KEY, batcher))
 
 
 def window_stats(records: Sequence) -> dict[str, float] | None:

@@ -18,7 +18,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from embeddings import runtime, tasks  # noqa: F401 - registers the tasks the eager chains run by name
 from embeddings.errors import ApplicationError
-from embeddings.lane_control import admission, bulk_yield, keys, reports
+from embeddings.lane_control import admission, background, bulk_yield, keys, reports
 from embeddings.models import Image, ImageStatus, Job
 from project import lanes
 from queueing import wait_ahead, wait_model
@@ -136,6 +136,7 @@ def test_the_regime_at_admission_goes_with_the_pending_request_and_its_answer(se
         decision = admission.interactive_admit(deadline_s=5.0)
     activity.stop()
     assert decision.admitted and decision.admitted_beside_bulk is True and decision.ahead_images == 0
+    assert background.flush()  # the pending record leaves from the writer thread
     (raw,) = client.hvals(keys.PENDING_KEY)
     assert json.loads(raw)["bulk_at_admission"] is True
     admission.interactive_answered(decision, images=1, status=200, answered_at=time.time() + 5.0)
@@ -147,6 +148,7 @@ def test_the_regime_at_admission_goes_with_the_pending_request_and_its_answer(se
     with celery_publishing_to(service.REDIS_URL):
         quiet = admission.interactive_admit(deadline_s=5.0)
     assert quiet.admitted_beside_bulk is False
+    assert background.flush()
     (raw,) = client.hvals(keys.PENDING_KEY)
     assert json.loads(raw)["bulk_at_admission"] is False
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from embeddings.lane_control import admission, keys, reports
+from embeddings.lane_control import admission, background, keys, reports
 from queueing import wait_model
 from tests.embeddings.lane_control.conftest import torch_pixels
 
@@ -40,6 +40,7 @@ def test_the_batcher_reports_each_pass_to_admission(lane_redis, encoder, tracker
     tracker.curve = {1: 250.0, 4: 400.0}
 
     def run_batch(px):
+        assert background.flush()  # the pass's record left from the writer thread, within the pass
         seen.append((len(px), client.hget(keys.PASSES_KEY, "me"), len(admission.interactive_load().passes)))
         return encoder.encode_images(normalize(px, encoder.preprocess_config))
 
@@ -89,9 +90,9 @@ def test_worker_reports_batches_its_capacity_and_in_flight_work(lane_redis, meas
     assert [r["size"] for r in records] == [r.size for r in measured]
     assert {"t", "size", "requests", "queue_delay_ms", "service_ms", "expired"} <= set(records[0])
     with reports.interactive_in_flight("task-a", 5), reports.interactive_in_flight("task-b", 2):
-        assert admission.interactive_load().inflight_images == 7
+        assert background.flush() and admission.interactive_load().inflight_images == 7
         time.sleep(0.1)
-    assert admission.interactive_load().inflight_images == 0
+    assert background.flush() and admission.interactive_load().inflight_images == 0
     # the two tasks finished: 7 images in ~0.1 s of busy time is the worker's drain rate now
     assert [n for *_, n in tracker.tasks] == [2, 5]
     reports.interactive_report(measured, worker="w1")
