@@ -48,7 +48,8 @@ from workers.vector_store import filters
 
 
 def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | None = None, *,
-                  lane: str = Lane.BULK, compute_s_each: float = 0.0) -> tuple[list[dict], float]:
+                  lane: str = Lane.BULK, compute_s_each: float = 0.0,
+                  settle_after_answer: bool = False) -> tuple[list[dict], float]:
     """Write the points of the items whose images are still queued, then mark those embedded
     (:func:`_mark_written`, metering ``compute_s_each`` worker seconds for each image marked). An
     item whose vector is not usable is failed instead (``store_writes._unusable``, counted on ``lane``).
@@ -56,16 +57,19 @@ def _write_queued(items: list[dict], read: tuple[set[str], dict[str, dict]] | No
     Args:
         read: ``store_writes.queued_payloads`` of these items or of a larger batch holding them, read
             earlier by the caller (one read per chunk instead of one per slice); ``None``: read now.
+        settle_after_answer: settle the payloads once the task has answered (:func:`_mark_written`).
 
     Returns:
         ``(items marked embedded now, upsert wall time in ms)``.
     """
     read = read if read is not None else queued_payloads(items)
     live, upsert_ms = write_live(items, read, lane=lane)
-    return _mark_written(live, read[1], compute_s_each=compute_s_each), upsert_ms
+    marked = _mark_written(live, read[1], compute_s_each=compute_s_each, settle_after_answer=settle_after_answer)
+    return marked, upsert_ms
 
 
-def _mark_written(live: list[dict], payloads: dict[str, dict], *, compute_s_each: float = 0.0) -> list[dict]:
+def _mark_written(live: list[dict], payloads: dict[str, dict], *, compute_s_each: float = 0.0,
+                  settle_after_answer: bool = False) -> list[dict]:
     """Mark the images of ``live`` (their points written with ``payloads``, by sha256) embedded, in
     one statement per kind (metered in its transaction, ``compute_s_each`` worker seconds each:
     ``images_mark_embedded``), then settle their points' payloads (``store_writes.payloads_settle``: a
@@ -76,7 +80,13 @@ def _mark_written(live: list[dict], payloads: dict[str, dict], *, compute_s_each
     by the reconciler, or embedded by another delivery of the same work (its point is the same). If
     that happens between the write and the mark, the point is forgotten again (deleted, or its
     payload rewritten from the database when other rows share it), so Qdrant never holds a point
-    that no embedded row accounts for."""
+    that no embedded row accounts for.
+
+    ``settle_after_answer`` (an interactive request: someone waits for its neighbours, which no
+    payload changes): the settling and the near-duplicate groups run once the task has answered
+    (``deferred.after_answer``: still before the message is acknowledged, so a worker that dies
+    first leaves the redelivery to settle, as one dying between the mark and the settling does).
+    The rule above holds unchanged: the read comes after the mark, only later."""
     if not live:
         return []
     marked = image_services.images_mark_embedded(live, compute_s_each=compute_s_each)
@@ -84,10 +94,17 @@ def _mark_written(live: list[dict], payloads: dict[str, dict], *, compute_s_each
         if it["id"] not in marked:
             point_forget(point_id=it["point_id"], sha256=it["sha256"], model_id=items_space([it]))
     done = [it for it in live if it["id"] in marked]
-    if done:
-        payloads_settle(model_id=items_space(done), points={it["sha256"]: it["point_id"] for it in done},
-                        given={it["sha256"]: payloads[it["sha256"]] for it in done})
-    duplicate_scans.images_written(done)  # owners with a finished near-duplicate scan group them next
+
+    def settle() -> None:
+        if done:
+            payloads_settle(model_id=items_space(done), points={it["sha256"]: it["point_id"] for it in done},
+                            given={it["sha256"]: payloads[it["sha256"]] for it in done})
+        duplicate_scans.images_written(done)  # owners with a finished near-duplicate scan group them next
+
+    if settle_after_answer:
+        after_answer(settle)
+    else:
+        settle()
     return done
 
 
@@ -234,7 +251,8 @@ def interactive_index(*, embedded: dict, owner_id: int | None, k: int, skipped_i
     items, failed = embedded.get("items", []), embedded.get("failed", [])
     # the request's worker time (prepare and forward passes) over its images, as metered (docs/usage.md)
     compute_s_each = (embedded.get("timings") or {}).get("total", 0.0) / 1000 / max(1, len(items) + len(failed))
-    marked, upsert_ms = _write_queued(items, lane=Lane.INTERACTIVE, compute_s_each=compute_s_each) if items else ([], 0.0)
+    marked, upsert_ms = (_write_queued(items, lane=Lane.INTERACTIVE, compute_s_each=compute_s_each,
+                                       settle_after_answer=True) if items else ([], 0.0))
     # written now, or by another delivery: asked of the database only for those not marked now
     embedded_now = {it["id"] for it in marked}
     if others := [it["id"] for it in items if it["id"] not in embedded_now]:

@@ -204,3 +204,24 @@ def test_a_cancel_between_the_write_and_the_mark_takes_the_points_back(service, 
     store = runtime.vector_store()
     assert store.count() == 0
     assert store.vectors([uuid.UUID(it["point_id"]) for it in args[2]]) == {}
+
+
+def test_an_interactive_answer_leaves_before_its_payloads_are_settled(service, user, monkeypatch):
+    """Inside a task, an upload's points are marked embedded and searched, and the payloads' settling
+    (a read of the rows after the mark) waits until the task has answered (``deferred``), still
+    before its message is acknowledged; outside a task it runs at once."""
+    from embeddings import deferred
+
+    settled: list[dict] = []
+    settle = vectors.payloads_settle
+    monkeypatch.setattr(vectors, "payloads_settle", lambda **kw: settled.append(kw["points"]) or settle(**kw))
+    ids = interactive_rows(user, photos(2, 90))
+    embedded = interactive.interactive_embed(image_ids=ids, deadline_ts=time.time() + 30)
+    deferred.task_started()
+    try:
+        out = vectors.interactive_index(embedded=embedded, owner_id=user.id, k=1, skipped_ids=[])
+        assert settled == [] and statuses(ids) == {i: (ImageStatus.EMBEDDED, "") for i in ids}
+        assert [len(out[i]["neighbours"]) for i in ids] == [1, 1]  # each finds the other
+    finally:
+        deferred.task_ended()
+    assert [set(points.values()) for points in settled] == [{it["point_id"] for it in embedded["items"]}]
