@@ -479,7 +479,9 @@ def hops_main(args, out: Path) -> int:
     load_before = os.getloadavg()
     with Stack(stack_dir, env, private_redis=True, deployment=args.deployment, process_env=process_env(args),
                log=lambda *a: None) as stack:
-        client = Client(stack.web_url, stack.manage("apiuser", "bench", "--staff").strip())
+        stack.manage("apiuser", "bench", "--staff")
+        # an API key, the credential clients hold (a DRF token is a legacy one, looked up after the keys)
+        client = Client(stack.web_url, stack.manage("apikeys", "create", "bench").strip())
         for i in range(6):  # warm-up: models loaded, connections open, both paths once; not measured
             client.upload(distinct_jpeg(bases, 10**6 + i), f"w{i}.jpg")
             client.s.post(client.base + "/api/search/", json={"text": TEXTS[i % len(TEXTS)], "k": 5}, timeout=60)
