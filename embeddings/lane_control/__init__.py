@@ -4,7 +4,8 @@ The one door the rest of the app calls (``from embeddings import lane_control``)
 Redis client and its key names (:mod:`.keys`), which the web side (:mod:`.admission`: admit or
 refuse with 429), the workers' side (:mod:`.reports`: what admission predicts from) and bulk work
 (:mod:`.bulk_yield`: turns, migration slots, yielding, the lane gate) share; none of those three
-imports another. The arithmetic they feed is ``queueing`` (no Django, no Redis).
+imports another; admission's and the reports' bookkeeping writes leave from one writer thread per process
+(:mod:`.background`). The arithmetic they feed is ``queueing`` (no Django, no Redis).
 """
 from embeddings.lane_control import hops  # noqa: F401 - connects the hop records' task signals
 from embeddings.lane_control.admission import answer_records, interactive_admit, interactive_answered, interactive_load
