@@ -40,8 +40,9 @@ from embeddings.dispatch import (  # noqa: F401
 from embeddings.models import Job
 from embeddings.services import readiness
 from embeddings.services import reconcile as reconcile_services
-from embeddings.services.batches import batches as batch_services
+from embeddings.services.batches import finalize as batch_finalizing
 from embeddings.services.batches import parts as batch_parts
+from embeddings.services.batches import validation as batch_validation
 from embeddings.services.catalogue import fetching, reading
 from embeddings.services.catalogue.images import images_mark_failed
 from embeddings.services.duplicates import calibration, scan
@@ -106,14 +107,14 @@ def batch_part_fetch(batch_id: str, index: int) -> dict:
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def batch_validate(batch_id: str) -> dict:
-    """Check a batch's input file and queue its parts (``services.batches.batches``)."""
-    return batch_services.batch_validate(batch_id=batch_id)
+    """Check a batch's input file and queue its parts (``services.batches.validation``)."""
+    return batch_validation.batch_validate(batch_id=batch_id)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)
 def batch_finalize(batch_id: str) -> dict:
-    """Write a batch's output and error files and end it (``services.batches.batches``)."""
-    return batch_services.batch_finalize(batch_id=batch_id)
+    """Write a batch's output and error files and end it (``services.batches.finalize``)."""
+    return batch_finalizing.batch_finalize(batch_id=batch_id)
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, ignore_result=True)

@@ -1,12 +1,13 @@
-"""Batches of ``/v1/batches`` (OpenAI's Batch API, docs/batch-api.md): made, read, listed, cancelled,
-validated, expired and finalised.
+"""Batches of ``/v1/batches`` (OpenAI's Batch API, docs/batch-api.md): made, read, listed, cancelled
+and expired here; validated in :mod:`.validation`, finalised in :mod:`.finalize`, their parts run in
+:mod:`.parts`, the JSONL lines all of them read and write in :mod:`.lines`.
 
 A batch is a bulk job (``Job`` of kind ``batch``, its deadline the end of the completion window).
-Its input file is checked line by line on the fetch worker (:func:`batch_validate`, bounded memory:
+Its input file is checked line by line on the fetch worker (``validation.batch_validate``, bounded memory:
 one line at a time); problems of the file (a line that is not JSON or not an object, a repeated or
 missing ``custom_id``, another method or endpoint, lines naming different models) fail the batch with
 ``errors``. Otherwise its lines are cut into parts of about ``chunk_size`` inputs, each one message
-on the bulk queue (``parts.part_run``). When no part is left to run, :func:`batch_finalize` (fetch
+on the bulk queue (``parts.part_run``). When no part is left to run, ``finalize.batch_finalize`` (fetch
 worker) joins the parts' output and error lines into the two files, adds a ``batch_cancelled`` /
 ``batch_expired`` error line for every line that never ran, and emits the batch's webhook event.
 A part whose message was lost is queued again by the reconciler (:func:`parts_resend`).
@@ -18,8 +19,6 @@ State machine (OpenAI's): ``validating`` → ``in_progress`` → ``finalizing`` 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
-import json
 import logging
 import re
 import time
@@ -40,13 +39,10 @@ from embeddings.models import (
     Job,
     JobKind,
     JobPriority,
-    JobStatus,
     PartState,
-    WebhookEvent,
 )
 from embeddings.services.batches import files as file_services
 from embeddings.services.batches.owned import owned_get, page_after
-from embeddings.services.interactive import embed as embed_services
 from embeddings.services.webhooks import events as webhook_events
 
 log = logging.getLogger(__name__)
@@ -58,10 +54,6 @@ WINDOW = re.compile(r"(\d{1,7})([smh])\Z")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600}
 #: OpenAI's metadata bounds: 16 pairs, keys of 64 characters, values of 512.
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
-#: A ``custom_id``'s longest (characters).
-CUSTOM_ID_MAX = 512
-#: Validation errors listed on a failed batch (the rest are counted in the last one's message).
-ERRORS_LISTED = 100
 #: Parts still running or queued.
 OPEN_PARTS = (PartState.PENDING, PartState.RUNNING)
 #: Batch states that end.
@@ -208,7 +200,7 @@ def batch_cancel(*, batch: Batch) -> Batch:
 def batch_finish_check(*, batch_id: str) -> bool:
     """Queue the batch's finalisation when it has parts and none is queued or running (after each
     part, a cancel, an expiry). Several may queue it: the first to claim it finalises
-    (:func:`batch_finalize`). Returns whether it was queued."""
+    (``finalize.batch_finalize``). Returns whether it was queued."""
     batch = Batch.objects.filter(id=batch_id).first()
     if batch is None or batch.status not in (BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING) \
             or batch.finalizing_at is not None:
@@ -296,305 +288,6 @@ def parts_resend(*, now: dt.datetime | None = None) -> set[str]:
             dispatch.send_batch_part_fetch(batch_id=batch_id, index=index, priority=priority)
             touched.add(batch_id)
     return touched
-
-
-# --- validation (fetch worker) ------------------------------------------------------------------------
-
-class _Errors:
-    """A failed validation's ``errors``: the first :data:`ERRORS_LISTED` listed, the rest counted."""
-
-    def __init__(self) -> None:
-        self.listed: list[dict] = []
-        self.count = 0
-
-    def add(self, line: int | None, code: str, message: str, param: str | None = None) -> None:
-        """One problem of 1-based ``line`` (None: of the file as a whole)."""
-        self.count += 1
-        if len(self.listed) < ERRORS_LISTED:
-            self.listed.append({"code": code, "message": message, "param": param, "line": line})
-
-    def as_list(self) -> list[dict]:
-        if self.count > len(self.listed):
-            last = dict(self.listed[-1])
-            last["message"] += f" ({self.count - len(self.listed)} more errors not listed)"
-            return self.listed[:-1] + [last]
-        return self.listed
-
-
-def line_inputs(body: dict) -> int:
-    """How many inputs a line's body asks for (its share of a part): a list's length, else 1."""
-    value = body.get("input")
-    return max(1, len(value)) if isinstance(value, list) else 1
-
-
-def line_fetches(body: dict) -> bool:
-    """Whether a line's body names an image to fetch (an http(s) URL read as an image: the rule of
-    ``embed.openai_inputs``)."""
-    value = body.get("input")
-    strings = [value] if isinstance(value, str) else value if isinstance(value, list) else []
-    return body.get("modality", "auto") != "text" and any(
-        isinstance(x, str) and embed_services.HTTP_URL.fullmatch(x) for x in strings)
-
-
-def _line_problem(line, endpoint: str) -> tuple[str, str, str | None] | None:
-    """``(code, message, param)`` of a parsed line that the file may not hold, else None."""
-    if not isinstance(line, dict):
-        return "invalid_line", "the line is not a JSON object", None
-    cid = line.get("custom_id")
-    if not isinstance(cid, str) or not cid:
-        return "missing_custom_id", "custom_id: a non-empty string is required", "custom_id"
-    if len(cid) > CUSTOM_ID_MAX:
-        return "invalid_custom_id", f"custom_id: at most {CUSTOM_ID_MAX} characters", "custom_id"
-    if line.get("method") != "POST":
-        return "invalid_method", f"method {str(line.get('method'))[:20]!r}: only POST", "method"
-    if line.get("url") != endpoint:
-        return ("mismatched_endpoint", f"url {str(line.get('url'))[:80]!r}: this batch's endpoint is {endpoint}",
-                "url")
-    if not isinstance(line.get("body"), dict):
-        return "invalid_body", "body: a JSON object (a /v1/embeddings request) is required", "body"
-    return None
-
-
-def _raw_lines(f, block: int = 1 << 20):
-    """The lines of a binary file from where it stands, each with its newline (``f.read`` in blocks:
-    Django's ``File`` iterates from byte 0 whatever was sought)."""
-    pending = b""
-    while True:
-        data = f.read(block)
-        if not data:
-            break
-        pending += data
-        *whole, pending = pending.split(b"\n")
-        for raw in whole:
-            yield raw + b"\n"
-    if pending:
-        yield pending
-
-
-def iter_lines(f, *, offset: int = 0, size: int | None = None):
-    """``(physical line number, byte offset, raw bytes)`` of each non-blank line of a binary file,
-    from ``offset`` for ``size`` bytes (the whole rest: None); one line (and a read block) in memory
-    at a time. Line numbers count from the offset."""
-    f.seek(offset)
-    number, pos, end = 0, offset, None if size is None else offset + size
-    for raw in _raw_lines(f):
-        number += 1
-        start = pos
-        pos += len(raw)
-        if raw.strip():
-            yield number, start, raw
-        if end is not None and pos >= end:
-            break
-
-
-def batch_validate(*, batch_id: str) -> dict:
-    """Check a batch's input file line by line and cut it into parts (or fail the batch with
-    ``errors``), then queue the parts on the bulk lane. Runs once: a batch no longer ``validating``
-    or ``cancelling`` without parts is left alone.
-
-    Returns:
-        ``{"status", "total", "parts", "errors"}``.
-    """
-    batch = Batch.objects.filter(id=batch_id).first()
-    if batch is None or batch.status not in (BatchStatus.VALIDATING, BatchStatus.CANCELLING) or \
-            BatchPart.objects.filter(batch=batch).exists():
-        return {"status": getattr(batch, "status", None), "total": 0, "parts": 0, "errors": 0}
-    errors, seen, models = _Errors(), set(), set()
-    parts: list[BatchPart] = []
-    size_goal = batch.job.chunk_size
-    current = None  # [first request index, lines, offset, end, inputs]
-    total = 0
-    try:
-        f = runtime.blob_store().open(batch.input_key)
-    except Exception as e:  # noqa: BLE001 - the file's blob is gone: the batch fails with the reason
-        errors.add(None, "file_missing", f"the input file cannot be read: {e}")
-        f = None
-    if f is not None:
-        with f:
-            for number, start, raw in iter_lines(f):
-                try:
-                    line = json.loads(raw)
-                except (ValueError, RecursionError) as e:
-                    errors.add(number, "invalid_json_line", f"line {number} is not JSON: {str(e)[:200]}")
-                    continue
-                problem = _line_problem(line, batch.endpoint)
-                if problem is not None:
-                    errors.add(number, problem[0], f"line {number}: {problem[1]}", problem[2])
-                    continue
-                digest = hashlib.sha256(line["custom_id"].encode("utf-8", "surrogatepass")).digest()
-                if digest in seen:
-                    errors.add(number, "duplicate_custom_id",
-                               f"line {number}: custom_id {line['custom_id'][:80]!r} is used by an earlier line "
-                               f"(custom_id is unique per batch)", "custom_id")
-                    continue
-                seen.add(digest)
-                model = line["body"].get("model")
-                if isinstance(model, str):
-                    models.add(model)
-                if errors.count:  # counting problems only from here on
-                    continue
-                if current is None:
-                    current = [total, 0, start, start, 0, False]
-                current[1] += 1
-                current[3] = start + len(raw)
-                current[4] += line_inputs(line["body"])
-                current[5] = current[5] or line_fetches(line["body"])
-                total += 1
-                if current[4] >= size_goal:
-                    parts.append(_part(batch, len(parts), current))
-                    current = None
-        if current is not None and not errors.count:
-            parts.append(_part(batch, len(parts), current))
-    if len(models) > 1:
-        errors.add(None, "mismatched_model", f"the lines name {len(models)} models ({', '.join(sorted(models)[:5])}): "
-                                          f"one batch runs one model", "body.model")
-    if not errors.count and not total:
-        errors.add(None, "empty_file", "the input file has no request")
-    now = timezone.now()
-    if errors.count:
-        with transaction.atomic():
-            Batch.objects.filter(id=batch.id).update(status=BatchStatus.FAILED, failed_at=now,
-                                                     errors=errors.as_list())
-            Job.objects.filter(id=batch.job_id).update(status=JobStatus.DONE, finished_at=now, started_at=now)
-            batch.refresh_from_db()
-            batch_event_emit(batch=batch, event=WebhookEvent.BATCH_FAILED)
-        return {"status": BatchStatus.FAILED.value, "total": total, "parts": 0, "errors": errors.count}
-    with transaction.atomic():
-        locked = Batch.objects.select_for_update().get(id=batch.id)
-        cancelled = locked.status == BatchStatus.CANCELLING
-        if cancelled:  # cancelled while validating: no line runs, each becomes batch_cancelled
-            for p in parts:
-                p.state = PartState.CANCELLED
-        BatchPart.objects.bulk_create(parts)
-        fields = {"total": total}
-        if models:
-            fields["model_id"] = next(iter(models))
-        if not cancelled:
-            fields.update(status=BatchStatus.IN_PROGRESS, in_progress_at=now)
-        Batch.objects.filter(id=batch.id).update(**fields)
-        Job.objects.filter(id=batch.job_id).update(total=total, status=JobStatus.RUNNING, started_at=now)
-        if cancelled:
-            batch_finish_check(batch_id=batch.id)
-        else:
-            priority = batch.job.priority
-            # a part with image URLs is fetched first on the fetch worker (as a manifest job's chunk),
-            # so that the bulk worker computes one part while the next one's images arrive
-            sends = [(dispatch.send_batch_part_fetch if p.fetches else dispatch.send_batch_part, p.index)
-                     for p in parts]
-            transaction.on_commit(lambda: [send(batch_id=batch.id, index=i, priority=priority) for send, i in sends])
-    return {"status": BatchStatus.CANCELLING.value if cancelled else BatchStatus.IN_PROGRESS.value,
-            "total": total, "parts": len(parts), "errors": 0}
-
-
-def _part(batch: Batch, index: int, current: list) -> BatchPart:
-    """A part of ``current`` = ``[first request, lines, offset, end, inputs, fetches]``; its
-    ``fetches`` (an attribute, not stored): whether a line names an image URL."""
-    first, lines, offset, end, _, fetches = current
-    part = BatchPart(batch=batch, index=index, first_line=first, lines=lines, offset=offset, size=end - offset)
-    part.fetches = fetches
-    return part
-
-
-# --- finalisation (fetch worker) -------------------------------------------------------------------
-
-def _claim_finalize(batch_id: str) -> Batch | None:
-    """Claim the batch's finalisation (one claimant wins): ``in_progress`` → ``finalizing``; a
-    ``cancelling`` batch stays so (OpenAI's cancelled batches never show ``finalizing``), its
-    ``finalizing_at`` marking the claim. Parts still open are settled first (expired, or cancelled),
-    so that a late part cannot add lines after the files are written."""
-    now = timezone.now()
-    won = Batch.objects.filter(id=batch_id, status=BatchStatus.IN_PROGRESS, finalizing_at__isnull=True).update(
-        status=BatchStatus.FINALIZING, finalizing_at=now)
-    won = won or Batch.objects.filter(id=batch_id, status=BatchStatus.CANCELLING, finalizing_at__isnull=True).update(
-        finalizing_at=now)
-    if not won:
-        return None
-    batch = Batch.objects.get(id=batch_id)
-    leftover = PartState.CANCELLED if batch.status == BatchStatus.CANCELLING else PartState.EXPIRED
-    BatchPart.objects.filter(batch=batch, state__in=OPEN_PARTS).update(state=leftover)
-    return batch
-
-
-def _blob_blocks(key: str):
-    with runtime.blob_store().open(key) as f:
-        yield from iter(lambda: f.read(1 << 20), b"")
-
-
-def unrun_lines(batch: Batch, part: BatchPart, code: str, message: str):
-    """The error lines (bytes, one JSON line each) of a part that never ran: one per input line,
-    ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``."""
-    with runtime.blob_store().open(batch.input_key) as f:
-        for _, _, raw in iter_lines(f, offset=part.offset, size=part.size):
-            try:
-                line = json.loads(raw)
-                cid = line.get("custom_id") if isinstance(line, dict) else None
-            except ValueError:
-                cid = None
-            yield result_line(cid, response=None, error={"code": code, "message": message})
-
-
-def result_line(custom_id, *, response: dict | None, error: dict | None) -> bytes:
-    """One line of an output or error file (OpenAI's shape): ``{"id": "batch_req_…", "custom_id",
-    "response", "error"}`` as compact JSON and a newline."""
-    return (json.dumps({"id": f"batch_req_{uuid.uuid4().hex}", "custom_id": custom_id, "response": response,
-                        "error": error}, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
-
-
-def batch_finalize(*, batch_id: str) -> dict:
-    """Write a batch's output and error files from its parts, in line order, one part in memory at
-    a time, and end it: ``completed`` (every line ran), ``expired`` (the window passed before some
-    lines ran: each is a ``batch_expired`` error line) or ``cancelled`` (``batch_cancelled``).
-    The output file exists only when a line succeeded, the error file only when one failed. Emits
-    ``batch.completed`` / ``batch.expired`` / ``batch.cancelled``.
-
-    Returns:
-        ``{"status", "completed", "failed"}``, or ``{"status": None}`` when another claimed it.
-    """
-    batch = _claim_finalize(batch_id)
-    if batch is None:
-        return {"status": None}
-    parts = list(BatchPart.objects.filter(batch=batch).order_by("index"))
-    completed = sum(p.completed for p in parts if p.state == PartState.DONE)
-    failed = batch.total - completed
-    why = {PartState.CANCELLED: ("batch_cancelled", "the batch was cancelled before this request ran"),
-           PartState.EXPIRED: ("batch_expired", "the batch's completion window ended before this request ran")}
-
-    def outputs():
-        for p in parts:
-            if p.state == PartState.DONE and p.output_key:
-                yield from _blob_blocks(p.output_key)
-
-    def errors():
-        for p in parts:
-            if p.state == PartState.DONE and p.error_key:
-                yield from _blob_blocks(p.error_key)
-            elif p.state in why:
-                yield from unrun_lines(batch, p, *why[p.state])
-
-    owner = batch.owner
-    out = file_services.file_write(owner=owner, filename=f"{batch.id}_output.jsonl", chunks=outputs(),
-                                   lines=completed) if completed else None
-    err = file_services.file_write(owner=owner, filename=f"{batch.id}_error.jsonl", chunks=errors(),
-                                   lines=failed) if failed else None
-    now = timezone.now()
-    if batch.status == BatchStatus.CANCELLING:
-        status, stamp, event = BatchStatus.CANCELLED, "cancelled_at", WebhookEvent.BATCH_CANCELLED
-    elif any(p.state == PartState.EXPIRED for p in parts):
-        status, stamp, event = BatchStatus.EXPIRED, "expired_at", WebhookEvent.BATCH_EXPIRED
-    else:
-        status, stamp, event = BatchStatus.COMPLETED, "completed_at", WebhookEvent.BATCH_COMPLETED
-    with transaction.atomic():
-        Batch.objects.filter(id=batch.id).update(status=status, output_file=out, error_file=err, **{stamp: now})
-        Job.objects.filter(id=batch.job_id).update(
-            status=JobStatus.CANCELLED if status == BatchStatus.CANCELLED else JobStatus.DONE, finished_at=now)
-        batch.refresh_from_db()
-        batch_event_emit(batch=batch, event=event)
-    keep = {k for k in (out.storage_key if out else "", err.storage_key if err else "") if k}
-    for p in parts:  # the parts' blobs are in the files now; images fetched ahead for parts that never ran
-        for key in (p.output_key, p.error_key, *staged_keys(p)):
-            if key and key not in keep:
-                file_services.blob_release(key)
-    return {"status": status.value, "completed": completed, "failed": failed}
 
 
 # --- webhooks ------------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def file_upload(*, owner, filename: str, size: int, stream, purpose: str) -> Bat
     """Store an uploaded batch input file (JSON Lines) and its row.
 
     Only the size and the line count are checked here; the lines themselves are checked when a batch
-    reads the file (``batches.batch_validate``), as OpenAI does.
+    reads the file (``validation.batch_validate``), as OpenAI does.
 
     Args:
         size: its size in bytes as received; ``stream``: an open binary file of it.

@@ -28,6 +28,7 @@ from embeddings.messages import encode_vector
 from embeddings.models import Batch, BatchPart, BatchStatus, Lane, PartState, UsageKind
 from embeddings.services.batches import batches as batch_services
 from embeddings.services.batches import files as file_services
+from embeddings.services.batches import lines as batch_lines
 from embeddings.services.interactive import embed as embed_services
 from embeddings.services.usage import meter as usage_meter
 from embeddings.spaces import ModelNotConfigured
@@ -153,7 +154,7 @@ def _read(batch: Batch, part: BatchPart) -> list[tuple[str | None, dict | None]]
     """The part's lines as ``(custom_id, line)`` (validated when the batch was made)."""
     out = []
     with runtime.blob_store().open(batch.input_key) as f:
-        for _, _, raw in batch_services.iter_lines(f, offset=part.offset, size=part.size):
+        for _, _, raw in batch_lines.iter_lines(f, offset=part.offset, size=part.size):
             try:
                 line = json.loads(raw)
             except ValueError:
@@ -270,7 +271,7 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes],
     answered: dict[tuple[str, str], int] = {}  # (space, kind) → inputs of output lines
     for n, (cid, _) in enumerate(lines):
         if n in refused:
-            errors.append(batch_services.result_line(cid, response=refused[n].response(), error=None))
+            errors.append(batch_lines.result_line(cid, response=refused[n].response(), error=None))
             continue
         space, encoding, inputs = requests[n]
         got = [vectors[(n, j)] for j in range(len(inputs))]
@@ -280,7 +281,7 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes],
             more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
             err = _LineError(400, g["reason"], f"input[{j}] ({inputs[j].kind}): {g['reason']}: {g['detail']}{more}",
                              f"input[{j}]")
-            errors.append(batch_services.result_line(cid, response=err.response(), error=None))
+            errors.append(batch_lines.result_line(cid, response=err.response(), error=None))
             continue
         tokens = sum(g.get("tokens", 0) if inp.kind == "text" else image_tokens.get(space.model_id, 0)
                      for g, inp in zip(got, inputs))
@@ -291,7 +292,7 @@ def _run_lines(batch: Batch, part: BatchPart) -> tuple[list[bytes], list[bytes],
                           "embedding": g["vector"] if encoding == "base64" else g["floats"]}
                          for j, g in enumerate(got)],
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        outputs.append(batch_services.result_line(
+        outputs.append(batch_lines.result_line(
             cid, response={"status_code": 200, "request_id": f"req_{uuid.uuid4().hex}", "body": body}, error=None))
     kinds = {"text": UsageKind.TEXT, "image": UsageKind.IMAGE_BULK}
     # owner and key filled in by the caller; an error line's inputs (and their compute) are not billed
