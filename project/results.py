@@ -27,6 +27,7 @@ from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
+from kombu.utils.objects import cached_property
 
 #: Message header: Unix time (s) after which nobody reads the task's result.
 RESULT_DEADLINE_HEADER = "result_deadline"
@@ -114,12 +115,14 @@ class DeadlineRedisBackend(RedisBackend):
         self.ensure(self._store_once, (key, value, int(ttl or 0)))
         return result
 
+    @cached_property
+    def _store_script(self):
+        """:data:`STORE_SCRIPT` on this backend's client (EVALSHA; redis-py loads the script where
+        Redis does not hold it)."""
+        return self.client.register_script(STORE_SCRIPT)
+
     def _store_once(self, key, value, ttl_s: int) -> int:
-        """Run :data:`STORE_SCRIPT` (EVALSHA; redis-py loads the script when Redis does not hold it)."""
-        script = getattr(self, "_store_script", None)
-        if script is None or script.registered_client is not self.client:
-            script = self._store_script = self.client.register_script(STORE_SCRIPT)
-        return script(keys=[key], args=[value, ttl_s])
+        return self._store_script(keys=[key], args=[value, ttl_s])
 
     def _set_with_state(self, key, value, state):
         ttl = getattr(self._storing, "ttl", None)

@@ -30,20 +30,28 @@ Write = Callable[[object], None]
 
 
 class Writer:
-    """One writer thread per process (started on the first :meth:`put`, again after a fork)."""
+    """One writer thread per process, started on the first :meth:`put`; a forked child starts its own
+    (``os.register_at_fork``: the parent's thread does not exist there, its queue is the parent's)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
         self._lock = threading.Lock()
         self._done = threading.Condition()
-        self._pid = 0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._handed = self._sent = 0
 
     def put(self, write: Write) -> None:
         """Queue ``write`` for the writer thread; never blocks on Redis, never raises."""
-        self._started()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                    self._thread.start()
         with self._done:
             self._handed += 1
         self._queue.put(write)
@@ -54,18 +62,6 @@ class Writer:
         with self._done:
             target = self._handed
             return self._done.wait_for(lambda: self._sent >= target, timeout=timeout_s)
-
-    def _started(self) -> None:
-        if self._pid == os.getpid() and self._thread is not None and self._thread.is_alive():
-            return
-        with self._lock:
-            if self._pid != os.getpid():  # a forked child: the parent's thread and queue are not its own
-                self._queue, self._handed, self._sent = queue.SimpleQueue(), 0, 0
-                self._done = threading.Condition()
-                self._pid, self._thread = os.getpid(), None
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
 
     def _run(self) -> None:
         pending = self._queue
