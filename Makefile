@@ -41,13 +41,23 @@ browser:
 	  || echo "chromium could not be installed: the browser tests will be skipped"; \
 	else echo "chromium is not installed (apt-get install chromium as root): the browser tests will be skipped"; fi
 
+# The whole suite in two parts (tests/conftest.py, --part): first the tests that start no stack of
+# their own beside the others, spread over TEST_PROCESSES processes (pytest-xdist, a test file per
+# process at a time; each process has its own test database, Redis and folders), then the end-to-end
+# tests (marker e2e) one after another on quiet cores, since their stacks and their timing checks must
+# not share the cores with other tests. Both parts run whatever the first gives; a part that
+# PYTEST_ARGS leaves empty exits 5 (pytest: no test selected), which fails only when both do.
+TEST_PROCESSES ?= logical
 test: setup browser deploy-tools
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --part parallel -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS); a=$$?; \
+	$(PY) -m pytest --part serial $(PYTEST_ARGS); b=$$?; \
+	for rc in $$a $$b; do [ $$rc = 0 ] || [ $$rc = 5 ] || exit $$rc; done; \
+	[ $$a$$b != 55 ] || exit 5
 
 # The working loop: the suite without the end-to-end tests (tests/e2e, marker e2e) and the tests that
 # load the real model (marker model, set in tests/conftest.py); `make test` stays the whole suite (CI).
 test-fast: setup
-	$(PY) -m pytest -m "not e2e and not model" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not e2e and not model" -n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 
 test-e2e: setup browser
 	$(PY) -m pytest tests/e2e $(PYTEST_ARGS)

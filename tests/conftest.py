@@ -45,17 +45,34 @@ needs_shared = pytest.mark.skipif(not (IMAGES / "MANIFEST.tsv").exists(), reason
 MODEL_FIXTURES = frozenset({"random_config", "encoder"})
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--part", choices=("all", "parallel", "serial"), default="all",
+        help="which part of the suite to run: 'parallel', the tests that start no stack of their own beside "
+             "the others (spread over processes with pytest-xdist's -n), or 'serial', the end-to-end tests "
+             "(marker e2e), run one after another on quiet cores; both with any -m or path given (make test)")
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Mark ``e2e`` every test under tests/e2e and ``model`` every test that loads the real model
     (:data:`MODEL_FIXTURES` in its fixture closure), before ``-m`` deselects: ``make test-fast``
-    leaves both out. Runs first so that the marks exist when pytest's own hook filters."""
+    leaves both out. Runs first so that the marks exist when pytest's own hook filters. Then keeps
+    the ``--part`` asked for: ``serial`` the ``e2e`` tests, ``parallel`` the others."""
     e2e = ROOT / "tests" / "e2e"
     for item in items:
         if item.path.is_relative_to(e2e) and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
         if MODEL_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("model") is None:
             item.add_marker(pytest.mark.model)
+    part = config.getoption("part")
+    if part != "all":
+        keep, left = [], []
+        for item in items:
+            (keep if (item.get_closest_marker("e2e") is not None) == (part == "serial") else left).append(item)
+        if left:
+            config.hook.pytest_deselected(items=left)
+            items[:] = keep
 
 
 @pytest.fixture(scope="session")

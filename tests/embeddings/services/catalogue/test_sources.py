@@ -121,7 +121,8 @@ def test_encrypted_or_unknown_compression_refuses_the_archive(how):
     assert (e.value.code, e.value.status) == ("zip_unsupported", 400)
 
 
-@pytest.mark.parametrize("data", [b"", b"not a zip at all", make_zip([("a.jpg", b"x" * 100)])[:-30]])
+@pytest.mark.parametrize("data", [b"", b"not a zip at all", make_zip([("a.jpg", b"x" * 100)])[:-30]],
+                         ids=["empty", "not a zip", "cut short"])
 def test_unreadable_archives_are_400(data):
     with pytest.raises(ApplicationError) as e:
         from_zip(io.BytesIO(data), **LIMITS)
