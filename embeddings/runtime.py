@@ -215,6 +215,7 @@ def _dynamic_batcher(model_id: str):
         max_batch_size=cfg.interactive_max_batch_size,
         max_queue_delay_ms=cfg.interactive_max_queue_delay_ms,
         on_pass=_pass_hook(model_id),
+        wait_for=settings.INTERACTIVE_BATCH_WAIT,
     )
 
 

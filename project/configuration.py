@@ -258,6 +258,10 @@ VARS: tuple[Var, ...] = (
               "largest interactive forward pass (dynamic batcher)"),
     _pipeline("INTERACTIVE_MAX_QUEUE_DELAY_MS", "interactive_max_queue_delay_ms", float, "lanes",
               "longest a lone interactive request waits for company (ms)"),
+    Var("INTERACTIVE_BATCH_WAIT", str, "announced", "lanes",
+        "how an interactive batch waits for company: `announced`: only while requests the worker's task threads "
+        "are decoding are still to arrive (a lone request on an idle lane goes to the model at once), never past "
+        "`INTERACTIVE_MAX_QUEUE_DELAY_MS`; `window`: always the whole window (`workers/batcher.py`)"),
     Var("INTERACTIVE_THREADS", int, lambda get: 2 * get("INTERACTIVE_MAX_BATCH_SIZE"), "lanes",
         "task threads of the interactive worker: while one batch is in the model the next one's tasks are fetched "
         "and decoded, so under load every pass is a full batch", shown="`2 × INTERACTIVE_MAX_BATCH_SIZE`"),

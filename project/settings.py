@@ -332,6 +332,10 @@ VECTOR_STORE_OPTIMIZE_IDLE_S = config["VECTOR_STORE_OPTIMIZE_IDLE_S"]
 VECTOR_STORE_OPTIMIZE_MIN_POINTS = config["VECTOR_STORE_OPTIMIZE_MIN_POINTS"]
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
+#: How the interactive lane's dynamic batcher waits for company (workers/batcher.py, ``WAIT_POLICIES``).
+INTERACTIVE_BATCH_WAIT = config["INTERACTIVE_BATCH_WAIT"]
+if INTERACTIVE_BATCH_WAIT not in ("window", "announced"):
+    raise ImproperlyConfigured(f"INTERACTIVE_BATCH_WAIT must be 'announced' or 'window', not {INTERACTIVE_BATCH_WAIT!r}")
 HOP_TRACE = config["HOP_TRACE"]
 if HOP_TRACE:  # outermost: the web's whole time of a request, rendering included (benchmarks.lanes)
     MIDDLEWARE.insert(0, "embeddings.lane_control.hops.HopMiddleware")

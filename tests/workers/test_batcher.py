@@ -96,3 +96,86 @@ def test_model_error_reaches_every_caller_of_the_batch():
         with pytest.raises(RuntimeError, match="out of memory"):
             f.result(timeout=5)
     b.close()
+
+
+# --- wait_for="announced": a batch waits only for requests on their way --------------------------
+# The window below is 10 s, so a batch that sat it out is unmistakable: whether it waited is what
+# is checked, not how fast anything is.
+
+WINDOW_MS = 10_000
+
+
+def test_a_lone_request_with_nobody_else_announced_goes_to_the_model_at_once():
+    b = DynamicBatcher(FakeModel(), max_batch_size=8, max_queue_delay_ms=WINDOW_MS, wait_for="announced")
+    with b.coming() as announced:
+        out = b.embed(px(3), announced=announced)
+    b.close()
+    rec = b.records[-1]
+    assert int(out[0, 0]) == 3 and (rec.size, rec.requests) == (1, 1)
+    assert rec.queue_delay_ms < WINDOW_MS / 2  # it did not sit out the window
+
+
+def test_a_batch_waits_for_an_announced_request_and_shares_its_pass():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=8, max_queue_delay_ms=WINDOW_MS, wait_for="announced")
+    second_announced, release = threading.Event(), threading.Event()
+    out = {}
+
+    def second():
+        with b.coming() as announced:
+            second_announced.set()
+            release.wait(5)  # still decoding while the first request is submitted
+            out[2] = b.embed(px(2), announced=announced)
+
+    t = threading.Thread(target=second)
+    t.start()
+    assert second_announced.wait(5)
+    with b.coming() as announced:
+        first = b.submit(px(1), announced=announced)
+    time.sleep(0.2)  # the first request waits: one is announced
+    assert not first.done() and model.calls == []
+    release.set()
+    out[1] = first.result(timeout=5)
+    t.join(5)
+    b.close()
+    assert model.calls == [2] and (int(out[1][0, 0]), int(out[2][0, 0])) == (1, 2)
+    assert b.records[-1].queue_delay_ms < WINDOW_MS / 2  # it ran when the second arrived, not at the window's end
+
+
+def test_a_withdrawn_announcement_ends_the_wait_for_it():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=8, max_queue_delay_ms=WINDOW_MS, wait_for="announced")
+    announced_once, withdraw = threading.Event(), threading.Event()
+
+    def failing_decode():  # announced, then its image cannot be decoded: nothing submitted
+        with b.coming():
+            announced_once.set()
+            withdraw.wait(5)
+
+    t = threading.Thread(target=failing_decode)
+    t.start()
+    assert announced_once.wait(5)
+    first = b.submit(px(4))
+    time.sleep(0.2)
+    assert not first.done()
+    withdraw.set()
+    assert int(first.result(timeout=5)[0, 0]) == 4
+    t.join(5)
+    b.close()
+    assert model.calls == [1] and b.records[-1].queue_delay_ms < WINDOW_MS / 2
+
+
+def test_an_announced_request_is_waited_for_no_longer_than_the_window():
+    model = FakeModel()
+    b = DynamicBatcher(model, max_batch_size=8, max_queue_delay_ms=100, wait_for="announced")
+    with b.coming():  # announced and never submitted while the first one waits
+        first = b.submit(px(6))
+        assert int(first.result(timeout=5)[0, 0]) == 6
+    b.close()
+    rec = b.records[-1]
+    assert model.calls == [1] and rec.requests == 1 and rec.queue_delay_ms >= 95  # the window, less clock rounding
+
+
+def test_wait_for_must_be_a_known_policy():
+    with pytest.raises(ValueError, match="wait_for"):
+        DynamicBatcher(FakeModel(), max_batch_size=8, max_queue_delay_ms=5, wait_for="never")

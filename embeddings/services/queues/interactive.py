@@ -42,19 +42,21 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
     if time.time() > deadline_ts:
         return {"items": [], "failed": expired(ordered), "timings": {}}
     runner = runtime.batch_runner(model_id)
+    batcher = runtime.dynamic_batcher(model_id)
     late = LateThumbnails({k: v[1] for k, v in rows.items()})
-    prepared = runner.prepare(ordered, originals_loader({k: v[:2] for k, v in rows.items()}), late)
-    after_answer(late.draw)  # previews and thumbnails once the answer is out
-    failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
-    timings = prepared.timings
-    items = []
+    with batcher.coming() as announced:  # a batch forming meanwhile waits for these images
+        prepared = runner.prepare(ordered, originals_loader({k: v[:2] for k, v in rows.items()}), late)
+        after_answer(late.draw)  # previews and thumbnails once the answer is out
+        failed = [[f.key, f.reason, f.detail] for f in prepared.failed]
+        timings = prepared.timings
+        items = []
+        if prepared.metas:
+            try:
+                with timings.measure("embed"):
+                    vectors = batcher.embed(prepared.pixels, deadline=deadline_ts, announced=announced)
+            except Expired:
+                return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
     if prepared.metas:
-        try:
-            batcher = runtime.dynamic_batcher(model_id)
-            with timings.measure("embed"):
-                vectors = batcher.embed(prepared.pixels, deadline=deadline_ts)
-        except Expired:
-            return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
         _note_batch(batcher)
         metas, vectors, refused = screened(prepared.metas, vectors)  # NaN, infinity or zeros fail alone
         failed += [[f.key, f.reason, f.detail] for f in refused]
@@ -101,13 +103,15 @@ def query_embed(*, storage_key: str, sha256: str, deadline_ts: float, model_id: 
         runner = runtime.batch_runner(model_id)
     except ModelNotConfigured as e:
         return {"reason": Reason.MODEL_NOT_CONFIGURED.value, "detail": str(e)}
-    prepared = runner.prepare([storage_key], lambda key: runtime.blob_store().read(key, sha256))
-    if prepared.failed:
-        return {"reason": prepared.failed[0].reason, "detail": prepared.failed[0].detail}
-    try:
-        vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
-    except Expired:
-        return _query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value, "detail": "deadline passed"}
+    batcher = runtime.dynamic_batcher(model_id)
+    with batcher.coming() as announced:  # a batch forming meanwhile waits for this image
+        prepared = runner.prepare([storage_key], lambda key: runtime.blob_store().read(key, sha256))
+        if prepared.failed:
+            return {"reason": prepared.failed[0].reason, "detail": prepared.failed[0].detail}
+        try:
+            vectors = batcher.embed(prepared.pixels, deadline=deadline_ts, announced=announced)
+        except Expired:
+            return _query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value, "detail": "deadline passed"}
     return _query_vector(vectors[0])
 
 
@@ -190,15 +194,19 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
     out: list[dict | None] = [None] * len(items)
     if images:
         store = runtime.blob_store()
-        prepared = runner.prepare(list(images), lambda key: store.read(*images[key]))
-        for f in prepared.failed:
-            out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
-        if prepared.metas:
-            try:
-                vectors = runtime.dynamic_batcher(model_id).embed(prepared.pixels, deadline=deadline_ts)
-            except Expired:
-                return every(_query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value,
-                                                             "detail": "deadline passed"})
+        batcher = runtime.dynamic_batcher(model_id)
+        with batcher.coming() as announced:  # a batch forming meanwhile waits for these images
+            prepared = runner.prepare(list(images), lambda key: store.read(*images[key]))
+            for f in prepared.failed:
+                out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
+            vectors = None
+            if prepared.metas:
+                try:
+                    vectors = batcher.embed(prepared.pixels, deadline=deadline_ts, announced=announced)
+                except Expired:
+                    return every(_query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value,
+                                                                 "detail": "deadline passed"})
+        if vectors is not None:
             metas, vectors, refused = screened(prepared.metas, vectors)
             for f in refused:
                 out[int(f.key)] = {"reason": f.reason, "detail": f.detail}

@@ -51,6 +51,23 @@ def test_an_interactive_request_is_embedded_written_and_answered_with_neighbours
         copy: {"neighbours": []}}
 
 
+@pytest.mark.parametrize("wait_for", ["announced", "window"])
+def test_a_lone_interactive_request_waits_the_window_only_where_told_to(service, user, wait_for):
+    """The interactive worker's batcher waits for company only while other requests are announced
+    (``INTERACTIVE_BATCH_WAIT=announced``, the default): a lone request on an idle lane goes to the
+    model at once, even with a window of 3 s; ``window`` sits the window out."""
+    service.INTERACTIVE_BATCH_WAIT = wait_for
+    service.PIPELINE = service.PIPELINE.replace(interactive_max_queue_delay_ms=3000.0)
+    runtime.dynamic_batcher.cache_clear()
+    ids = interactive_rows(user, photos(1, 75))
+    out = interactive.interactive_embed(image_ids=ids, deadline_ts=time.time() + 60)
+    batcher = runtime.dynamic_batcher()
+    record = batcher.records[-1]
+    assert [it["id"] for it in out["items"]] == ids and (record.size, record.requests) == (1, 1)
+    assert batcher.wait_for == wait_for
+    assert (record.queue_delay_ms < 1500) == (wait_for == "announced")  # at once, or the whole 3 s
+
+
 def test_an_interactive_request_draws_its_previews_and_thumbnails_after_its_answer(service, user):
     """Inside a task, the preview and thumbnail of each decoded image are drawn once the task has
     answered (``deferred.after_answer``), not while the person waits; outside a task at once."""
