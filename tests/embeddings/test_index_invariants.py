@@ -43,10 +43,18 @@ class Broker:
             (job_id, image_ids)))
 
     def deliver(self, n: int | None = None) -> int:
-        todo, self.pending = self.pending[:n], self.pending[n:] if n is not None else []
-        for args in todo:
-            tasks.embed_chunk.apply(args=args)
-        return len(todo)
+        """Run the first ``n`` held chunks; ``None``: every held chunk, and those their runs send
+        (a copy queued again when its original failed), until none is left. Returns how many ran."""
+        ran = 0
+        while self.pending:
+            take = len(self.pending) if n is None else n
+            todo, self.pending = self.pending[:take], self.pending[take:]
+            for args in todo:
+                tasks.embed_chunk.apply(args=args)
+            ran += len(todo)
+            if n is not None:
+                break
+        return ran
 
 
 def blob_files() -> set[str]:
