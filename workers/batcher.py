@@ -180,7 +180,7 @@ class DynamicBatcher:
     def _nobody_coming(self) -> bool:
         """Under ``wait_for="announced"``: no announced request left to submit and none queued."""
         with self._lock:
-            return self._announced == 0 and self._carry is None and self._queue.empty()
+            return self._announced == 0 and self._queue.empty()
 
     def _loop(self) -> None:
         while True:

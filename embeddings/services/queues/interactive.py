@@ -56,12 +56,11 @@ def interactive_embed(*, image_ids: list[str], deadline_ts: float) -> dict:
                     vectors = batcher.embed(prepared.pixels, deadline=deadline_ts, announced=announced)
             except Expired:
                 return {"items": [], "failed": failed + expired([m.key for m in prepared.metas]), "timings": {}}
-    if prepared.metas:
-        _note_batch(batcher)
-        metas, vectors, refused = screened(prepared.metas, vectors)  # NaN, infinity or zeros fail alone
-        failed += [[f.key, f.reason, f.detail] for f in refused]
-        metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
-        items = [vector_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(metas, vectors)]
+            _note_batch(batcher)
+            metas, vectors, refused = screened(prepared.metas, vectors)  # NaN, infinity or zeros fail alone
+            failed += [[f.key, f.reason, f.detail] for f in refused]
+            metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
+            items = [vector_item(m, v, rows[m.key][2], rows[m.key][1], model_id) for m, v in zip(metas, vectors)]
     timings.total = (time.perf_counter() - prepared.started) * 1000
     return {"items": items, "failed": failed, "timings": timings.as_dict()}
 
@@ -199,20 +198,18 @@ def inputs_embed(*, items: list[dict], deadline_ts: float, model_id: str) -> dic
             prepared = runner.prepare(list(images), lambda key: store.read(*images[key]))
             for f in prepared.failed:
                 out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
-            vectors = None
             if prepared.metas:
                 try:
                     vectors = batcher.embed(prepared.pixels, deadline=deadline_ts, announced=announced)
                 except Expired:
                     return every(_query_expired(deadline_ts) or {"reason": Reason.EXPIRED.value,
                                                                  "detail": "deadline passed"})
-        if vectors is not None:
-            metas, vectors, refused = screened(prepared.metas, vectors)
-            for f in refused:
-                out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
-            metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
-            for meta, vector in zip(metas, vectors):
-                out[int(meta.key)] = {"vector": encode_vector(vector)}
+                metas, vectors, refused = screened(prepared.metas, vectors)
+                for f in refused:
+                    out[int(f.key)] = {"reason": f.reason, "detail": f.detail}
+                metrics.count_refused_embeddings(lane=Lane.INTERACTIVE, reasons=[f.reason for f in refused])
+                for meta, vector in zip(metas, vectors):
+                    out[int(meta.key)] = {"vector": encode_vector(vector)}
     encoder = holder.get()
     if texts and not encoder.has_text:
         for i, _ in texts:
