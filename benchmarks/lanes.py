@@ -226,7 +226,8 @@ def fmt(v, spec=".1f") -> str:
 def table(res: dict) -> str:
     a, m, b = res["interactive_idle"], res["interactive_under_bulk"], res
     lines = [
-        f"deployment {res['config']['deployment']}, {res['config']['database']}, {res['config']['bulk_images']} bulk images per job, "
+        f"deployment {res['config']['deployment']}, STORE_OWNER={res['config'].get('store_owner', 'vectors')}, "
+        f"{res['config']['database']}, {res['config']['bulk_images']} bulk images per job, "
         f"interactive {res['config']['rate']}/s, {res['config']['cores']} cores, bulk processes "
         f"{res['config']['bulk_processes']}, process env {res['config']['process_env']}",
         "",
@@ -317,6 +318,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2, help="--prefill: turns of (empty, pre-filled) stacks (default 2)")
     ap.add_argument("--hops", action="store_true",
                     help="instead: where an idle request's time goes, hop by hop (benchmarks/lanes_hops.py, issue 58)")
+    ap.add_argument("--store-owner", choices=("vectors", "interactive"), default=os.environ.get("STORE_OWNER", "vectors"),
+                    help="STORE_OWNER of the stack: which worker owns the embedded store (default: the environment's, "
+                         "else vectors)")
+    ap.add_argument("--compare-owners", action="store_true",
+                    help="with --hops: four stacks in the order vectors, interactive, interactive, vectors, and the "
+                         "two owners side by side")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench-lanes"), help="output folder")
     return ap.parse_args(argv)
 
@@ -379,7 +386,8 @@ def main(argv=None) -> int:
 
     stack_dir = out / "stack"
     shutil.rmtree(stack_dir, ignore_errors=True)
-    env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0"}
+    env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
+           "STORE_OWNER": args.store_owner}
     if args.bulk_processes:
         env["BULK_PROCESSES"] = args.bulk_processes  # sizes the command line (-c) and each child
     penv = process_env(args)
@@ -431,7 +439,7 @@ def main(argv=None) -> int:
 
     res = {
         "machine": hardware,
-        "config": {"deployment": args.deployment, "database": "postgresql" if args.postgres else "sqlite",
+        "config": {"deployment": args.deployment, "store_owner": args.store_owner, "database": "postgresql" if args.postgres else "sqlite",
                    "bulk_images": n, "requests": args.requests, "rate": args.rate,
                    "deadline_s": args.deadline, "cores": os.cpu_count(), "process_env": penv,
                    "bulk_processes": args.bulk_processes or "default"},
@@ -461,20 +469,45 @@ def main(argv=None) -> int:
 # --- where an idle request's time goes (--hops) -------------------------------------------------
 
 def hops_main(args, out: Path) -> int:
-    """The ``--hops`` run (see the module's docstring); exit status 0 when every target passes."""
+    """The ``--hops`` run (see the module's docstring), for ``--store-owner`` or, with
+    ``--compare-owners``, for both owners in turn; exit status 0 when every target passes (in the
+    comparison: for the last run of the interactive owner)."""
+    from benchmarks.lanes_hops import owners_table
+
+    hardware = machine()
+    print(machine_line(hardware), flush=True)
+    owners = ["vectors", "interactive", "interactive", "vectors"] if args.compare_owners else [args.store_owner]
+    runs = []
+    for i, owner in enumerate(owners):
+        if args.compare_owners:
+            print(f"run {i + 1} of {len(owners)}: STORE_OWNER={owner}", flush=True)
+        runs.append(hops_run(args, out, hardware, owner))
+    if not args.compare_owners:
+        return 0 if runs[0]["verdicts"] and all(v["pass"] for v in runs[0]["verdicts"]) else 1
+    text = owners_table(runs)
+    print("\n" + text)
+    (out / "hops-owners.md").write_text(f"{machine_line(hardware)}\n`python -m benchmarks.lanes --hops "
+                                        f"--compare-owners --requests {args.requests} --rate {args.rate}`\n\n{text}\n")
+    print(f"\nwrote {out}/hops-owners.md")
+    last = [r for r in runs if r["owner"] == "interactive"][-1]
+    return 0 if last["verdicts"] and all(v["pass"] for v in last["verdicts"]) else 1
+
+
+def hops_run(args, out: Path, hardware: dict, owner: str) -> dict:
+    """One stack with ``STORE_OWNER=owner``: the idle requests, their hop tables printed and
+    written (``hops.md``, ``hops.json``; ``hops-<n>-<owner>.*`` in a comparison) → ``{"owner",
+    "rows", "verdicts", "load_before", "load_after"}``."""
     import redis
 
     from benchmarks.lanes_hops import HOPS_KEY, TEXTS, join, tables
 
     bases = base_images()
     env = {"CLIP_PRETRAINED": "random", "INTERACTIVE_DEADLINE_S": str(args.deadline), "DJANGO_DEBUG": "0",
-           "HOP_TRACE": "1"}
+           "HOP_TRACE": "1", "STORE_OWNER": owner}
     stack_dir = out / "stack-hops"
     import shutil
 
     shutil.rmtree(stack_dir, ignore_errors=True)
-    hardware = machine()
-    print(machine_line(hardware), flush=True)
     samples: list[dict] = []
     load_before = os.getloadavg()
     with Stack(stack_dir, env, private_redis=True, deployment=args.deployment, process_env=process_env(args),
@@ -510,14 +543,16 @@ def hops_main(args, out: Path) -> int:
     text, verdicts = tables(rows, label=label)
     answered = sum(1 for s in samples if s["http"] == 200)
     text = (f"{machine_line(hardware)}\n{label}; {answered}/{len(samples)} answered 200, {len(rows)} traced\n"
-            f"`python -m benchmarks.lanes --hops --requests {args.requests} --rate {args.rate}`\n\n{text}")
+            f"`python -m benchmarks.lanes --hops --store-owner {owner} --requests {args.requests} --rate {args.rate}`"
+            f"\n\n{text}")
     print("\n" + text)
-    (out / "hops.md").write_text(text + "\n")
-    (out / "hops.json").write_text(json.dumps({"machine": hardware, "load_before": load_before,
-                                               "load_after": load_after, "samples": samples, "rows": rows,
-                                               "targets": verdicts}, indent=1))
-    print(f"\nwrote {out}/hops.md, hops.json")
-    return 0 if verdicts and all(v["pass"] for v in verdicts) else 1
+    name = f"hops-{len(list(out.glob('hops-*-*.md'))) + 1}-{owner}" if args.compare_owners else "hops"
+    (out / f"{name}.md").write_text(text + "\n")
+    (out / f"{name}.json").write_text(json.dumps({"machine": hardware, "store_owner": owner, "load_before": load_before,
+                                                  "load_after": load_after, "samples": samples, "rows": rows,
+                                                  "targets": verdicts}, indent=1))
+    print(f"\nwrote {out}/{name}.md, {name}.json")
+    return {"owner": owner, "rows": rows, "verdicts": verdicts, "load_before": load_before, "load_after": load_after}
 
 
 # --- a pre-filled store (--prefill) -----------------------------------------------------------------

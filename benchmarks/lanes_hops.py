@@ -30,6 +30,19 @@ def _ms(a: float, b: float) -> float:
     return (b - a) * 1000.0
 
 
+def _web_before(total_ms: float, web: dict) -> dict:
+    """An upload's hops (ms) from the client to the moment the web sent its work to the broker."""
+    notes = web.get("notes", {})
+    return {
+        "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
+        "web: admission": notes.get("admission_ms", 0.0),
+        "web: blob + rows": notes.get("rows_ms", 0.0),
+        "web: send (to the broker)": notes.get("send_ms", 0.0),
+        "web: rest before the wait (auth, parsing)": _ms(web["start"], web["sent"])
+        - sum(notes.get(k, 0.0) for k in ("admission_ms", "rows_ms", "send_ms")),
+    }
+
+
 def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
     """One upload's hops (ms) from its client time and its three hop records."""
     t, en, ix = embed.get("timings") or {}, embed["notes"], index["notes"]
@@ -38,12 +51,7 @@ def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
     embed_ms = t.get("embed", 0.0)
     ix_body = _ms(index["start"], ix["returned_at"])
     hops = {
-        "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
-        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
-        "web: blob + rows": web.get("notes", {}).get("rows_ms", 0.0),
-        "web: send (chain to the broker)": web.get("notes", {}).get("send_ms", 0.0),
-        "web: rest before the wait (auth, parsing)": _ms(web["start"], web["sent"])
-        - sum(web.get("notes", {}).get(k, 0.0) for k in ("admission_ms", "rows_ms", "send_ms")),
+        **_web_before(total_ms, web),
         "broker → interactive worker": _ms(web["sent"], embed["start"]),
         "interactive: read + decode + preprocess": prep,
         "interactive: batcher queue delay": queue,
@@ -63,21 +71,69 @@ def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
             "beyond_ms": total_ms - forward - queue}
 
 
+def _web_before_search(total_ms: float, web: dict) -> dict:
+    """A text search's hops (ms) from the client to the moment the web sent its work to the broker."""
+    admission = web.get("notes", {}).get("admission_ms", 0.0)
+    return {"client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
+            "web: admission": admission,
+            "web: rest before the wait (auth, parsing, scope, send)": _ms(web["start"], web["sent"]) - admission}
+
+
 def search_hops(total_ms: float, web: dict, encode: dict, search: dict) -> dict:
     """One text search's hops (ms) from its client time and its three hop records (the text tower
     runs without the batcher: no queue delay)."""
     forward = encode["notes"].get("forward_ms", 0.0)
     hops = {
-        "client ↔ Django (HTTP, auth, parsing)": total_ms - _ms(web["start"], web["end"]),
-        "web: admission": web.get("notes", {}).get("admission_ms", 0.0),
-        "web: rest before the wait (auth, parsing, scope, send)": _ms(web["start"], web["sent"])
-        - web.get("notes", {}).get("admission_ms", 0.0),
+        **_web_before_search(total_ms, web),
         "broker → interactive worker": _ms(web["sent"], encode["start"]),
         "interactive: text forward pass": forward,
         "interactive: rest (result, next message)": _ms(encode["start"], encode["end"]) - forward,
         "broker → vectors worker": _ms(encode["end"], search["start"]),
         "vectors: search task": _ms(search["start"], search["end"]),
         "result backend → web": _ms(search["end"], web["got"]),
+        "web after the wait (render)": _ms(web["got"], web["end"]),
+    }
+    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": 0.0,
+            "beyond_ms": total_ms - forward}
+
+
+def upload_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
+    """One upload's hops (ms) where one task embeds, writes and searches it (``embed_index_interactive``:
+    the interactive worker owns the store, ``STORE_OWNER=interactive``): its client time, the web's
+    record and the task's."""
+    n = task["notes"]
+    queue, forward = n.get("queue_delay_ms", 0.0), n.get("forward_ms", 0.0)
+    prep, embed_ms = n.get("prep_ms", 0.0), n.get("embed_ms", 0.0)
+    stored = n.get("write_ms", 0.0) + n.get("upsert_ms", 0.0) + n.get("search_ms", 0.0)
+    hops = {
+        **_web_before(total_ms, web),
+        "broker → interactive worker": _ms(web["sent"], task["start"]),
+        "interactive: read + decode + preprocess": prep,
+        "interactive: batcher queue delay": queue,
+        "interactive: forward pass": forward,
+        "interactive: batcher hand-off": embed_ms - queue - forward,
+        "interactive: rows, thumbnail, rest": _ms(task["start"], n["embedded_at"]) - prep - embed_ms,
+        "interactive: database writes": n.get("write_ms", 0.0),
+        "interactive: store upsert": n.get("upsert_ms", 0.0),
+        "interactive: search + results": n.get("search_ms", 0.0),
+        "interactive: rest (store turn, statistics)": _ms(n["embedded_at"], n["returned_at"]) - stored,
+        "result backend → web": _ms(n["returned_at"], web["got"]),
+        "web after the wait (rows, render)": _ms(web["got"], web["end"]),
+    }
+    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": queue,
+            "beyond_ms": total_ms - forward - queue}
+
+
+def search_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
+    """One text search's hops (ms) where one task embeds and searches it (``embed_search``)."""
+    n, forward = task["notes"], task["notes"].get("forward_ms", 0.0)
+    hops = {
+        **_web_before_search(total_ms, web),
+        "broker → interactive worker": _ms(web["sent"], task["start"]),
+        "interactive: text forward pass": forward,
+        "interactive: rest before the search": _ms(task["start"], n["embedded_at"]) - forward,
+        "interactive: search (store turn, query, results)": _ms(n["embedded_at"], n["returned_at"]),
+        "result backend → web": _ms(n["returned_at"], web["got"]),
         "web after the wait (render)": _ms(web["got"], web["end"]),
     }
     return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": 0.0,
@@ -103,6 +159,10 @@ def join(samples: list[dict], records: list[dict]) -> list[dict]:
             out.append({**s, **upload_hops(s["latency_ms"], web, t["embed_interactive"], t["index_interactive"])})
         elif s["kind"] == "text_search" and {"encode_text", "search_vector"} <= t.keys():
             out.append({**s, **search_hops(s["latency_ms"], web, t["encode_text"], t["search_vector"])})
+        elif s["kind"] == "upload" and "embed_index_interactive" in t:
+            out.append({**s, **upload_hops_one_task(s["latency_ms"], web, t["embed_index_interactive"])})
+        elif s["kind"] == "text_search" and "embed_search" in t:
+            out.append({**s, **search_hops_one_task(s["latency_ms"], web, t["embed_search"])})
     return out
 
 
@@ -139,3 +199,24 @@ def tables(rows: list[dict], *, label: str) -> tuple[str, list[dict]]:
     lines.append("")
     lines += [f"- {'PASS' if v['pass'] else 'FAIL'}: {v['name']}: {v['value']:.1f} ms" for v in verdicts]
     return "\n".join(lines), verdicts
+
+
+def owners_table(runs: list[dict]) -> str:
+    """``--compare-owners``: each run's STORE_OWNER, total, forward pass and beyond-the-model p50 /
+    p95 per request kind, in the order run, then the PASS/FAIL lines of the interactive owner's runs."""
+    lines = [("| run | STORE_OWNER | request | total p50 / p95 ms | forward p50 ms | queue delay p50 ms | "
+              "beyond the model p50 / p95 ms | load average before |"), "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for i, run in enumerate(runs, 1):
+        for kind in ("upload", "text_search"):
+            rs = [r for r in run["rows"] if r["kind"] == kind]
+            if not rs:
+                continue
+            tot, fw, qd, bey = ([r[k] for r in rs] for k in ("total_ms", "forward_ms", "queue_delay_ms", "beyond_ms"))
+            lines.append(f"| {i} | {run['owner']} | {kind.replace('_', ' ')} | {pct(tot, 50):.1f} / {pct(tot, 95):.1f} | "
+                         f"{pct(fw, 50):.1f} | {pct(qd, 50):.1f} | **{pct(bey, 50):.1f} / {pct(bey, 95):.1f}** | "
+                         f"{run['load_before'][0]:.2f} |")
+    lines.append("")
+    for i, run in enumerate(runs, 1):
+        lines += [f"- run {i} ({run['owner']}): {'PASS' if v['pass'] else 'FAIL'}: {v['name']}: {v['value']:.1f} ms"
+                  for v in run["verdicts"]]
+    return "\n".join(lines)

@@ -331,6 +331,17 @@ def send_query(*, embed: str, args: tuple, deadline_ts: float, search: tuple | N
                            **vectors_options(interactive=True, deadline_ts=deadline_ts))).apply_async()
 
 
+def send_embed_search(*, embed: str, args: tuple, deadline_ts: float, search: tuple, model_id: str,
+                      where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                      candidates: int | None = None):
+    """Queue a query's embedding and its search as one ``embed_search`` task on the interactive
+    queue (an embedded store the interactive worker owns, ``STORE_OWNER=interactive``): the same
+    arguments and answer as :func:`send_query` with ``search``, one message and one process instead
+    of a chain across two. Expires at ``deadline_ts``, and so does its result. Returns its ``AsyncResult``."""
+    return task("embed_search", embed, list(args), deadline_ts, model_id, *search, where,
+                *_vectors_flag(with_vectors, diversity, candidates), **interactive_options(deadline_ts)).apply_async()
+
+
 def _vectors_flag(with_vectors: bool, diversity: float = 0.0, candidates: int | None = None) -> tuple:
     """The search tasks' trailing ``with_vectors`` (then ``diversity``, ``candidates``) arguments,
     sent only when set: a search message without them is one a vectors worker of the previous

@@ -8,6 +8,11 @@
   one process (qdrant/qdrant-client#1018, the edge WAL lock), the ``vectors`` worker; every other
   process sends it the work over the ``vectors`` queue (``embeddings.dispatch``) and, where
   someone waits, waits for the answer (:func:`vectors_call`).
+- ``WriteTarget.INTERACTIVE_WORKER`` (an embedded store with ``STORE_OWNER=interactive``): the
+  interactive worker owns the folder and consumes the ``vectors`` queue too. Everything goes as for
+  ``VECTORS_WORKER``, except an interactive upload or query: it is embedded, written and searched in
+  one task on the interactive queue (``embed_index_interactive``, ``embed_search``), since the
+  process that computes its vector is the one that holds the store.
 
 The same task body runs either way (``embeddings.tasks.<name>``, looked up by name): on the vectors
 worker, or here, in the calling process.
@@ -99,17 +104,27 @@ class WriteTarget(enum.Enum):
 
     DIRECT = "direct"
     VECTORS_WORKER = "vectors_worker"
+    INTERACTIVE_WORKER = "interactive_worker"
 
 
 def write_target() -> WriteTarget:
-    """``DIRECT`` for a Qdrant server (``VECTOR_STORE=server``), else ``VECTORS_WORKER``: only a
-    server may be opened by several processes at once."""
-    return WriteTarget.DIRECT if settings.VECTOR_STORE == "server" else WriteTarget.VECTORS_WORKER
+    """``DIRECT`` for a Qdrant server (``VECTOR_STORE=server``): only a server may be opened by
+    several processes at once; else the embedded store's owner, ``STORE_OWNER``:
+    ``INTERACTIVE_WORKER`` or ``VECTORS_WORKER``."""
+    if settings.VECTOR_STORE == "server":
+        return WriteTarget.DIRECT
+    return WriteTarget.INTERACTIVE_WORKER if settings.STORE_OWNER == "interactive" else WriteTarget.VECTORS_WORKER
 
 
 def is_direct() -> bool:
     """True when this process does its own vector-store work (:data:`WriteTarget.DIRECT`)."""
     return write_target() is WriteTarget.DIRECT
+
+
+def answers_in_one_task() -> bool:
+    """True when an interactive upload or query is embedded, written and searched by one task of the
+    interactive worker: it owns the embedded store (:data:`WriteTarget.INTERACTIVE_WORKER`)."""
+    return write_target() is WriteTarget.INTERACTIVE_WORKER
 
 
 def store_call(name: str, *args, timeout_s: float | None = None):

@@ -159,10 +159,17 @@ def embed_interactive(self, image_ids: list[str], deadline_ts: float) -> dict:
 @shared_task(bind=True)
 def embed_index_interactive(self, image_ids: list[str], deadline_ts: float, owner_id: int | None, k: int,
                             skipped_ids: list[str], vectors: bool = False) -> dict:
-    """With a Qdrant server (``services.sink``: direct): embed an interactive request's images, then
-    write their points and find their neighbours here (:func:`index_interactive` in this process):
-    no vector crosses Redis, no vectors worker on the path. Same result as that chain's."""
-    return index_interactive(_embed_interactive(self, image_ids, deadline_ts), owner_id, k, skipped_ids, vectors)
+    """With a Qdrant server (``services.sink``: direct), or an embedded store this worker owns
+    (``STORE_OWNER=interactive``: its turn at the store, ``lane_control.store_turns``): embed an
+    interactive request's images, then write their points and find their neighbours here
+    (:func:`index_interactive` in this process): no vector crosses Redis, no vectors worker on the
+    path. Same result as that chain's."""
+    embedded = _embed_interactive(self, image_ids, deadline_ts)
+    t = embedded.get("timings") or {}
+    lane_control.hops.note(embedded_at=time.time(), embed_ms=t.get("embed", 0.0),
+                           prep_ms=sum(t.get(k, 0.0) for k in ("load", "decode", "decode_wait", "preprocess")))
+    with lane_control.interactive_turn():
+        return index_interactive(embedded, owner_id, k, skipped_ids, vectors)
 
 
 def _embed_interactive(task, image_ids: list[str], deadline_ts: float) -> dict:
@@ -212,6 +219,38 @@ def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
     with _in_flight(self, 1):
         return _end_if_expired(self, interactive_queue.text_embed(text=text, deadline_ts=deadline_ts,
                                                                   model_id=model_id), deadline_ts)
+
+
+#: The query embeddings ``embed_search`` may run first, by task name.
+_QUERY_EMBEDS = {"encode_text": interactive_queue.text_embed, "embed_query": interactive_queue.query_embed}
+_QUERY_ARGS = {"encode_text": ("text",), "embed_query": ("storage_key", "sha256")}
+
+
+@shared_task(bind=True, store_errors_even_if_ignored=True)
+def embed_search(self, embed: str, args: list, deadline_ts: float, model_id: str, owner_id: int | None, k: int,
+                 job_id: str | None, where: dict | None = None, with_vectors: bool = False, diversity: float = 0.0,
+                 candidates: int | None = None) -> dict:
+    """A query's embedding and its search in one task, where this worker owns the embedded store
+    (``STORE_OWNER=interactive``): ``embed`` (``encode_text`` / ``embed_query``) with ``args``,
+    then :func:`search_vector` with the rest, here, in its turn at the store. The answer of that
+    chain: ``{"results": [...]}``, or the embedding's refusal (``{"reason", "detail"}``; ``expired``
+    also when the embedding finished after ``deadline_ts``, Unix s: nobody waits any more)."""
+    if embed not in _QUERY_EMBEDS:
+        raise ValueError(f"embed must be one of {sorted(_QUERY_EMBEDS)}, not {embed!r}")
+    with _in_flight(self, 1):
+        query = _QUERY_EMBEDS[embed](**dict(zip(_QUERY_ARGS[embed], args)), deadline_ts=deadline_ts,
+                                     model_id=model_id)
+    if "reason" in query:
+        return query
+    if time.time() > deadline_ts:
+        return {"reason": Reason.EXPIRED.value, "detail": "embedded after the query's deadline: not searched"}
+    lane_control.hops.note(embedded_at=time.time())
+    with lane_control.interactive_turn():
+        out = vectors_queue.vector_search(query=query, owner_id=owner_id, k=k, job_id=job_id, model_id=model_id,
+                                          where=where, with_vectors=with_vectors, diversity=diversity,
+                                          candidates=candidates)
+    lane_control.hops.note(returned_at=time.time())
+    return out
 
 
 @shared_task(bind=True, store_errors_even_if_ignored=True)  # opens a multi-example search's chain

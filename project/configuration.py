@@ -351,6 +351,11 @@ VARS: tuple[Var, ...] = (
     Var("VECTORS_WRITE_SLICE", int, lambda get: 64 if get("VECTOR_STORE") == "server" else 32, "store",
         "points a bulk chunk writes between two looks at the vectors queue, where interactive work goes first",
         shown="`32` (`64` with `server`)"),
+    Var("STORE_OWNER", str, "vectors", "store",
+        "which worker owns an embedded store (`edge`, `local`): `vectors`: the vectors worker, and an interactive "
+        "request crosses three processes (web, interactive worker, vectors worker); `interactive`: the interactive "
+        "worker, which then also consumes the vectors queue, and embeds, writes and searches an upload or a query "
+        "in one task (no vectors worker; one interactive worker per deployment; `docs/lanes.md`). Not with `server`"),
     Var("VECTORS_CALL_TIMEOUT_S", float, 10.0, "store",
         "timeout of web → vectors-worker round trips that are not interactive embeds (s)"),
     # --- storage -----------------------------------------------------------------------------------

@@ -21,6 +21,11 @@ Why each worker is shaped as it is:
   next chunk; each child gets half the cores (``PipelineConfig.threads``), so the two never
   oversubscribe them (docs/benchmarks-bulk.md has the measurements).
 - vectors: ``solo``: exactly one process may own embedded Qdrant's folder.
+- ``STORE_OWNER=interactive`` (an embedded store): no vectors worker; the interactive worker owns
+  the folder and consumes the vectors queue after its own, with :data:`VECTORS_HELD` more threads:
+  an upload or a query is embedded, written and searched in one task of one process (one broker hop
+  and one process fewer on its path), while bulk writes and the store's other work take turns with
+  it (``embeddings.lane_control.store_turns``).
 - web: gunicorn ``gthread``, 2 processes × ``WEB_THREADS`` (32) threads. An interactive request
   holds its thread for as long as it waits (up to its deadline), so the threads bound how many
   admitted requests can wait at once: at 6 requests/s and a 5 s deadline about 30 do (rate ×
@@ -31,7 +36,7 @@ Why each worker is shaped as it is:
 from __future__ import annotations
 
 import sys
-from typing import Mapping
+from collections.abc import Mapping
 
 from project import configuration, lanes
 
@@ -39,6 +44,12 @@ from project import configuration, lanes
 #: (gunicorn/http/message.py ``MAX_REQUEST_LINE``), above its default 4094 because the site's search form
 #: puts the search in the URL; ``embeddings.site.fields.search_maxlengths`` sizes the form to fit.
 REQUEST_LINE_BYTES = 8190
+
+
+#: Vectors-queue messages the interactive worker holds at most when it owns the store: one being
+#: written, one on deck (``embeddings.lane_control.bulk_yield.LaneGateCycle``); each gets a thread of
+#: its own beside the ``INTERACTIVE_THREADS``, so interactive tasks always find theirs free.
+VECTORS_HELD = 2
 
 
 def worker(queues: tuple[str, ...] | str, *, pool: str, concurrency: int, name: str) -> str:
@@ -52,8 +63,8 @@ def commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``{process name: command line}`` of the default deployment (one worker per queue), sized from
     ``env`` (default: the environment) through ``project.configuration``."""
     v = configuration.read(env, ("INTERACTIVE_THREADS", "BULK_PROCESSES", "WEB_PORT", "WEB_THREADS", "WEB_BIND",
-                                 "FETCH_WORKER_THREADS"))
-    return {
+                                 "FETCH_WORKER_THREADS", "STORE_OWNER", "VECTOR_STORE"))
+    cmds = {
         "web": (f"gunicorn project.wsgi -b {v['WEB_BIND']}:{v['WEB_PORT']} -k gthread --workers 2 "
                 f"--threads {v['WEB_THREADS']} --timeout 120 --keep-alive 75 --limit-request-line {REQUEST_LINE_BYTES} "
                 f"--access-logfile -"),
@@ -65,6 +76,17 @@ def commands(env: Mapping[str, str] | None = None) -> dict[str, str]:
         # network-bound (manifests, prefixes, URLs), no model: threads, each handling one chunk
         "worker-fetch": worker(lanes.FETCH, pool="threads", concurrency=v["FETCH_WORKER_THREADS"], name="fetch"),
     }
+    if interactive_owns_store(v):
+        del cmds["worker-vectors"]
+        cmds["worker-interactive"] = worker((lanes.INTERACTIVE, lanes.VECTORS), pool="threads",
+                                            concurrency=v["INTERACTIVE_THREADS"] + VECTORS_HELD, name="interactive")
+    return cmds
+
+
+def interactive_owns_store(values: Mapping[str, object]) -> bool:
+    """True when ``STORE_OWNER`` is ``interactive`` and the store is embedded (``values``: from
+    ``configuration.read``): the interactive worker consumes the vectors queue, no vectors worker runs."""
+    return values["STORE_OWNER"] == "interactive" and values["VECTOR_STORE"] != "server"
 
 
 def shared_worker_command(env: Mapping[str, str] | None = None) -> str:
@@ -76,7 +98,11 @@ def shared_worker_command(env: Mapping[str, str] | None = None) -> str:
     interactive work always finds a free thread and never waits behind more than one bulk batch
     (docs/lanes.md).
     """
-    c = configuration.read(env, ("INTERACTIVE_MAX_BATCH_SIZE",))["INTERACTIVE_MAX_BATCH_SIZE"] + 2
+    v = configuration.read(env, ("INTERACTIVE_MAX_BATCH_SIZE", "STORE_OWNER", "VECTOR_STORE"))
+    if interactive_owns_store(v):
+        raise ValueError("STORE_OWNER=interactive is for deployment (a), one worker per lane: the shared worker "
+                         "leaves the store to the vectors worker")
+    c = v["INTERACTIVE_MAX_BATCH_SIZE"] + 2
     return worker(lanes.EMBED_QUEUES, pool="threads", concurrency=c, name="shared")
 
 

@@ -330,6 +330,15 @@ VECTOR_STORE_FSYNC = config["VECTOR_STORE_FSYNC"]
 #: store call and at least VECTOR_STORE_OPTIMIZE_MIN_POINTS new points (0: never in the worker).
 VECTOR_STORE_OPTIMIZE_IDLE_S = config["VECTOR_STORE_OPTIMIZE_IDLE_S"]
 VECTOR_STORE_OPTIMIZE_MIN_POINTS = config["VECTOR_STORE_OPTIMIZE_MIN_POINTS"]
+#: Which worker owns an embedded store: ``vectors`` (the vectors worker) or ``interactive`` (the
+#: interactive worker, which then consumes the vectors queue too: ``project.processes``,
+#: ``embeddings.sink.WriteTarget.INTERACTIVE_WORKER``). A server has no owner: every process opens it.
+STORE_OWNER = config["STORE_OWNER"]
+if STORE_OWNER not in ("vectors", "interactive"):
+    raise ImproperlyConfigured(f"STORE_OWNER must be 'vectors' or 'interactive', not {STORE_OWNER!r}")
+if STORE_OWNER == "interactive" and VECTOR_STORE == "server":
+    raise ImproperlyConfigured("STORE_OWNER=interactive is for an embedded store (VECTOR_STORE edge or local): "
+                               "with a Qdrant server every process opens the store itself")
 #: Interactive requests wait at most this long (s) before answering 202 with a status URL.
 INTERACTIVE_DEADLINE_S = config["INTERACTIVE_DEADLINE_S"]
 #: How the interactive lane's dynamic batcher waits for company (workers/batcher.py, ``WAIT_POLICIES``).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -161,6 +162,20 @@ def test_settings_values_follow_django_environs_rules():
         read({})
     with pytest.raises(ConfigurationError, match="refers back to itself"):
         read({"LOG_LEVEL": "$LOG_LEVEL"}, ["LOG_LEVEL"])
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"STORE_OWNER": "web"}, "STORE_OWNER must be 'vectors' or 'interactive', not 'web'"),
+    ({"STORE_OWNER": "interactive", "QDRANT_URL": "http://qdrant:6333"}, "STORE_OWNER=interactive is for an embedded"),
+], ids=["unknown owner", "owner with a server"])
+def test_settings_refuse_a_store_owner_they_cannot_honour(env, message):
+    """The settings refuse at start what the deployment could not do (every process loads them)."""
+    import subprocess
+    import sys
+
+    got = subprocess.run([sys.executable, "-c", "import project.settings"], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, **SECRET, **env})
+    assert got.returncode != 0 and "ImproperlyConfigured" in got.stderr and message in got.stderr
 
 
 def test_pipeline_values_follow_the_pipelines_own_rules():

@@ -33,6 +33,24 @@ def test_embedding_workers_ask_for_a_gpu_and_the_vector_owner_does_not():
     assert {"redis", "qdrant", "postgres", "web"} <= set(s)
 
 
+def test_an_interactive_worker_that_owns_the_store_consumes_the_vectors_queue_and_no_vectors_worker_runs():
+    """``STORE_OWNER=interactive`` with an embedded store: the interactive worker takes the vectors
+    queue after its own, with ``VECTORS_HELD`` more threads; every queue still has its worker. With
+    a server the setting changes nothing; the shared worker (deployment (b)) refuses it."""
+    import pytest
+
+    cmds = processes.commands({"STORE_OWNER": "interactive", "INTERACTIVE_THREADS": "16"})
+    assert "worker-vectors" not in cmds
+    assert f" -Q {lanes.INTERACTIVE},{lanes.VECTORS} -P threads -c {16 + processes.VECTORS_HELD} " \
+        in cmds["worker-interactive"]
+    consumed = {q for n, c in cmds.items() if n.startswith("worker-") for q in c.split(" -Q ")[1].split()[0].split(",")}
+    assert consumed == set(lanes.ALL_QUEUES)
+    assert processes.commands({"STORE_OWNER": "interactive", "QDRANT_URL": "http://qdrant:6333"}) == \
+        processes.commands({"QDRANT_URL": "http://qdrant:6333"})
+    with pytest.raises(ValueError, match="deployment \\(a\\)"):
+        processes.shared_commands({"STORE_OWNER": "interactive"})
+
+
 def test_shared_worker_lists_interactive_first():
     cmd = processes.shared_worker_command({})
     assert f"-Q {lanes.INTERACTIVE},{lanes.BULK} " in cmd

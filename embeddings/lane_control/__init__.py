@@ -5,7 +5,8 @@ Redis client and its key names (:mod:`.keys`), which the web side (:mod:`.admiss
 refuse with 429), the workers' side (:mod:`.reports`: what admission predicts from) and bulk work
 (:mod:`.bulk_yield`: turns, migration slots, yielding, the lane gate) share; none of those three
 imports another; admission's and the reports' bookkeeping writes leave from one writer thread per process
-(:mod:`.background`). The arithmetic they feed is ``queueing`` (no Django, no Redis).
+(:mod:`.background`). Where the interactive worker owns an embedded store, its threads take turns
+at it (:mod:`.store_turns`). The arithmetic they feed is ``queueing`` (no Django, no Redis).
 """
 from embeddings.lane_control import hops  # noqa: F401 - connects the hop records' task signals
 from embeddings.lane_control.admission import answer_records, interactive_admit, interactive_answered, interactive_load
@@ -29,6 +30,7 @@ from embeddings.lane_control.keys import (
     vectors_interactive_waiting,
 )
 from embeddings.lane_control.reports import batch_records, interactive_in_flight, interactive_pass, interactive_report
+from embeddings.lane_control.store_turns import interactive_turn, owner_runs_threads, store_turn
 
 __all__ = [
     # the web: admission
@@ -55,6 +57,10 @@ __all__ = [
     "key",
     "queue_keys",
     "vectors_interactive_waiting",
+    # the store's turns where the interactive worker owns it (STORE_OWNER=interactive)
+    "store_turn",
+    "interactive_turn",
+    "owner_runs_threads",
     # readiness (embeddings.services.readiness): workers' presence and canary answers
     "PRESENCE_KEY",
     "CANARY_KEY",

@@ -49,6 +49,7 @@ from embeddings.lane_control.keys import (
     stale_after_s,
 )
 from project import lanes
+from project.processes import VECTORS_HELD
 
 log = logging.getLogger(__name__)
 
@@ -334,13 +335,13 @@ def ingest_yielder(budget_s: float | None = None, *, activity: BulkActivity | No
     return before_pass
 
 
-def _bulk_messages_held() -> int:
-    """Bulk messages this worker process has reserved and not finished (running or waiting)."""
+def _messages_held(queue: str = lanes.BULK) -> int:
+    """Messages of ``queue`` this worker process has reserved and not finished (running or waiting)."""
 
     held = 0
     for req in tuple(state.reserved_requests):  # a copy: pool threads remove finished requests
         info = getattr(req, "delivery_info", None) or {}
-        held += info.get("routing_key") == lanes.BULK
+        held += info.get("routing_key") == queue
     return held
 
 
@@ -358,10 +359,18 @@ class LaneGateCycle(priority_cycle):
 
     The bulk queue returns to the ``BRPOP`` once the one in flight returns (at the latest after
     ``polling_interval`` s); the on-deck chunk hides that delay while a chunk takes longer.
+
+    The same gate holds the vectors queue in an interactive worker that owns the embedded store
+    (``STORE_OWNER=interactive``): at most ``processes.VECTORS_HELD`` vectors messages, one writing
+    and one on deck, so a bulk write backlog never takes the threads interactive work runs on.
     """
 
     def consume(self, n: int) -> list[str]:
         queues = self.items[:n]
-        if lanes.BULK in queues and lanes.INTERACTIVE in queues and _bulk_messages_held() >= BULK_HELD:
-            return [q for q in queues if q != lanes.BULK]
+        if lanes.INTERACTIVE not in queues:
+            return queues
+        if lanes.BULK in queues and _messages_held(lanes.BULK) >= BULK_HELD:
+            queues = [q for q in queues if q != lanes.BULK]
+        if lanes.VECTORS in queues and _messages_held(lanes.VECTORS) >= VECTORS_HELD:
+            queues = [q for q in queues if q != lanes.VECTORS]
         return queues

@@ -145,4 +145,4 @@ def task_answered(sender=None, result=None, **_) -> None:
 
 #: Tasks an interactive request sets off (``embeddings.dispatch``): the only ones recorded.
 TRACED = frozenset({"embed_interactive", "index_interactive", "embed_index_interactive", "encode_text",
-                    "embed_query", "search_vector", "search_point", "embed_inputs", "search_examples"})
+                    "embed_query", "embed_search", "search_vector", "search_point", "embed_inputs", "search_examples"})

@@ -150,8 +150,15 @@ def quick_refusal(f: BinaryIO, size: int) -> ImageRejected | None:
 def _embedded_search(scope: SearchScope, embed: str, *args) -> dict | None:
     """A text or image query: its embedding on the interactive lane (task ``embed`` of ``args``),
     then the search, chained on the vectors queue, or asked here of a Qdrant server (the query
-    vector comes back in the result). None: the deadline passed."""
+    vector comes back in the result), or both in one task of the interactive worker where it owns
+    the embedded store. None: the deadline passed."""
     s = scope
+    if sink.answers_in_one_task():  # the interactive worker owns the store: embedded and searched by one task
+        return wait_for(dispatch.send_embed_search(embed=embed, args=args, deadline_ts=s.deadline_ts,
+                                                   search=(s.owner_filter, s.k, s.job_id), model_id=s.model_id,
+                                                   where=s.where, with_vectors=s.with_vectors, diversity=s.diversity,
+                                                   candidates=s.candidates),
+                        s.deadline_ts)
     if not sink.is_direct():
         return wait_for(dispatch.send_query(embed=embed, args=args, deadline_ts=s.deadline_ts,
                                             search=(s.owner_filter, s.k, s.job_id), model_id=s.model_id, where=s.where,

@@ -3,7 +3,8 @@
 The web process never loads the model or opens an embedded vector store: it chains tasks (embed
 on the ``interactive`` queue → index on the ``vectors`` queue, sent through ``embeddings.dispatch``)
 and waits for the last result until the request's deadline (``interactive.waiting``). With a Qdrant
-server (``embeddings.sink``: direct) the interactive worker writes its own points. What does not
+server (``embeddings.sink``: direct), or an embedded store the interactive worker owns
+(``STORE_OWNER=interactive``), one task of the interactive worker embeds, writes and searches. What does not
 finish in time keeps running; the caller gets a status URL. Searches: ``interactive.search``.
 """
 from __future__ import annotations
@@ -108,8 +109,12 @@ def images_upload(*, owner, sources: list[SourceFile], deadline_s: float, k: int
     work = {"to_embed": to_embed, "skipped": skipped, "owner_id": owner_filter, "k": k, "deadline_ts": deadline_ts,
             "vectors": vectors}
     try:
-        if sink.is_direct() and to_embed:  # a Qdrant server: the interactive worker writes its own points
-            answers = wait_for(dispatch.send_upload_direct(**work), deadline_ts)
+        if (sink.is_direct() or sink.answers_in_one_task()) and to_embed:
+            # a Qdrant server, or an embedded store the interactive worker owns: one task embeds, writes, searches
+            t0 = time.perf_counter()
+            sent = dispatch.send_upload_direct(**work)
+            lane_control.hops.web_note(send_ms=(time.perf_counter() - t0) * 1000)
+            answers = wait_for(sent, deadline_ts)
         elif sink.is_direct() and skipped:  # copies of stored bytes only: their neighbours, found here
             answers = sink.store_call("index_interactive", {}, owner_filter, k, skipped, vectors)
         elif to_embed or skipped:

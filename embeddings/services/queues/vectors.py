@@ -142,6 +142,9 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
     the interactive messages, and this task ends. One process owns the embedded store and runs one
     task at a time, so this is what keeps an interactive request from waiting behind a whole
     chunk's write (tens of ms for 64 points on a quiet store, most of a second under bulk load).
+    Where the interactive worker owns the store (``STORE_OWNER=interactive``), its interactive
+    threads waiting for their turn at the store also go first between two slices
+    (``lane_control.store_turns``), and the chunk goes on after them.
     Writes are idempotent (deterministic point ids), so a redelivery after a crash rewrites the
     same points.
 
@@ -193,6 +196,9 @@ def chunk_index(*, job_id: str, stat_id: int | None, items: list[dict], priority
                 return send_rest()
             raise
         written += len(part)
+        if written < len(items) and lane_control.owner_runs_threads():
+            # the interactive worker owns the store: its interactive threads waiting for it go first
+            lane_control.store_turn().let_interactive_through()
         if written < len(items) and not sink.is_direct() and lane_control.vectors_interactive_waiting():
             return send_rest()
     mark()

@@ -65,15 +65,35 @@ def test_the_lane_gate_leaves_bulk_out_while_a_worker_holds_two_bulk_messages(mo
 
     both = bulk_yield.LaneGateCycle([lanes.INTERACTIVE, lanes.BULK])
     monkeypatch.setattr(state, "reserved_requests", _held(lanes.BULK, lanes.INTERACTIVE, lanes.INTERACTIVE))
-    assert bulk_yield._bulk_messages_held() == 1
+    assert bulk_yield._messages_held() == 1
     assert both.consume(2) == [lanes.INTERACTIVE, lanes.BULK]
     monkeypatch.setattr(state, "reserved_requests", _held(lanes.BULK, lanes.BULK))
-    assert bulk_yield._bulk_messages_held() == bulk_yield.BULK_HELD == 2
+    assert bulk_yield._messages_held() == bulk_yield.BULK_HELD == 2
     assert both.consume(2) == [lanes.INTERACTIVE]
     assert both.consume(1) == [lanes.INTERACTIVE]  # kombu asked for the first queue only
     assert bulk_yield.LaneGateCycle([lanes.BULK]).consume(1) == [lanes.BULK]
     monkeypatch.setattr(state, "reserved_requests", _held())
     assert both.consume(2) == [lanes.INTERACTIVE, lanes.BULK]
+
+
+def test_the_lane_gate_holds_two_vectors_messages_in_an_interactive_worker_that_owns_the_store(monkeypatch):
+    """With ``STORE_OWNER=interactive`` the interactive worker consumes the vectors queue after its
+    own: it stops asking Redis for vectors messages while it holds ``VECTORS_HELD`` (one writing,
+    one on deck), so a backlog of bulk writes never takes the threads interactive work needs. The
+    solo vectors worker (one queue) is never gated."""
+    from celery.worker import state
+
+    from project.processes import VECTORS_HELD
+
+    owner = bulk_yield.LaneGateCycle([lanes.INTERACTIVE, lanes.VECTORS])
+    monkeypatch.setattr(state, "reserved_requests", _held(lanes.VECTORS, lanes.INTERACTIVE, lanes.INTERACTIVE))
+    assert owner.consume(2) == [lanes.INTERACTIVE, lanes.VECTORS]
+    monkeypatch.setattr(state, "reserved_requests", _held(*[lanes.VECTORS] * VECTORS_HELD))
+    assert VECTORS_HELD == 2 and bulk_yield._messages_held(lanes.VECTORS) == 2
+    assert owner.consume(2) == [lanes.INTERACTIVE]
+    assert bulk_yield.LaneGateCycle([lanes.VECTORS]).consume(1) == [lanes.VECTORS]
+    monkeypatch.setattr(state, "reserved_requests", _held(lanes.BULK, lanes.BULK, lanes.VECTORS))
+    assert owner.consume(2) == [lanes.INTERACTIVE, lanes.VECTORS]  # bulk messages do not count against it
 
 
 def test_migration_chunks_take_one_host_slot_at_a_time(lane_redis, settings):
