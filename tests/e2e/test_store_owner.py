@@ -12,9 +12,11 @@ import hashlib
 import shutil
 import subprocess
 import sys
+import time
 
 import cv2
 import pytest
+import requests
 
 from scripts.stack import Stack
 from tests.conftest import ROOT, needs_shared, photo_paths
@@ -29,8 +31,7 @@ JOB_PHOTOS = 24
 def stack(tmp_path_factory, database_url):
     env = {"CLIP_PRETRAINED": "random", "DATABASE_URL": database_url, "DJANGO_DEBUG": "0",
            "STORE_OWNER": "interactive", "VECTOR_STORE": "edge", "QDRANT_URL": ""}
-    with Stack(tmp_path_factory.mktemp("owner"), env, private_redis=True, log=lambda *a: None,
-               only=("web", "worker-interactive", "worker-bulk", "worker-vectors")) as s:
+    with Stack(tmp_path_factory.mktemp("owner"), env, private_redis=True, log=lambda *a: None) as s:
         yield s
 
 
@@ -51,7 +52,7 @@ def _reencoded(path, quality: int) -> bytes:
 
 def test_the_interactive_worker_owns_the_store_and_answers_beside_a_bulk_job(stack, api, tmp_path):
     assert "worker-vectors" not in stack.procs
-    assert stack.ping_workers(expect=2) == {"interactive", "bulk"}
+    assert stack.ping_workers(expect=3) == {"interactive", "bulk", "fetch"}
     photos = photo_paths()
     folder = tmp_path / "job"
     folder.mkdir()
@@ -99,3 +100,16 @@ def test_the_interactive_worker_owns_the_store_and_answers_beside_a_bulk_job(sta
     for task in ("embed_index_interactive", "embed_search", "index_chunk", "search_point"):
         assert f"embeddings.tasks.{task}[" in log, task
     assert "embeddings.tasks.index_interactive[" not in log and "embeddings.tasks.search_vector[" not in log
+
+
+def test_ready_with_the_vectors_lane_answered_by_the_interactive_worker(stack):
+    """``/readyz``: every required lane answers its canary; the vectors lane's (a store call) is
+    answered by the interactive worker, the one worker that consumes it."""
+    end = time.monotonic() + 60
+    while (r := requests.get(stack.web_url + "/readyz", timeout=30)).status_code != 200 and time.monotonic() < end:
+        time.sleep(0.5)  # the first probes send the canaries; a later one finds them answered
+    assert r.status_code == 200, r.text
+    assert r.json()["checks"]["store"]["detail"].startswith("the interactive worker called the edge store")
+    lanes = r.json()["checks"]["lanes"]
+    for lane in ("interactive", "bulk", "vectors"):
+        assert lanes[lane]["ok"] and lanes[lane]["workers"] == 1 and lanes[lane]["last_ok_s"] is not None, lanes
