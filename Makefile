@@ -69,7 +69,8 @@ run: setup
 
 # Interactive latency and bulk throughput, alone and together (docs/lanes.md); e.g.
 # make bench-lanes BENCH_ARGS="--bulk-images 128 --requests 20" for a quick check;
-# BENCH_ARGS="--hops --requests 30": an idle request's time, hop by hop (issue 58).
+# BENCH_ARGS="--hops --requests 30": an idle request's time, hop by hop (issue 58);
+# BENCH_ARGS="--hops --compare-owners": the same with each STORE_OWNER, side by side.
 bench-lanes: setup
 	$(PY) -m benchmarks.lanes $(BENCH_ARGS)
 
