@@ -2,7 +2,8 @@
 starts taking tasks. Connected in every process that loads the app (``EmbeddingsConfig.ready``);
 the web process never receives these signals, and nothing here imports torch at import time.
 
-- ``celeryd_init`` (before the pool starts; children inherit it): :func:`lower_cpu_priority`, the
+- ``celeryd_init`` (before the pool starts; children inherit it): :func:`refuse_a_second_store_owner`
+  (a worker whose queues contradict ``STORE_OWNER``), :func:`lower_cpu_priority`, the
   niceness and ``SCHED_IDLE`` of a bulk-only worker (docs/lanes.md), and the malloc thresholds that
   keep a bulk chunk's memory for the next one (``workers.memory``).
 - ``worker_ready``: :func:`warn_emulated_precision` (bulk worker), :func:`warm_model` and the
@@ -92,6 +93,34 @@ def set_idle_policy() -> bool:
         log.warning("SCHED_IDLE not set (%s): the bulk worker keeps niceness only", e)
         return False
     return True
+
+
+def store_owner_refusal(queues) -> str | None:
+    """Why a worker consuming ``queues`` must not start under this deployment's ``STORE_OWNER``,
+    or None. With ``interactive`` and an embedded store the interactive worker owns the folder and
+    consumes the vectors queue: a worker that takes one of the two queues without the other would
+    meet the owner at the folder's lock (a vectors-only worker holding it, the owner refused every
+    write), or leave the vectors queue to a process that cannot open the store."""
+    names = _queue_names(queues)
+    if settings.STORE_OWNER != "interactive" or settings.VECTOR_STORE == "server":
+        return None
+    if lanes.VECTORS in names and lanes.INTERACTIVE not in names:
+        return ("STORE_OWNER=interactive: the interactive worker owns the embedded store and consumes the vectors "
+                "queue; a worker of the vectors queue alone must not run (project.processes has none)")
+    if lanes.INTERACTIVE in names and lanes.VECTORS not in names:
+        return ("STORE_OWNER=interactive: the interactive worker owns the embedded store and must consume the "
+                f"vectors queue too (-Q {lanes.INTERACTIVE},{lanes.VECTORS}: project.processes)")
+    return None
+
+
+@celeryd_init.connect(dispatch_uid="embeddings.worker_boot.refuse_a_second_store_owner")
+def refuse_a_second_store_owner(options=None, **kwargs) -> None:
+    """Stop before the pool starts (``EX_CONFIG``) when this worker's queues contradict
+    ``STORE_OWNER`` (:func:`store_owner_refusal`): two processes would contend for one embedded store."""
+    reason = store_owner_refusal((options or {}).get("queues"))
+    if reason:
+        log.critical("refusing to start: %s", reason)
+        raise SystemExit(EX_CONFIG)
 
 
 @celeryd_init.connect(dispatch_uid="embeddings.worker_boot.lower_cpu_priority")

@@ -55,6 +55,30 @@ def test_only_a_bulk_only_worker_runs_under_sched_idle(settings, queues, idle):
     assert worker_idle_policy(queues) is False
 
 
+@pytest.mark.parametrize("owner,store,queues,refused", [
+    ("vectors", "edge", lanes.VECTORS, False), ("vectors", "edge", lanes.INTERACTIVE, False),
+    ("interactive", "edge", f"{lanes.INTERACTIVE},{lanes.VECTORS}", False),
+    ("interactive", "edge", lanes.VECTORS, True),  # a vectors worker beside the owner
+    ("interactive", "edge", lanes.INTERACTIVE, True),  # the owner without the vectors queue
+    ("interactive", "local", lanes.VECTORS, True),
+    ("interactive", "edge", lanes.BULK, False), ("interactive", "edge", lanes.FETCH, False),
+    ("interactive", "server", lanes.VECTORS, False),  # no owner: every process opens a server
+])
+def test_a_worker_whose_queues_contradict_the_store_owner_refuses_to_start(settings, owner, store, queues, refused):
+    """``STORE_OWNER=interactive``: the interactive worker consumes the vectors queue; a worker with
+    one of the two queues alone stops before its pool starts (``EX_CONFIG``), with the reason logged."""
+    from embeddings.checks import EX_CONFIG
+
+    settings.STORE_OWNER, settings.VECTOR_STORE = owner, store
+    assert (worker_boot.store_owner_refusal(queues) is not None) is refused
+    if refused:
+        with pytest.raises(SystemExit) as stopped:
+            worker_boot.refuse_a_second_store_owner(options={"queues": queues})
+        assert stopped.value.code == EX_CONFIG
+    else:
+        worker_boot.refuse_a_second_store_owner(options={"queues": queues})
+
+
 def run_init(queues, **env_vars) -> tuple[int, list[int]]:
     """The process niceness and the scheduling policy of each of its threads after Celery's
     ``celeryd_init`` signal for a worker started with ``-Q queues`` (one thread started before it)."""
