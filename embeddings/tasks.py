@@ -221,9 +221,9 @@ def encode_text(self, text: str, deadline_ts: float, model_id: str) -> dict:
                                                                   model_id=model_id), deadline_ts)
 
 
-#: The query embeddings ``embed_search`` may run first, by task name.
-_QUERY_EMBEDS = {"encode_text": interactive_queue.text_embed, "embed_query": interactive_queue.query_embed}
-_QUERY_ARGS = {"encode_text": ("text",), "embed_query": ("storage_key", "sha256")}
+#: The query embeddings ``embed_search`` may run first, by task name: the service function of
+#: ``services.queues.interactive`` each task runs, and the names of its positional arguments.
+_QUERY_EMBEDS = {"encode_text": ("text_embed", ("text",)), "embed_query": ("query_embed", ("storage_key", "sha256"))}
 
 
 @shared_task(bind=True, store_errors_even_if_ignored=True)
@@ -237,9 +237,10 @@ def embed_search(self, embed: str, args: list, deadline_ts: float, model_id: str
     also when the embedding finished after ``deadline_ts``, Unix s: nobody waits any more)."""
     if embed not in _QUERY_EMBEDS:
         raise ValueError(f"embed must be one of {sorted(_QUERY_EMBEDS)}, not {embed!r}")
+    function, names = _QUERY_EMBEDS[embed]
     with _in_flight(self, 1):
-        query = _QUERY_EMBEDS[embed](**dict(zip(_QUERY_ARGS[embed], args)), deadline_ts=deadline_ts,
-                                     model_id=model_id)
+        query = getattr(interactive_queue, function)(**dict(zip(names, args)), deadline_ts=deadline_ts,
+                                                     model_id=model_id)
     if "reason" in query:
         return query
     if time.time() > deadline_ts:

@@ -85,16 +85,13 @@ def test_embed_search_refuses_a_query_embedded_after_its_deadline(service, user,
     searched = []
     monkeypatch.setattr(tasks.vectors_queue, "vector_search", lambda **kw: searched.append(kw))
     deadline = time.time() + 30
+    embedded = []
     monkeypatch.setattr(tasks.interactive_queue, "text_embed",
-                        lambda **kw: (time.sleep(0.3), {"vector": "AAAA"})[1])
-    tasks._QUERY_EMBEDS["encode_text"] = tasks.interactive_queue.text_embed
-    try:
-        out = tasks.embed_search.apply(args=("encode_text", ["x"], time.time() + 0.1, runtime.model_id(), None, 3,
-                                             None)).get()
-        assert out["reason"] == "expired" and searched == []
-        ok = tasks.embed_search.apply(args=("encode_text", ["x"], deadline, runtime.model_id(), None, 3, None)).get()
-        assert ok is None and len(searched) == 1  # the search ran (stubbed here)
-        with pytest.raises(ValueError, match="embed must be one of"):
-            tasks.embed_search.apply(args=("search_point", ["x"], deadline, "m", None, 3, None)).get()
-    finally:
-        tasks._QUERY_EMBEDS["encode_text"] = interactive_queue.text_embed
+                        lambda **kw: (embedded.append(kw), time.sleep(0.3), {"vector": "AAAA"})[2])
+    out = tasks.embed_search.apply(args=("encode_text", ["x"], time.time() + 0.1, runtime.model_id(), None, 3,
+                                         None)).get()
+    assert out["reason"] == "expired" and searched == [] and embedded[0]["text"] == "x"
+    ok = tasks.embed_search.apply(args=("encode_text", ["x"], deadline, runtime.model_id(), None, 3, None)).get()
+    assert ok is None and len(searched) == 1  # the search ran (stubbed here)
+    with pytest.raises(ValueError, match="embed must be one of"):
+        tasks.embed_search.apply(args=("search_point", ["x"], deadline, "m", None, 3, None)).get()
