@@ -43,6 +43,27 @@ def _web_before(total_ms: float, web: dict) -> dict:
     }
 
 
+def _embed_hops(web: dict, start: float, embedded_at: float, *, prep: float, queue: float, forward: float,
+                embed_ms: float) -> dict:
+    """An upload's hops (ms) in the interactive worker, from the broker to the end of its embedding
+    (``start`` → ``embedded_at``, Unix s): its stages and the batcher's queue delay and forward pass."""
+    return {
+        "broker → interactive worker": _ms(web["sent"], start),
+        "interactive: read + decode + preprocess": prep,
+        "interactive: batcher queue delay": queue,
+        "interactive: forward pass": forward,
+        "interactive: batcher hand-off": embed_ms - queue - forward,
+        "interactive: rows, thumbnail, rest": _ms(start, embedded_at) - prep - embed_ms,
+    }
+
+
+def _row(hops: dict, total_ms: float, forward: float, queue: float) -> dict:
+    """One request's row: its hops, and its time beyond the model (client total − forward pass −
+    batcher queue delay)."""
+    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": queue,
+            "beyond_ms": total_ms - forward - queue}
+
+
 def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
     """One upload's hops (ms) from its client time and its three hop records."""
     t, en, ix = embed.get("timings") or {}, embed["notes"], index["notes"]
@@ -52,12 +73,8 @@ def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
     ix_body = _ms(index["start"], ix["returned_at"])
     hops = {
         **_web_before(total_ms, web),
-        "broker → interactive worker": _ms(web["sent"], embed["start"]),
-        "interactive: read + decode + preprocess": prep,
-        "interactive: batcher queue delay": queue,
-        "interactive: forward pass": forward,
-        "interactive: batcher hand-off": embed_ms - queue - forward,
-        "interactive: rows, thumbnail, rest": _ms(embed["start"], en["returned_at"]) - prep - embed_ms,
+        **_embed_hops(web, embed["start"], en["returned_at"], prep=prep, queue=queue, forward=forward,
+                      embed_ms=embed_ms),
         "interactive: after return (reports, result, next message)": _ms(en["returned_at"], embed["end"]),
         "broker → vectors worker": _ms(embed["end"], index["start"]),
         "vectors: database writes": ix.get("write_ms", 0.0),
@@ -67,8 +84,7 @@ def upload_hops(total_ms: float, web: dict, embed: dict, index: dict) -> dict:
         "result backend → web": _ms(ix["returned_at"], web["got"]),
         "web after the wait (rows, render)": _ms(web["got"], web["end"]),
     }
-    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": queue,
-            "beyond_ms": total_ms - forward - queue}
+    return _row(hops, total_ms, forward, queue)
 
 
 def _web_before_search(total_ms: float, web: dict) -> dict:
@@ -93,8 +109,7 @@ def search_hops(total_ms: float, web: dict, encode: dict, search: dict) -> dict:
         "result backend → web": _ms(search["end"], web["got"]),
         "web after the wait (render)": _ms(web["got"], web["end"]),
     }
-    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": 0.0,
-            "beyond_ms": total_ms - forward}
+    return _row(hops, total_ms, forward, 0.0)
 
 
 def upload_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
@@ -103,16 +118,11 @@ def upload_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
     record and the task's."""
     n = task["notes"]
     queue, forward = n.get("queue_delay_ms", 0.0), n.get("forward_ms", 0.0)
-    prep, embed_ms = n.get("prep_ms", 0.0), n.get("embed_ms", 0.0)
     stored = n.get("write_ms", 0.0) + n.get("upsert_ms", 0.0) + n.get("search_ms", 0.0)
     hops = {
         **_web_before(total_ms, web),
-        "broker → interactive worker": _ms(web["sent"], task["start"]),
-        "interactive: read + decode + preprocess": prep,
-        "interactive: batcher queue delay": queue,
-        "interactive: forward pass": forward,
-        "interactive: batcher hand-off": embed_ms - queue - forward,
-        "interactive: rows, thumbnail, rest": _ms(task["start"], n["embedded_at"]) - prep - embed_ms,
+        **_embed_hops(web, task["start"], n["embedded_at"], prep=n.get("prep_ms", 0.0), queue=queue,
+                      forward=forward, embed_ms=n.get("embed_ms", 0.0)),
         "interactive: database writes": n.get("write_ms", 0.0),
         "interactive: store upsert": n.get("upsert_ms", 0.0),
         "interactive: search + results": n.get("search_ms", 0.0),
@@ -120,8 +130,7 @@ def upload_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
         "result backend → web": _ms(n["returned_at"], web["got"]),
         "web after the wait (rows, render)": _ms(web["got"], web["end"]),
     }
-    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": queue,
-            "beyond_ms": total_ms - forward - queue}
+    return _row(hops, total_ms, forward, queue)
 
 
 def search_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
@@ -136,8 +145,7 @@ def search_hops_one_task(total_ms: float, web: dict, task: dict) -> dict:
         "result backend → web": _ms(n["returned_at"], web["got"]),
         "web after the wait (render)": _ms(web["got"], web["end"]),
     }
-    return {"hops": hops, "total_ms": total_ms, "forward_ms": forward, "queue_delay_ms": 0.0,
-            "beyond_ms": total_ms - forward}
+    return _row(hops, total_ms, forward, 0.0)
 
 
 def join(samples: list[dict], records: list[dict]) -> list[dict]:

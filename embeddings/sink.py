@@ -28,7 +28,7 @@ from django.conf import settings
 from kombu.exceptions import OperationalError
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from embeddings import dispatch
+from embeddings import dispatch, lane_control
 from embeddings.errors import ApplicationError
 
 #: Seconds a client should wait before trying again after a 503 from here: long enough for a
@@ -113,7 +113,7 @@ def write_target() -> WriteTarget:
     ``INTERACTIVE_WORKER`` or ``VECTORS_WORKER``."""
     if settings.VECTOR_STORE == "server":
         return WriteTarget.DIRECT
-    return WriteTarget.INTERACTIVE_WORKER if settings.STORE_OWNER == "interactive" else WriteTarget.VECTORS_WORKER
+    return WriteTarget.INTERACTIVE_WORKER if lane_control.owner_runs_threads() else WriteTarget.VECTORS_WORKER
 
 
 def is_direct() -> bool:

@@ -26,7 +26,7 @@ import time
 from celery.signals import celeryd_init, worker_process_init, worker_ready, worker_shutting_down
 from django.conf import settings
 
-from embeddings import runtime, worker_health
+from embeddings import lane_control, runtime, worker_health
 from embeddings.checks import EX_CONFIG
 from embeddings.services import readiness, reconcile
 from project import lanes
@@ -102,7 +102,7 @@ def store_owner_refusal(queues) -> str | None:
     meet the owner at the folder's lock (a vectors-only worker holding it, the owner refused every
     write), or leave the vectors queue to a process that cannot open the store."""
     names = _queue_names(queues)
-    if settings.STORE_OWNER != "interactive" or settings.VECTOR_STORE == "server":
+    if not lane_control.owner_runs_threads():
         return None
     if lanes.VECTORS in names and lanes.INTERACTIVE not in names:
         return ("STORE_OWNER=interactive: the interactive worker owns the embedded store and consumes the vectors "

@@ -107,7 +107,9 @@ def store_turn() -> StoreTurn:
 def owner_runs_threads() -> bool:
     """True in a deployment whose interactive worker owns the embedded store
     (``STORE_OWNER=interactive``, not a server): its tasks take turns at the store. Elsewhere the
-    owner is the solo vectors worker (nothing to take turns with), or every process opens a server."""
+    owner is the solo vectors worker (nothing to take turns with), or every process opens a server.
+    The one test of the setting in the app (``sink.write_target``, the boot refusal and ``/readyz``
+    ask it); the command lines' own is ``project.processes.interactive_owns_store``."""
     return settings.STORE_OWNER == "interactive" and settings.VECTOR_STORE != "server"
 
 

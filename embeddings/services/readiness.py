@@ -279,7 +279,7 @@ def _store_check(states: dict | None) -> tuple[bool, str]:
         return False, "the embedded store answers through the vectors lane, and Redis cannot be read"
     vectors = states[lanes.VECTORS]
     if vectors["last_ok_s"] is not None:
-        owner = "interactive" if settings.STORE_OWNER == "interactive" else "vectors"
+        owner = "interactive" if lane_control.owner_runs_threads() else "vectors"
         return True, f"the {owner} worker called the {settings.VECTOR_STORE} store {vectors['last_ok_s']:g} s ago"
     return False, f"the {settings.VECTOR_STORE} store answers through the vectors lane: {vectors['detail']}"
 
