@@ -140,14 +140,19 @@ def overlay_errors(docs: list[dict]) -> list[str]:
         if name.startswith("worker-"):
             errors += _worker_drain_errors(name, d, cmd, float(config["WORKER_DRAIN_S"]))
 
-    spec = deployments.get("worker-vectors", {}).get("spec", {})
     if config.get("VECTOR_STORE") == "edge":
+        owner = "worker-interactive" if config.get("STORE_OWNER") == "interactive" else "worker-vectors"
+        spec = deployments.get(owner, {}).get("spec", {})
         volumes = {v["name"]: v for v in spec.get("template", {}).get("spec", {}).get("volumes", [])}
         if spec.get("replicas") != 1 or spec.get("strategy", {}).get("type") != "Recreate":
-            errors.append("edge store: worker-vectors must be one replica replaced with Recreate "
+            errors.append(f"edge store: {owner} must be one replica replaced with Recreate "
                           "(one owner of the folder)")
         if "persistentVolumeClaim" not in volumes.get("data", {}):
-            errors.append("edge store: worker-vectors' /data (QDRANT_PATH) must be a persistent volume")
+            errors.append(f"edge store: {owner}' /data (QDRANT_PATH) must be a persistent volume")
+        scaled = [n for n, so in objects(docs, "ScaledObject").items()
+                  if (so.get("spec") or {}).get("scaleTargetRef", {}).get("name") == owner]
+        if scaled:
+            errors.append(f"edge store: ScaledObject {scaled[0]} scales {owner}, the folder's one owner")
     elif config.get("VECTOR_STORE") == "server" and not config.get("QDRANT_URL"):
         errors.append("VECTOR_STORE=server without QDRANT_URL")
 

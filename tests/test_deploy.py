@@ -37,17 +37,18 @@ def test_the_generated_configuration_is_current():
 def test_deploy_check_passes_on_every_overlay(tmp_path):
     lines = []
     assert deploy_check.check(TOOLS, tmp_path, log=lines.append) == []
-    assert [line.split(":")[0] for line in lines[:4]] == ["cpu-edge", "cpu-qdrant", "gpu-edge", "gpu-qdrant"]
+    assert [line.split(":")[0] for line in lines[:5]] == ["cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge",
+                                                          "gpu-qdrant"]
     assert any(line.startswith("checkov") for line in lines)
 
 
 def test_every_overlay_runs_every_process_with_every_setting(rendered):
-    assert set(rendered) == {"cpu-edge", "cpu-qdrant", "gpu-edge", "gpu-qdrant"}
+    assert set(rendered) == {"cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge", "gpu-qdrant"}
     for name, docs in rendered.items():
         assert deploy_check.overlay_errors(docs) == [], name
         deployments = deploy_check.objects(docs, "Deployment")
-        assert set(processes.commands({})) <= set(deployments)
         config = deploy_check.config_of(docs)
+        assert set(processes.commands(config)) == set(deployments) - {"redis"}, name
         store = config["VECTOR_STORE"]
         assert store == ("server" if "qdrant" in name else "edge"), name
         gpu = "nvidia.com/gpu" in deploy_check._container(deployments["worker-bulk"])["resources"]["limits"]
@@ -56,6 +57,55 @@ def test_every_overlay_runs_every_process_with_every_setting(rendered):
 
 def _first(docs, kind, name):
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name))
+
+
+def test_the_owner_overlay_has_one_interactive_pod_on_the_store_and_no_vectors_pod(rendered):
+    """cpu-edge-owner (STORE_OWNER=interactive): the interactive pod runs both queues on the store's
+    volume, alone (one replica, Recreate, no ScaledObject, a budget that lets it be drained); no
+    vectors pod, and nothing else changed beside the edge overlay."""
+    docs, edge = rendered["cpu-edge-owner"], rendered["cpu-edge"]
+    config = deploy_check.config_of(docs)
+    assert config["STORE_OWNER"] == "interactive" and config["VECTOR_STORE"] == "edge"
+    assert {k: v for k, v in config.items() if k != "STORE_OWNER"} == {
+        k: v for k, v in deploy_check.config_of(edge).items() if k != "STORE_OWNER"}
+    deployments = deploy_check.objects(docs, "Deployment")
+    assert set(deploy_check.objects(edge, "Deployment")) - set(deployments) == {"worker-vectors"}
+    owner = deployments["worker-interactive"]["spec"]
+    assert (owner["replicas"], owner["strategy"]) == (1, {"type": "Recreate"})
+    volumes = {v["name"]: v for v in owner["template"]["spec"]["volumes"]}
+    assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "vectors-store"}}
+    command = deploy_check._container(deployments["worker-interactive"])["command"]
+    assert command[command.index("-Q") + 1] == "interactive,vectors"
+    assert command[command.index("-c") + 1] == str(int(config["INTERACTIVE_THREADS"]) + processes.VECTORS_HELD)
+    assert set(deploy_check.objects(docs, "ScaledObject")) == {"worker-bulk"}
+    budgets = deploy_check.objects(docs, "PodDisruptionBudget")
+    assert "worker-vectors" not in budgets
+    assert budgets["worker-interactive"]["spec"] == {
+        "maxUnavailable": 1, "selector": {"matchLabels": {"app.kubernetes.io/name": "worker-interactive"}}}
+
+
+@pytest.mark.parametrize("mistake, expected", [
+    ("owner_two_replicas", "worker-interactive must be one replica"),
+    ("owner_without_volume", "worker-interactive' /data (QDRANT_PATH) must be a persistent volume"),
+    ("owner_scaled", "ScaledObject worker-interactive scales worker-interactive"),
+    ("vectors_pod_beside_owner", "project/processes.py says"),
+])
+def test_the_owner_overlay_assertions_catch_their_mistakes(rendered, mistake, expected):
+    docs = copy.deepcopy(rendered["cpu-edge-owner"])
+    deployments = deploy_check.objects(docs, "Deployment")
+    spec = deployments["worker-interactive"]["spec"]
+    if mistake == "owner_two_replicas":
+        spec["replicas"] = 2
+    elif mistake == "owner_without_volume":
+        spec["template"]["spec"]["volumes"][0] = {"name": "data", "emptyDir": {}}
+    elif mistake == "owner_scaled":
+        so = copy.deepcopy(_first(docs, "ScaledObject", "worker-bulk"))
+        so["metadata"]["name"] = so["spec"]["scaleTargetRef"]["name"] = "worker-interactive"
+        docs.append(so)
+    elif mistake == "vectors_pod_beside_owner":  # the interactive worker left on its own queue
+        command = deploy_check._container(deployments["worker-interactive"])["command"]
+        command[command.index("-Q") + 1] = "interactive"
+    assert any(expected in e for e in deploy_check.overlay_errors(docs)), deploy_check.overlay_errors(docs)
 
 
 @pytest.mark.parametrize("mistake, expected", [
