@@ -37,13 +37,13 @@ def test_the_generated_configuration_is_current():
 def test_deploy_check_passes_on_every_overlay(tmp_path):
     lines = []
     assert deploy_check.check(TOOLS, tmp_path, log=lines.append) == []
-    assert [line.split(":")[0] for line in lines[:5]] == ["cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge",
-                                                          "gpu-qdrant"]
+    assert [line.split(":")[0] for line in lines[:6]] == ["cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge",
+                                                          "gpu-edge-owner", "gpu-qdrant"]
     assert any(line.startswith("checkov") for line in lines)
 
 
 def test_every_overlay_runs_every_process_with_every_setting(rendered):
-    assert set(rendered) == {"cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge", "gpu-qdrant"}
+    assert set(rendered) == {"cpu-edge", "cpu-edge-owner", "cpu-qdrant", "gpu-edge", "gpu-edge-owner", "gpu-qdrant"}
     for name, docs in rendered.items():
         assert deploy_check.overlay_errors(docs) == [], name
         deployments = deploy_check.objects(docs, "Deployment")
@@ -59,11 +59,12 @@ def _first(docs, kind, name):
     return next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].startswith(name))
 
 
-def test_the_owner_overlay_has_one_interactive_pod_on_the_store_and_no_vectors_pod(rendered):
-    """cpu-edge-owner (STORE_OWNER=interactive): the interactive pod runs both queues on the store's
+@pytest.mark.parametrize("overlay", ["cpu-edge", "gpu-edge"])
+def test_the_owner_overlays_have_one_interactive_pod_on_the_store_and_no_vectors_pod(rendered, overlay):
+    """<overlay>-owner (STORE_OWNER=interactive): the interactive pod runs both queues on the store's
     volume, alone (one replica, Recreate, no ScaledObject, a budget that lets it be drained); no
-    vectors pod, and nothing else changed beside the edge overlay."""
-    docs, edge = rendered["cpu-edge-owner"], rendered["cpu-edge"]
+    vectors pod, and nothing else changed beside the edge overlay of the same nodes."""
+    docs, edge = rendered[f"{overlay}-owner"], rendered[overlay]
     config = deploy_check.config_of(docs)
     assert config["STORE_OWNER"] == "interactive" and config["VECTOR_STORE"] == "edge"
     assert {k: v for k, v in config.items() if k != "STORE_OWNER"} == {
@@ -74,7 +75,9 @@ def test_the_owner_overlay_has_one_interactive_pod_on_the_store_and_no_vectors_p
     assert (owner["replicas"], owner["strategy"]) == (1, {"type": "Recreate"})
     volumes = {v["name"]: v for v in owner["template"]["spec"]["volumes"]}
     assert volumes["data"] == {"name": "data", "persistentVolumeClaim": {"claimName": "vectors-store"}}
-    command = deploy_check._container(deployments["worker-interactive"])["command"]
+    worker = deploy_check._container(deployments["worker-interactive"])
+    assert ("nvidia.com/gpu" in worker["resources"]["limits"]) == overlay.startswith("gpu")
+    command = worker["command"]
     assert command[command.index("-Q") + 1] == "interactive,vectors"
     assert command[command.index("-c") + 1] == str(int(config["INTERACTIVE_THREADS"]) + processes.VECTORS_HELD)
     assert set(deploy_check.objects(docs, "ScaledObject")) == {"worker-bulk"}
