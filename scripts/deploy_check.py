@@ -141,7 +141,8 @@ def overlay_errors(docs: list[dict]) -> list[str]:
             errors += _worker_drain_errors(name, d, cmd, float(config["WORKER_DRAIN_S"]))
 
     if config.get("VECTOR_STORE") == "edge":
-        owner = "worker-interactive" if config.get("STORE_OWNER") == "interactive" else "worker-vectors"
+        owns = processes.interactive_owns_store(configuration.read(config, ["STORE_OWNER", "VECTOR_STORE"]))
+        owner = "worker-interactive" if owns else "worker-vectors"
         spec = deployments.get(owner, {}).get("spec", {})
         volumes = {v["name"]: v for v in spec.get("template", {}).get("spec", {}).get("volumes", [])}
         if spec.get("replicas") != 1 or spec.get("strategy", {}).get("type") != "Recreate":

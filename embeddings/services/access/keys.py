@@ -151,7 +151,7 @@ def key_authenticate(secret: str) -> ApiKey | None:
         raise KeyRefused("the key is malformed: 20-200 letters, digits, '-' or '_'", "key_malformed")
     digest = secret_hash(secret)
     # secret_hash is unique: a slice, not first(), whose ORDER BY on the join doubles the query's
-    # compile time (about 0.4 ms of every authenticated request, benchmarks in docs/benchmarks-lanes.md)
+    # build time on every authenticated request (docs/benchmarks-lanes.md, "What holds today")
     key = next(iter(ApiKey.objects.select_related("owner").filter(secret_hash=digest)[:1]), None)
     if key is None or not hmac.compare_digest(key.secret_hash, digest):
         return None
